@@ -1,0 +1,33 @@
+# Two entry points: `make run` (the broker on 127.0.0.1:9092, data under ./data)
+# and `make test` (installs everything the tests need, then runs them).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install system-deps lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip >/dev/null
+	$(BIN)/pip install -e '.[spark,test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian packages the tests use: kcat (a real client) and a Java runtime for Spark.
+system-deps:
+	@./scripts/install-system-deps.sh
+
+run: install
+	$(BIN)/headrace broker --override log.dirs=./data
+
+test: install system-deps
+	$(BIN)/ruff check headrace tests bench
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check headrace tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info
