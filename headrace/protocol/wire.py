@@ -1,0 +1,424 @@
+"""The Kafka wire protocol, sans-I/O: framing, request/response headers and bodies.
+
+Owns the byte-level conversation between a Kafka client and the broker, with no sockets:
+
+* ``FrameReader`` splits a byte stream into size-delimited frames (``int32 length`` + body),
+  enforcing a frame size limit. ``receive_data(bytes)`` then ``next_frame()``.
+* ``decode_request(frame)`` parses the request header (v1: api_key, api_version,
+  correlation_id, legacy nullable ``client_id``; v2 adds tagged fields) and the body into
+  kio's frozen dataclass for that API key and version.
+* ``encode_response(header, body)`` produces a complete length-prefixed response frame.
+* ``encode_request`` / ``decode_response`` are the client-side mirror, used by headrace's
+  own tools and tests.
+* ``build(cls, fields)`` makes a version-specific kio entity from plain Python values, so a
+  handler can describe one response for every version it supports.
+
+kio 0.6.5 (pinned) does the field encoding; this module hides it behind our own interface
+and fixes its traps: unknown tagged fields are skipped (kio raises on them), trailing bytes
+after a body are ignored (librdkafka's Metadata v9+ leaves some), ApiVersions responses use
+response header v0 whatever their version, and ``client_id`` is always a legacy string.
+
+Pure functions and a per-connection ``FrameReader``; a FrameReader is not thread-safe,
+everything else is.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import struct
+import uuid
+from dataclasses import MISSING, dataclass, fields
+from functools import cache
+from typing import Any
+
+from kio.index import load_payload_module
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.serial._implicit_defaults import get_tagged_field_default
+from kio.serial._introspect import (
+    EntityField,
+    EntityTupleField,
+    classify_field,
+    get_field_tag,
+    get_schema_field_type,
+    is_optional,
+)
+from kio.serial._parse import get_field_reader
+from kio.static.constants import EntityType
+
+from headrace.errors import InvalidRequest, UnsupportedVersion
+
+API_VERSIONS_KEY = 18
+DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
+_INT32 = struct.Struct(">i")
+_REQUEST_HEADER = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+class FrameTooLarge(InvalidRequest):
+    """A frame announced more bytes than the configured limit."""
+
+
+class MalformedFrame(InvalidRequest):
+    """A frame that cannot be parsed as a request or response."""
+
+
+class FrameReader:
+    """Splits a byte stream into frames of at most ``max_frame_bytes`` each."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray()
+        self._position = 0
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        self._buffer += data
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer) - self._position
+
+    def next_frame(self) -> bytes | None:
+        """The next whole frame body (without its length), or None until more data arrives.
+
+        Raises FrameTooLarge or MalformedFrame; the connection cannot continue after that.
+        """
+        available = len(self._buffer) - self._position
+        if available < 4:
+            self._compact()
+            return None
+        (size,) = _INT32.unpack_from(self._buffer, self._position)
+        if size < 0:
+            raise MalformedFrame(f"negative frame size {size}")
+        if size > self.max_frame_bytes:
+            raise FrameTooLarge(f"frame of {size} bytes exceeds the limit of {self.max_frame_bytes}")
+        if available < 4 + size:
+            self._compact()
+            return None
+        start = self._position + 4
+        self._position = start + size
+        return bytes(self._buffer[start : self._position])
+
+    def _compact(self) -> None:
+        if self._position:
+            del self._buffer[: self._position]
+            self._position = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    header: RequestHeader
+    body: Any  # the kio request dataclass for (api_key, api_version)
+
+
+def parse_request_header(frame: bytes) -> tuple[RequestHeader, int]:
+    """The request header v1 fields and the position right after ``client_id``."""
+    if len(frame) < _REQUEST_HEADER.size:
+        raise MalformedFrame(f"request of {len(frame)} bytes is shorter than a header")
+    api_key, api_version, correlation_id, client_id_length = _REQUEST_HEADER.unpack_from(frame)
+    position = _REQUEST_HEADER.size
+    client_id = None
+    if client_id_length >= 0:
+        end = position + client_id_length
+        if end > len(frame):
+            raise MalformedFrame("client_id overruns the request")
+        client_id = frame[position:end].decode("utf-8", errors="replace")
+        position = end
+    return RequestHeader(api_key, api_version, correlation_id, client_id), position
+
+
+@cache
+def request_class(api_key: int, api_version: int) -> type:
+    """kio's request dataclass for an API key and version (UnsupportedVersion if none)."""
+    return _payload_class(api_key, api_version, EntityType.request)
+
+
+@cache
+def response_class(api_key: int, api_version: int) -> type:
+    return _payload_class(api_key, api_version, EntityType.response)
+
+
+def _payload_class(api_key: int, api_version: int, entity_type: EntityType) -> type:
+    try:
+        module = load_payload_module(api_key, api_version, entity_type)
+    except Exception as error:  # kio raises several kinds for unknown keys or versions
+        raise UnsupportedVersion(f"api key {api_key} version {api_version} is unknown") from error
+    suffix = "Request" if entity_type is EntityType.request else "Response"
+    for value in vars(module).values():
+        if (
+            isinstance(value, type)
+            and value.__name__.endswith(suffix)
+            and getattr(value, "__type__", None) is entity_type
+        ):
+            return value
+    raise UnsupportedVersion(f"api key {api_key} version {api_version} has no {suffix} class")
+
+
+def decode_request(frame: bytes) -> Request:
+    """Parse a whole request frame (without its length prefix)."""
+    header, position = parse_request_header(frame)
+    body_class = request_class(header.api_key, header.api_version)
+    if body_class.__flexible__:
+        position = skip_tagged_fields(frame, position)
+    return Request(header, read_entity(body_class, frame, position)[0])
+
+
+def read_entity(entity_class: type, buf: bytes, position: int) -> tuple[Any, int]:
+    """Decode one entity at ``position``; returns (entity, bytes consumed).
+
+    Uses kio's native reader and falls back to a field-by-field reader that skips
+    unknown tagged fields (which kio refuses) only when the native reader fails.
+    """
+    try:
+        return _native_reader(entity_class)(buf, position)
+    except KeyError:
+        return _tolerant_read(entity_class, buf, position)
+    except (ValueError, IndexError, UnicodeDecodeError, struct.error) as error:
+        raise MalformedFrame(f"cannot decode {entity_class.__name__}: {error}") from error
+
+
+@cache
+def _native_reader(entity_class: type):
+    return entity_reader(entity_class)
+
+
+def _tolerant_read(entity_class: type, buf: bytes, start: int) -> tuple[Any, int]:
+    try:
+        entity, end = _read_fields(entity_class, buf, start)
+    except (KeyError, ValueError, IndexError, UnicodeDecodeError, struct.error) as error:
+        raise MalformedFrame(f"cannot decode {entity_class.__name__}: {error}") from error
+    return entity, end - start
+
+
+def _read_fields(entity_class: type, buf: bytes, position: int) -> tuple[Any, int]:
+    values: dict[str, Any] = {}
+    tagged: dict[int, Any] = {}
+    flexible = entity_class.__flexible__
+    for field in fields(entity_class):
+        tag = get_field_tag(field)
+        if tag is not None:
+            tagged[tag] = field
+            continue
+        values[field.name], position = _read_field(entity_class, field, buf, position, flexible)
+    if flexible:
+        count, position = _read_uvarint(buf, position)
+        for _ in range(count):
+            tag, position = _read_uvarint(buf, position)
+            size, position = _read_uvarint(buf, position)
+            field = tagged.get(tag)
+            if field is not None:
+                reader = get_field_reader(entity_class, field, False, True)
+                values[field.name], _ = reader(buf, position)
+            position += size
+        for field in tagged.values():
+            if field.name not in values and field.default is MISSING:
+                values[field.name] = get_tagged_field_default(field)
+    if position > len(buf):
+        raise MalformedFrame(f"{entity_class.__name__} overruns its frame")
+    return entity_class(**values), position
+
+
+def _read_field(entity_class: type, field, buf: bytes, position: int, flexible: bool):
+    kind = classify_field(field)
+    if isinstance(kind, EntityField):
+        if is_optional(field):
+            (marker,) = struct.unpack_from(">b", buf, position)
+            position += 1
+            if marker < 0:
+                return None, position
+        return _read_fields(kind.type_, buf, position)
+    if isinstance(kind, EntityTupleField):
+        if flexible:
+            length, position = _read_uvarint(buf, position)
+            length -= 1
+        else:
+            (length,) = _INT32.unpack_from(buf, position)
+            position += 4
+        if length < 0:
+            return None, position
+        if length > len(buf) - position:
+            raise MalformedFrame(f"array of {length} items overruns its frame")
+        items = []
+        for _ in range(length):
+            item, position = _read_fields(kind.type_, buf, position)
+            items.append(item)
+        return tuple(items), position
+    value, size = get_field_reader(entity_class, field, False, False)(buf, position)
+    return value, position + size
+
+
+def _read_uvarint(buf: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(buf) or shift > 28:
+            raise MalformedFrame("bad unsigned varint")
+        byte = buf[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+
+
+def _write_uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def skip_tagged_fields(buf: bytes, position: int) -> int:
+    """Skip a tagged-field section (count, then tag/size/data triples)."""
+    count, position = _read_uvarint(buf, position)
+    for _ in range(count):
+        _, position = _read_uvarint(buf, position)
+        size, position = _read_uvarint(buf, position)
+        position += size
+    if position > len(buf):
+        raise MalformedFrame("tagged fields overrun the frame")
+    return position
+
+
+def response_header_bytes(header: RequestHeader, flexible: bool) -> bytes:
+    """Response header v0 (correlation id), or v1 (+ empty tagged fields) for flexible
+    versions -- except ApiVersions, which always answers with header v0."""
+    if flexible and header.api_key != API_VERSIONS_KEY:
+        return _INT32.pack(header.correlation_id) + b"\x00"
+    return _INT32.pack(header.correlation_id)
+
+
+@cache
+def _writer(entity_class: type):
+    return entity_writer(entity_class)
+
+
+def encode_body(body: Any) -> bytes:
+    buffer = io.BytesIO()
+    _writer(type(body))(buffer, body)
+    return buffer.getvalue()
+
+
+def encode_response(header: RequestHeader, body: Any) -> bytes:
+    """A complete response frame, length prefix included."""
+    payload = response_header_bytes(header, type(body).__flexible__) + encode_body(body)
+    return _INT32.pack(len(payload)) + payload
+
+
+def encode_request(
+    api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: Any
+) -> bytes:
+    """A complete request frame (header v1, or v2 for flexible versions)."""
+    if client_id is None:
+        header = struct.pack(">hhih", api_key, api_version, correlation_id, -1)
+    else:
+        encoded = client_id.encode()
+        header = struct.pack(">hhih", api_key, api_version, correlation_id, len(encoded)) + encoded
+    if type(body).__flexible__:
+        header += b"\x00"
+    payload = header + encode_body(body)
+    return _INT32.pack(len(payload)) + payload
+
+
+def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, Any]:
+    """(correlation_id, body) of a response frame without its length prefix."""
+    if len(frame) < 4:
+        raise MalformedFrame("response shorter than its header")
+    (correlation_id,) = _INT32.unpack_from(frame)
+    body_class = response_class(api_key, api_version)
+    position = 4
+    if body_class.__flexible__ and api_key != API_VERSIONS_KEY:
+        position = skip_tagged_fields(frame, position)
+    return correlation_id, read_entity(body_class, frame, position)[0]
+
+
+# --- building version-specific entities from plain values ---------------------------------
+
+
+def build(entity_class: type, values: dict[str, Any]) -> Any:
+    """Make ``entity_class`` from plain values: nested dicts and lists become the nested
+    entities of this version, keys this version lacks are dropped, missing fields take
+    their defaults (or zero values), and ints become kio's error codes, durations and
+    timestamps where the schema says so."""
+    kwargs: dict[str, Any] = {}
+    for field in fields(entity_class):
+        if field.name in values:
+            kwargs[field.name] = _convert(field, values[field.name])
+        elif field.default is MISSING and field.default_factory is MISSING:
+            kwargs[field.name] = _zero_value(field)
+    return entity_class(**kwargs)
+
+
+def _convert(field, value: Any) -> Any:
+    if value is None:
+        return None
+    kind = classify_field(field)
+    if isinstance(kind, EntityField):
+        return build(kind.type_, value) if isinstance(value, dict) else value
+    if isinstance(kind, EntityTupleField):
+        return tuple(build(kind.type_, item) if isinstance(item, dict) else item for item in value)
+    kafka_type = get_schema_field_type(field)
+    if isinstance(value, list | tuple):
+        return tuple(_convert_primitive(kafka_type, item) for item in value)
+    return _convert_primitive(kafka_type, value)
+
+
+def _convert_primitive(kafka_type: str, value: Any) -> Any:
+    if kafka_type == "error_code" and not isinstance(value, ErrorCode):
+        return ErrorCode(value)
+    if kafka_type.startswith("timedelta") and isinstance(value, int):
+        return datetime.timedelta(milliseconds=value)
+    if kafka_type == "datetime_i64" and isinstance(value, int):
+        return None if value < 0 else _EPOCH + datetime.timedelta(milliseconds=value)
+    return value
+
+
+def _zero_value(field) -> Any:
+    if is_optional(field):
+        return None
+    kind = classify_field(field)
+    if isinstance(kind, EntityTupleField) or kind.is_array:
+        return ()
+    if isinstance(kind, EntityField):
+        return build(kind.type_, {})
+    kafka_type = get_schema_field_type(field)
+    zeros = {
+        "string": "",
+        "bytes": b"",
+        "records": b"",
+        "bool": False,
+        "uuid": uuid.UUID(int=0),
+        "error_code": ErrorCode(0),
+        "timedelta_i32": datetime.timedelta(0),
+        "timedelta_i64": datetime.timedelta(0),
+        "float64": 0.0,
+    }
+    return zeros.get(kafka_type, 0)
+
+
+def milliseconds(value: datetime.timedelta | int | None) -> int:
+    """A kio duration (timedelta) as integer milliseconds."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    return value // datetime.timedelta(milliseconds=1)
+
+
+def epoch_milliseconds(value: datetime.datetime | int | None) -> int:
+    """A kio timestamp as milliseconds since the epoch (-1 for None)."""
+    if value is None:
+        return -1
+    if isinstance(value, int):
+        return value
+    return (value - _EPOCH) // datetime.timedelta(milliseconds=1)
