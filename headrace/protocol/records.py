@@ -1,0 +1,520 @@
+"""Kafka records: build and decode v2 record batches, read and up-convert legacy message sets.
+
+Owns the record-level formats below the batch header (``batch.py`` owns the header).
+
+v2 record (magic 2), inside a batch's records section, possibly compressed as a whole::
+
+    length varint              (bytes after this field)
+    attributes int8            (unused, 0)
+    timestamp_delta varlong    (from the batch's base_timestamp)
+    offset_delta varint        (from the batch's base_offset)
+    key_length varint, key     (-1: null key)
+    value_length varint, value (-1: null value)
+    header_count varint, then per header:
+        key_length varint, key (UTF-8, never null), value_length varint, value (-1: null)
+
+varint/varlong are zigzag-encoded base-128 (protobuf style), at most 5/10 bytes.
+
+Legacy message set entry (magic 0 and 1)::
+
+    offset int64, message_size int32, crc uint32 (CRC-32 of magic..end), magic int8,
+    attributes int8 (bits 0-2 codec, bit 3 LogAppendTime in v1), [timestamp int64 in v1],
+    key int32 length + bytes (-1 null), value int32 length + bytes (-1 null)
+
+A compressed legacy message is a wrapper whose value is a compressed message set of
+uncompressed inner messages. v1 inner offsets are relative: the wrapper's offset is the
+absolute offset of the last inner message. v0 inner offsets are absolute.
+
+Pure functions over bytes-like objects; thread-safe. Per-record loops are pure Python for
+now; the compiled kernel will take over the hot ones with the same signatures.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+
+from headrace.errors import CorruptMessage, UnsupportedCompressionType
+from headrace.protocol import compression as codecs
+from headrace.protocol.batch import (
+    ATTRIBUTES_OFFSET,
+    BATCH_HEADER_BYTES,
+    COMPRESSION_MASK,
+    CONTROL_BIT,
+    CRC_OFFSET,
+    CURRENT_MAGIC,
+    LOG_OVERHEAD_BYTES,
+    NO_TIMESTAMP,
+    TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
+    BatchHeader,
+    crc_is_valid,
+    parse_header,
+    peek_magic,
+)
+
+MAGIC_V0 = 0
+MAGIC_V1 = 1
+LEGACY_TIMESTAMP_TYPE_BIT = 0x08
+LEGACY_V0_HEADER_BYTES = 6  # crc, magic, attributes
+LEGACY_V1_HEADER_BYTES = 14  # crc, magic, attributes, timestamp
+LEGACY_KEY_VALUE_LENGTHS_BYTES = 8
+VARINT_MAX_BYTES = 5
+VARLONG_MAX_BYTES = 10
+INT32_MAX = (1 << 31) - 1
+_VALUE_BITS = {VARINT_MAX_BYTES: 32, VARLONG_MAX_BYTES: 64}
+
+_BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+_CRC_FIELD = struct.Struct(">I")
+_LEGACY_ENTRY = struct.Struct(">qi")
+_LEGACY_V0 = struct.Struct(">Ibb")
+_LEGACY_V1 = struct.Struct(">Ibbq")
+_INT32 = struct.Struct(">i")
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """One record header: a UTF-8 key and a nullable byte value."""
+
+    key: str
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded record with its absolute offset and timestamp."""
+
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """A decoded v2 batch: its fixed header and its records (absolute offsets)."""
+
+    header: BatchHeader
+    records: tuple[Record, ...]
+
+    @property
+    def has_contiguous_offsets(self) -> bool:
+        """True when the records fill base_offset..last_offset with no gap (a produced
+        batch must; a compacted one need not)."""
+        expected = range(self.header.base_offset, self.header.next_offset)
+        return len(self.records) == len(expected) and all(
+            record.offset == offset for record, offset in zip(self.records, expected, strict=True)
+        )
+
+
+# ---------------------------------------------------------------- varint encoding
+
+
+def _zigzag(value: int) -> int:
+    return (value << 1) ^ (value >> 63)
+
+
+def write_varint(out: bytearray, value: int) -> None:
+    """Append ``value`` zigzag-encoded as a base-128 varint (varint or varlong)."""
+    encoded = _zigzag(value) & 0xFFFFFFFFFFFFFFFF
+    while encoded >= 0x80:
+        out.append((encoded & 0x7F) | 0x80)
+        encoded >>= 7
+    out.append(encoded)
+
+
+def read_varint(
+    buf: bytes | memoryview, pos: int, end: int, max_bytes: int = VARINT_MAX_BYTES
+) -> tuple[int, int]:
+    """Decode a zigzag varint at ``pos`` (not past ``end``); returns ``(value, next_pos)``."""
+    result = shift = 0
+    for index in range(pos, min(end, pos + max_bytes)):
+        byte = buf[index]
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if result >> _VALUE_BITS[max_bytes]:
+                raise CorruptMessage(
+                    f"varint at byte {pos} overflows {_VALUE_BITS[max_bytes]} bits"
+                )
+            return (result >> 1) ^ -(result & 1), index + 1
+        shift += 7
+    if end - pos < max_bytes:
+        raise CorruptMessage(f"varint truncated at byte {pos}")
+    raise CorruptMessage(f"varint at byte {pos} is longer than {max_bytes} bytes")
+
+
+# ---------------------------------------------------------------- building v2 batches
+
+
+RecordInput = tuple[bytes | None, bytes | None, Sequence[Any], int] | Any
+
+
+def _record_fields(item: RecordInput) -> tuple[bytes | None, bytes | None, Sequence[Any], int]:
+    if isinstance(item, tuple):
+        key, value, headers, timestamp_ms = item
+        return key, value, headers, timestamp_ms
+    return item.key, item.value, item.headers, item.timestamp_ms
+
+
+def _header_fields(header: Header | tuple[str, bytes | None]) -> tuple[str, bytes | None]:
+    if isinstance(header, Header):
+        return header.key, header.value
+    key, value = header
+    return key, value
+
+
+def _write_nullable_bytes(out: bytearray, data: bytes | None) -> None:
+    if data is None:
+        write_varint(out, -1)
+        return
+    write_varint(out, len(data))
+    out += data
+
+
+def _encode_record(
+    out: bytearray,
+    offset_delta: int,
+    timestamp_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[Any],
+) -> None:
+    body = bytearray(b"\x00")  # attributes
+    write_varint(body, timestamp_delta)
+    write_varint(body, offset_delta)
+    _write_nullable_bytes(body, key)
+    _write_nullable_bytes(body, value)
+    write_varint(body, len(headers))
+    for header in headers:
+        header_key, header_value = _header_fields(header)
+        encoded_key = header_key.encode()
+        write_varint(body, len(encoded_key))
+        body += encoded_key
+        _write_nullable_bytes(body, header_value)
+    write_varint(out, len(body))
+    out += body
+
+
+def _offset_deltas(items: Sequence[RecordInput], base_offset: int, keep_offsets: bool) -> list[int]:
+    if not keep_offsets:
+        return list(range(len(items)))
+    deltas = [item.offset - base_offset for item in items]
+    for previous, delta in zip([-1, *deltas], deltas, strict=False):
+        if delta <= previous or delta > INT32_MAX:
+            raise ValueError(f"record offsets must increase from base offset {base_offset}")
+    return deltas
+
+
+def build_batch(
+    records: Sequence[RecordInput],
+    *,
+    base_offset: int = 0,
+    compression: int = codecs.NONE,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+    control: bool = False,
+    log_append_time: bool = False,
+    partition_leader_epoch: int = -1,
+    keep_offsets: bool = False,
+    last_offset_delta: int | None = None,
+) -> bytes:
+    """Encode one v2 record batch.
+
+    ``records``: ``(key, value, headers, timestamp_ms)`` tuples or objects with those
+    attributes (e.g. ``Record``); headers are ``Header``s or ``(str, bytes | None)`` pairs.
+    Records get offsets ``base_offset + 0, 1, ...`` unless ``keep_offsets`` (records then
+    carry ``.offset``, as when the cleaner rewrites a batch with gaps);
+    ``last_offset_delta`` overrides the batch's last offset delta (it may lie past the last
+    record after compaction). ``compression`` is the codec id (``compression.GZIP``...).
+    base_timestamp is the first record's timestamp and
+    max_timestamp the largest, as Kafka's producer writes them.
+    """
+    deltas = _offset_deltas(records, base_offset, keep_offsets)
+    fields = [_record_fields(item) for item in records]
+    timestamps = [timestamp_ms for *_, timestamp_ms in fields]
+    base_timestamp = timestamps[0] if timestamps else NO_TIMESTAMP
+    payload = bytearray()
+    for delta, (key, value, headers, timestamp_ms) in zip(deltas, fields, strict=True):
+        _encode_record(payload, delta, timestamp_ms - base_timestamp, key, value, headers)
+    last_delta = deltas[-1] if deltas else 0
+    if last_offset_delta is not None:
+        if last_offset_delta < last_delta:
+            raise ValueError(f"last_offset_delta {last_offset_delta} precedes a record")
+        last_delta = last_offset_delta
+    attributes = compression | (TIMESTAMP_TYPE_BIT if log_append_time else 0)
+    attributes |= (TRANSACTIONAL_BIT if transactional else 0) | (CONTROL_BIT if control else 0)
+    header_fields = (
+        base_offset,
+        partition_leader_epoch,
+        attributes,
+        last_delta,
+        base_timestamp,
+        max(timestamps, default=NO_TIMESTAMP),
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(records),
+    )
+    return _seal_batch(header_fields, codecs.compress(compression, payload))
+
+
+def _seal_batch(header_fields: tuple[int, ...], records_section: bytes) -> bytes:
+    """Header + records section with batch_length, magic and the CRC-32C filled in."""
+    base_offset, partition_leader_epoch, *rest = header_fields
+    batch_length = BATCH_HEADER_BYTES - LOG_OVERHEAD_BYTES + len(records_section)
+    fields = (base_offset, batch_length, partition_leader_epoch, CURRENT_MAGIC, 0, *rest)
+    batch = bytearray(_BATCH_HEADER.pack(*fields))
+    batch += records_section
+    _CRC_FIELD.pack_into(batch, CRC_OFFSET, crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+    return bytes(batch)
+
+
+# ---------------------------------------------------------------- decoding v2 batches
+
+
+def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordBatch:
+    """Decode the v2 batch at ``pos``: check its CRC, decompress, decode every record.
+
+    Raises CorruptMessage on any malformation (truncation, CRC mismatch, bad varints,
+    record count or offset deltas disagreeing with the header, trailing bytes), and
+    UnsupportedCompressionType on codec ids 5-7.
+    """
+    header = parse_header(buf, pos)
+    end = pos + header.size_bytes
+    if end > len(buf):
+        raise CorruptMessage(f"record batch at byte {pos} overruns the buffer")
+    if not crc_is_valid(buf, pos, header):
+        raise CorruptMessage(f"record batch at byte {pos} fails its CRC-32C check")
+    if header.records_count < 0:
+        raise CorruptMessage(f"record batch at byte {pos} has negative record count")
+    if header.last_offset_delta < 0:
+        raise CorruptMessage(f"record batch at byte {pos} has negative last offset delta")
+    section: bytes | memoryview = memoryview(buf)[pos + BATCH_HEADER_BYTES : end]
+    if header.compression != codecs.NONE:
+        section = codecs.decompress(header.compression, section)
+    return RecordBatch(header, tuple(_decode_records(section, header)))
+
+
+def _decode_records(section: bytes | memoryview, header: BatchHeader) -> Iterator[Record]:
+    pos, end, previous_delta = 0, len(section), -1
+    log_append_time = header.max_timestamp if header.is_log_append_time else None
+    for _ in range(header.records_count):
+        length, pos = read_varint(section, pos, end)
+        if length <= 0 or pos + length > end:
+            raise CorruptMessage(f"record length {length} at byte {pos} is out of bounds")
+        record, offset_delta, pos = _decode_record(section, pos + 1, pos + length, header)
+        if not previous_delta < offset_delta <= header.last_offset_delta:
+            raise CorruptMessage(f"record offset delta {offset_delta} out of order or range")
+        previous_delta = offset_delta
+        if log_append_time is not None:
+            record = Record(
+                record.offset, log_append_time, record.key, record.value, record.headers
+            )
+        yield record
+    if pos != end:
+        raise CorruptMessage(f"{end - pos} bytes follow the last of {header.records_count} records")
+
+
+def _decode_record(
+    data: bytes | memoryview, pos: int, end: int, header: BatchHeader
+) -> tuple[Record, int, int]:
+    """Decode the record body in ``data[pos:end]`` (after its attributes byte)."""
+    timestamp_delta, pos = read_varint(data, pos, end, VARLONG_MAX_BYTES)
+    offset_delta, pos = read_varint(data, pos, end)
+    key, pos = _read_varint_bytes(data, pos, end)
+    value, pos = _read_varint_bytes(data, pos, end)
+    header_count, pos = read_varint(data, pos, end)
+    if header_count < 0:
+        raise CorruptMessage(f"negative record header count {header_count}")
+    headers = []
+    for _ in range(header_count):
+        header_key, pos = _read_varint_bytes(data, pos, end)
+        if header_key is None:
+            raise CorruptMessage("record header with a null key")
+        header_value, pos = _read_varint_bytes(data, pos, end)
+        headers.append(Header(_utf8(header_key), header_value))
+    if pos != end:
+        raise CorruptMessage(f"record length disagrees with its fields by {end - pos} bytes")
+    timestamp_ms = header.base_timestamp + timestamp_delta
+    record = Record(header.base_offset + offset_delta, timestamp_ms, key, value, tuple(headers))
+    return record, offset_delta, end
+
+
+def _read_varint_bytes(data: bytes | memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
+    length, pos = read_varint(data, pos, end)
+    if length < 0:
+        if length != -1:
+            raise CorruptMessage(f"invalid length {length} at byte {pos}")
+        return None, pos
+    if pos + length > end:
+        raise CorruptMessage(f"field of {length} bytes at byte {pos} overruns its record")
+    return bytes(data[pos : pos + length]), pos + length
+
+
+def _utf8(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise CorruptMessage(f"record header key is not UTF-8: {exc}") from exc
+
+
+def iter_records(buf: bytes | bytearray | memoryview) -> Iterator[Record]:
+    """Every record, with absolute offsets, of a buffer of whole entries: v2 batches or
+    legacy (magic 0/1) messages. Raises CorruptMessage on a partial trailing entry."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        size_bytes = _entry_size(buf, pos)
+        if peek_magic(buf, pos) == CURRENT_MAGIC:
+            yield from decode_batch(buf, pos).records
+        else:
+            yield from decode_legacy(memoryview(buf)[pos : pos + size_bytes])
+        pos += size_bytes
+
+
+def _entry_size(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    if len(buf) - pos < LOG_OVERHEAD_BYTES:
+        raise CorruptMessage(f"entry at byte {pos} is truncated")
+    (message_bytes,) = _INT32.unpack_from(buf, pos + 8)
+    if message_bytes < 0 or pos + LOG_OVERHEAD_BYTES + message_bytes > len(buf):
+        raise CorruptMessage(f"entry at byte {pos} of size {message_bytes} overruns the buffer")
+    return LOG_OVERHEAD_BYTES + message_bytes
+
+
+def first_keyless_record(buf: bytes | bytearray | memoryview) -> int | None:
+    """Absolute offset of the first record without a key, or None if every record has
+    one (a compacted topic rejects keyless records with INVALID_RECORD)."""
+    for record in iter_records(buf):
+        if record.key is None:
+            return record.offset
+    return None
+
+
+# ---------------------------------------------------------------- legacy message sets
+
+
+@dataclass(frozen=True, slots=True)
+class _LegacyMessage:
+    offset: int
+    magic: int
+    attributes: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+
+def is_legacy(buf: bytes | bytearray | memoryview) -> bool:
+    """True if the entry at the start of ``buf`` is a magic 0 or 1 message."""
+    return peek_magic(buf) in (MAGIC_V0, MAGIC_V1)
+
+
+def decode_legacy(buf: bytes | bytearray | memoryview) -> list[Record]:
+    """Every record of a legacy message set (magic 0/1), compressed wrappers expanded.
+    CRC-32 checked; v0 records have timestamp -1."""
+    records: list[Record] = []
+    for message in _iter_legacy_messages(memoryview(buf)):
+        records.extend(_expand_legacy(message))
+    return records
+
+
+def upconvert_legacy(buf: bytes | bytearray | memoryview) -> bytes:
+    """One v2 batch holding the records of a legacy message set (keys, values,
+    timestamps), compressed with the set's codec, offsets 0..n-1 for the broker to
+    assign. An empty set gives empty bytes."""
+    messages = list(_iter_legacy_messages(memoryview(buf)))
+    records = [record for message in messages for record in _expand_legacy(message)]
+    if not records:
+        return b""
+    codec = next((m.compression for m in messages if m.compression), codecs.NONE)
+    return build_batch(records, compression=codec)
+
+
+def _iter_legacy_messages(view: memoryview) -> Iterator[_LegacyMessage]:
+    pos = 0
+    while pos < len(view):
+        size_bytes = _entry_size(view, pos)
+        offset = _LEGACY_ENTRY.unpack_from(view, pos)[0]
+        yield _parse_legacy_message(offset, view[pos + LOG_OVERHEAD_BYTES : pos + size_bytes])
+        pos += size_bytes
+
+
+def _parse_legacy_message(offset: int, message: memoryview) -> _LegacyMessage:
+    if len(message) < LEGACY_V0_HEADER_BYTES:
+        raise CorruptMessage(f"legacy message at offset {offset} is truncated")
+    crc, magic, attributes = _LEGACY_V0.unpack_from(message, 0)
+    if magic not in (MAGIC_V0, MAGIC_V1):
+        raise CorruptMessage(f"message at offset {offset} has magic {magic}, expected 0 or 1")
+    header_bytes = LEGACY_V1_HEADER_BYTES if magic == MAGIC_V1 else LEGACY_V0_HEADER_BYTES
+    if len(message) < header_bytes + LEGACY_KEY_VALUE_LENGTHS_BYTES:
+        raise CorruptMessage(f"legacy message at offset {offset} is truncated")
+    if zlib.crc32(message[4:]) != crc:
+        raise CorruptMessage(f"legacy message at offset {offset} fails its CRC-32 check")
+    timestamp_ms = _LEGACY_V1.unpack_from(message, 0)[3] if magic == MAGIC_V1 else NO_TIMESTAMP
+    key, pos = _read_int32_bytes(message, header_bytes)
+    value, pos = _read_int32_bytes(message, pos)
+    if pos != len(message):
+        raise CorruptMessage(
+            f"legacy message at offset {offset} has {len(message) - pos} extra bytes"
+        )
+    return _LegacyMessage(offset, magic, attributes, timestamp_ms, key, value)
+
+
+def _read_int32_bytes(data: memoryview, pos: int) -> tuple[bytes | None, int]:
+    if len(data) - pos < _INT32.size:
+        raise CorruptMessage(f"legacy length field truncated at byte {pos}")
+    (length,) = _INT32.unpack_from(data, pos)
+    pos += _INT32.size
+    if length == -1:
+        return None, pos
+    if length < 0 or pos + length > len(data):
+        raise CorruptMessage(f"legacy field of {length} bytes at byte {pos} is out of bounds")
+    return bytes(data[pos : pos + length]), pos + length
+
+
+def _expand_legacy(message: _LegacyMessage) -> list[Record]:
+    if message.compression == codecs.NONE:
+        return [Record(message.offset, message.timestamp_ms, message.key, message.value)]
+    inner = _inner_messages(message)
+    relative_base = message.offset - inner[-1].offset if message.magic == MAGIC_V1 else 0
+    log_append_time = message.magic == MAGIC_V1 and message.attributes & LEGACY_TIMESTAMP_TYPE_BIT
+    return [
+        Record(
+            relative_base + each.offset,
+            message.timestamp_ms if log_append_time else each.timestamp_ms,
+            each.key,
+            each.value,
+        )
+        for each in inner
+    ]
+
+
+def _inner_messages(wrapper: _LegacyMessage) -> list[_LegacyMessage]:
+    if wrapper.compression not in (codecs.GZIP, codecs.SNAPPY, codecs.LZ4):
+        raise UnsupportedCompressionType(
+            f"codec {wrapper.compression} is not allowed in magic {wrapper.magic} messages"
+        )
+    if wrapper.value is None:
+        raise CorruptMessage(f"compressed message at offset {wrapper.offset} has a null value")
+    payload = codecs.decompress(
+        wrapper.compression, wrapper.value, legacy_lz4_header_checksum=wrapper.magic == MAGIC_V0
+    )
+    inner = list(_iter_legacy_messages(memoryview(payload)))
+    if not inner:
+        raise CorruptMessage(f"compressed message at offset {wrapper.offset} holds no messages")
+    for each in inner:
+        if each.magic != wrapper.magic or each.compression != codecs.NONE:
+            raise CorruptMessage(
+                f"inner message at offset {each.offset} is compressed or has another magic"
+            )
+    return inner

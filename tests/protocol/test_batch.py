@@ -1,0 +1,121 @@
+"""batch.py: v2 header parsing, CRC checks and in-place patching, on batches from build_batch."""
+
+import struct
+
+import pytest
+
+from headrace.errors import CorruptMessage
+from headrace.protocol.batch import (
+    BATCH_HEADER_BYTES,
+    TIMESTAMP_TYPE_BIT,
+    compute_crc,
+    crc_is_valid,
+    iter_headers,
+    parse_header,
+    peek_magic,
+    peek_size,
+    set_base_offset,
+    set_log_append_time,
+)
+from headrace.protocol.compression import GZIP
+from headrace.protocol.records import build_batch, decode_batch
+
+
+def _batch(base_offset=0, count=3, **options):
+    records = [(b"k%d" % i, b"value %d" % i, [("h", b"x")], 1_000 + 10 * i) for i in range(count)]
+    return build_batch(records, base_offset=base_offset, **options)
+
+
+def test_parse_header_reads_every_field():
+    batch = _batch(
+        base_offset=40,
+        compression=GZIP,
+        producer_id=77,
+        producer_epoch=3,
+        base_sequence=9,
+        transactional=True,
+        partition_leader_epoch=5,
+    )
+    header = parse_header(batch)
+    assert header.base_offset == 40
+    assert header.size_bytes == len(batch)
+    assert header.partition_leader_epoch == 5
+    assert header.magic == 2
+    assert header.compression == GZIP
+    assert header.is_transactional and not header.is_control and not header.is_log_append_time
+    assert header.last_offset_delta == 2 and header.last_offset == 42 and header.next_offset == 43
+    assert (header.base_timestamp, header.max_timestamp) == (1_000, 1_020)
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (77, 3, 9)
+    assert header.last_sequence == 11
+    assert header.records_count == 3
+
+
+def test_last_sequence_wraps_at_int32():
+    header = parse_header(_batch(base_sequence=2**31 - 1, producer_id=1, producer_epoch=0))
+    assert header.last_sequence == 1
+
+
+def test_parse_header_rejects_short_and_wrong_magic():
+    batch = _batch()
+    with pytest.raises(CorruptMessage):
+        parse_header(batch[: BATCH_HEADER_BYTES - 1])
+    wrong_magic = bytearray(batch)
+    wrong_magic[16] = 1
+    with pytest.raises(CorruptMessage):
+        parse_header(wrong_magic)
+
+
+def test_parse_header_rejects_a_length_shorter_than_the_header():
+    short_length = bytearray(_batch())
+    struct.pack_into(">i", short_length, 8, 10)
+    with pytest.raises(CorruptMessage):
+        parse_header(short_length)
+
+
+def test_peek_magic_and_size():
+    batch = _batch()
+    assert peek_magic(batch) == 2 and peek_size(batch) == len(batch)
+    assert peek_magic(batch[:16]) == -1 and peek_size(batch[:11]) == -1
+
+
+def test_iter_headers_walks_consecutive_batches():
+    first, second = _batch(base_offset=0), _batch(base_offset=3, count=5)
+    found = list(iter_headers(first + second, verify_crc=True))
+    assert [pos for pos, _ in found] == [0, len(first)]
+    assert [header.base_offset for _, header in found] == [0, 3]
+    assert [header.records_count for _, header in found] == [3, 5]
+
+
+def test_iter_headers_rejects_a_trailing_partial_batch():
+    batch = _batch()
+    with pytest.raises(CorruptMessage):
+        list(iter_headers(batch + batch[:-1]))
+
+
+def test_iter_headers_detects_damage_only_when_verifying():
+    damaged = bytearray(_batch())
+    damaged[-1] ^= 0x01
+    assert len(list(iter_headers(damaged))) == 1
+    with pytest.raises(CorruptMessage):
+        list(iter_headers(damaged, verify_crc=True))
+
+
+def test_set_base_offset_keeps_the_crc_valid():
+    buf = bytearray(_batch() + _batch())
+    second_pos = len(buf) // 2
+    set_base_offset(buf, second_pos, 1_000_000)
+    headers = list(iter_headers(buf, verify_crc=True))
+    assert headers[1][1].base_offset == 1_000_000
+    assert [r.offset for r in decode_batch(buf, second_pos).records] == [1_000_000, 1_000_001, 1_000_002]
+
+
+def test_set_log_append_time_sets_the_bit_and_keeps_the_crc_valid():
+    buf = bytearray(_batch(compression=GZIP))
+    set_log_append_time(buf, 0, 5_555)
+    header = parse_header(buf)
+    assert header.attributes & TIMESTAMP_TYPE_BIT and header.is_log_append_time
+    assert header.max_timestamp == 5_555
+    assert header.compression == GZIP
+    assert crc_is_valid(buf, 0, header)
+    assert compute_crc(buf, 0, header.size_bytes) == header.crc
+    assert {record.timestamp_ms for record in decode_batch(buf).records} == {5_555}

@@ -1,0 +1,163 @@
+"""Codecs: round trips, Kafka's wire framings, cross-checks against independent libraries."""
+
+import gzip
+import struct
+
+import cramjam
+import lz4.frame
+import pytest
+import snappy
+import xxhash
+import zstandard
+from hypothesis import given
+from hypothesis import strategies as st
+from kafka import codec as kafka_codec
+
+from headrace.errors import CorruptMessage, UnsupportedCompressionType
+from headrace.protocol import compression
+from headrace.protocol.compression import (
+    GZIP,
+    LZ4,
+    NONE,
+    SNAPPY,
+    ZSTD,
+    codec_by_name,
+    compress,
+    decompress,
+    xxh32,
+)
+
+ALL_CODECS = [NONE, GZIP, SNAPPY, LZ4, ZSTD]
+COMPRESSED_CODECS = [GZIP, SNAPPY, LZ4, ZSTD]
+SAMPLE = b"".join(b"record %d with some repeated text; " % i for i in range(5000))
+
+
+def test_codec_ids_are_kafkas_attribute_values():
+    assert (NONE, GZIP, SNAPPY, LZ4, ZSTD) == (0, 1, 2, 3, 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "codec"),
+    [("none", 0), ("gzip", 1), ("snappy", 2), ("lz4", 3), ("zstd", 4), ("uncompressed", 0), ("LZ4", 3)],
+)
+def test_codec_by_name(name, codec):
+    assert codec_by_name(name) == codec
+
+
+def test_codec_by_name_producer_means_keep_the_producers_codec():
+    assert codec_by_name("producer") is None
+
+
+def test_codec_by_name_rejects_unknown_names():
+    with pytest.raises(UnsupportedCompressionType):
+        codec_by_name("brotli")
+
+
+@pytest.mark.parametrize("codec", [5, 6, 7, -1])
+def test_unknown_codec_ids_are_unsupported(codec):
+    with pytest.raises(UnsupportedCompressionType):
+        compress(codec, b"x")
+    with pytest.raises(UnsupportedCompressionType):
+        decompress(codec, b"x")
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS)
+@pytest.mark.parametrize("data", [b"", b"a", SAMPLE], ids=["empty", "one-byte", "large"])
+def test_every_codec_round_trips(codec, data):
+    assert decompress(codec, compress(codec, data)) == data
+
+
+@given(codec=st.sampled_from(ALL_CODECS), data=st.binary(max_size=3000))
+def test_round_trip_property(codec, data):
+    assert decompress(codec, compress(codec, memoryview(data))) == data
+
+
+@pytest.mark.parametrize("codec", COMPRESSED_CODECS)
+def test_compression_shrinks_repetitive_data(codec):
+    assert len(compress(codec, SAMPLE)) < len(SAMPLE) // 4
+
+
+@pytest.mark.parametrize("codec", COMPRESSED_CODECS)
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_undecodable_input_raises_corrupt_message(codec, damage):
+    encoded = compress(codec, SAMPLE)
+    bad = b"\x00\x01garbage that is no codec's stream" if damage == "garbage" else encoded[: len(encoded) // 2]
+    with pytest.raises(CorruptMessage):
+        decompress(codec, bad)
+
+
+def _xerial_frame(blocks, version=1, compatible=1):
+    """The xerial snappy framing, written out from its layout."""
+    out = b"\x82SNAPPY\x00" + struct.pack(">ii", version, compatible)
+    for block in blocks:
+        raw = bytes(cramjam.snappy.compress_raw(block))
+        out += struct.pack(">i", len(raw)) + raw
+    return out
+
+
+def test_xerial_framed_snappy_decodes():
+    blocks = [b"first block " * 100, b"second " * 50, b"x"]
+    assert decompress(SNAPPY, _xerial_frame(blocks)) == b"".join(blocks)
+
+
+def test_xerial_version_fields_are_not_trusted():
+    # Some writers put little-endian version fields; Kafka and kafka-python ignore them.
+    framed = _xerial_frame([b"payload " * 10], version=0x01000000, compatible=0x01000000)
+    assert decompress(SNAPPY, framed) == b"payload " * 10
+
+
+def test_xerial_block_overrunning_the_data_is_corrupt():
+    framed = _xerial_frame([b"payload " * 100])
+    with pytest.raises(CorruptMessage):
+        decompress(SNAPPY, framed[:-3])
+    with pytest.raises(CorruptMessage):
+        decompress(SNAPPY, framed + b"\x00\x00")
+
+
+def test_raw_snappy_decodes():
+    assert decompress(SNAPPY, snappy.compress(SAMPLE)) == SAMPLE
+
+
+def test_snappy_is_written_in_xerial_framing_in_32_kib_blocks():
+    encoded = compress(SNAPPY, SAMPLE)
+    assert encoded.startswith(b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x01")
+    first_block_bytes = struct.unpack_from(">i", encoded, 16)[0]
+    first_block = snappy.decompress(encoded[20 : 20 + first_block_bytes])
+    assert first_block == SAMPLE[: 32 * 1024]
+
+
+def test_other_libraries_decode_what_we_write():
+    assert gzip.decompress(compress(GZIP, SAMPLE)) == SAMPLE
+    assert kafka_codec.snappy_decode(compress(SNAPPY, SAMPLE)) == SAMPLE
+    assert lz4.frame.decompress(compress(LZ4, SAMPLE)) == SAMPLE
+    assert zstandard.ZstdDecompressor().decompress(compress(ZSTD, SAMPLE)) == SAMPLE
+
+
+def test_we_decode_what_other_libraries_write():
+    assert decompress(GZIP, gzip.compress(SAMPLE)) == SAMPLE
+    assert decompress(SNAPPY, kafka_codec.snappy_encode(SAMPLE)) == SAMPLE
+    assert decompress(LZ4, lz4.frame.compress(SAMPLE, block_linked=False)) == SAMPLE
+    assert decompress(LZ4, lz4.frame.compress(SAMPLE, store_size=True)) == SAMPLE
+    assert decompress(ZSTD, zstandard.ZstdCompressor().compress(SAMPLE)) == SAMPLE
+
+
+def test_zstd_frame_without_content_size_decodes():
+    streaming = zstandard.ZstdCompressor(write_content_size=False).compress(SAMPLE)
+    assert decompress(ZSTD, streaming) == SAMPLE
+
+
+def test_legacy_lz4_with_kafkas_wrong_header_checksum():
+    old_kafka = kafka_codec.lz4_encode_old_kafka(SAMPLE)
+    with pytest.raises(CorruptMessage):
+        decompress(LZ4, old_kafka)
+    assert decompress(LZ4, old_kafka, legacy_lz4_header_checksum=True) == SAMPLE
+
+
+def test_legacy_lz4_repair_rejects_a_non_frame():
+    with pytest.raises(CorruptMessage):
+        decompress(LZ4, b"not an lz4 frame", legacy_lz4_header_checksum=True)
+
+
+@given(st.binary(max_size=compression.XXH32_SHORT_INPUT_MAX_BYTES), st.integers(0, 2**32 - 1))
+def test_xxh32_matches_the_reference_library(data, seed):
+    assert xxh32(data, seed) == xxhash.xxh32_intdigest(data, seed)
