@@ -1,0 +1,843 @@
+/*
+ * headrace.protocol._kernel -- the compiled record kernel.
+ *
+ * Owns the hot per-record loops over Kafka v2 record batches: walking batch headers,
+ * checking CRC-32C, parsing records (bounds-checked zigzag varints), decoding them into
+ * Arrow-layout columns, hashing keys with MurmurHash3 x64 128 and finding keyless
+ * records. The Python face is headrace/protocol/kernel.py: it decompresses compressed
+ * record sections (one call per batch) and hands them here as `sections`, in the order
+ * the walk meets the compressed batches it does not skip.
+ *
+ * Batch layout (big-endian): base_offset int64 @0, batch_length int32 @8, leader epoch
+ * @12, magic int8 @16, crc uint32 @17 (CRC-32C of bytes 21..end), attributes int16 @21,
+ * last_offset_delta int32 @23, base_timestamp int64 @27, max_timestamp int64 @35,
+ * producer id/epoch/base sequence @43..56, records_count int32 @57, records @61.
+ * Record: length varint, attributes int8, timestampDelta varlong, offsetDelta varint,
+ * key (varint length, -1 = null), value (same), headersCount varint, headers
+ * [key length varint >= 0, key, value length varint (-1 = null), value].
+ *
+ * Thread-safety: no shared mutable state after module init (the CRC table is written
+ * once there). Every loop runs with the GIL released over a buffer the caller holds;
+ * output is collected in malloc'd buffers handed to Python as read-only OwnedBuffers.
+ * Malformed input is reported as headrace.errors.CorruptMessage, never read past.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOG_OVERHEAD_BYTES 12
+#define BATCH_HEADER_BYTES 61
+#define CURRENT_MAGIC 2
+#define ATTR_COMPRESSION_MASK 0x07
+#define ATTR_LOG_APPEND_TIME 0x08
+#define ATTR_CONTROL 0x20
+#define CRC_COVERED_FROM 21
+#define FAILURE_MESSAGE_BYTES 160
+#define BUF_INITIAL_CAPACITY_BYTES 256
+#define NO_OFFSET (-1)
+
+static PyObject *corrupt_message_error; /* headrace.errors.CorruptMessage */
+
+/* ------------------------------------------------------------------ failures */
+
+typedef enum { FAIL_NONE, FAIL_CORRUPT, FAIL_NO_MEMORY, FAIL_TOO_LARGE, FAIL_USAGE } FailKind;
+
+typedef struct {
+    FailKind kind;
+    char message[FAILURE_MESSAGE_BYTES];
+} Failure;
+
+/* Record a failure (callable without the GIL); always returns -1. */
+static int fail(Failure *f, FailKind kind, const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    f->kind = kind;
+    vsnprintf(f->message, sizeof f->message, fmt, args);
+    va_end(args);
+    return -1;
+}
+
+static int fail_no_memory(Failure *f) { return fail(f, FAIL_NO_MEMORY, "out of memory"); }
+
+/* Turn a failure into a Python exception (GIL held); returns NULL. */
+static PyObject *raise_failure(const Failure *f)
+{
+    switch (f->kind) {
+    case FAIL_NO_MEMORY:
+        return PyErr_NoMemory();
+    case FAIL_TOO_LARGE:
+        PyErr_SetString(PyExc_OverflowError, f->message);
+        return NULL;
+    case FAIL_USAGE:
+        PyErr_SetString(PyExc_ValueError, f->message);
+        return NULL;
+    default:
+        PyErr_SetString(corrupt_message_error, f->message);
+        return NULL;
+    }
+}
+
+/* ------------------------------------------------------------------ growable output */
+
+typedef struct {
+    uint8_t *data;
+    size_t len, cap;
+} Buf;
+
+static int buf_put(Buf *b, const void *src, size_t n)
+{
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : BUF_INITIAL_CAPACITY_BYTES;
+        while (cap < b->len + n)
+            cap *= 2;
+        uint8_t *grown = realloc(b->data, cap);
+        if (grown == NULL)
+            return -1;
+        b->data = grown;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+static int put_i64(Buf *b, int64_t v) { return buf_put(b, &v, sizeof v); }
+static int put_i32(Buf *b, int32_t v) { return buf_put(b, &v, sizeof v); }
+static int put_u64(Buf *b, uint64_t v) { return buf_put(b, &v, sizeof v); }
+static int put_u8(Buf *b, uint8_t v) { return buf_put(b, &v, sizeof v); }
+
+/* A read-only buffer object owning malloc'd memory: hands a Buf to numpy without a copy
+ * (copying a large fresh buffer costs as much as decoding it: page faults dominate). */
+typedef struct {
+    PyObject_HEAD
+    uint8_t *data;
+    Py_ssize_t len;
+} OwnedBuffer;
+
+static int owned_buffer_get(PyObject *self, Py_buffer *view, int flags)
+{
+    OwnedBuffer *owned = (OwnedBuffer *)self;
+    return PyBuffer_FillInfo(view, self, owned->data, owned->len, 1, flags);
+}
+
+static void owned_buffer_dealloc(PyObject *self)
+{
+    free(((OwnedBuffer *)self)->data);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs owned_buffer_procs = {owned_buffer_get, NULL};
+
+static PyTypeObject OwnedBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "headrace.protocol._kernel.OwnedBuffer",
+    .tp_basicsize = sizeof(OwnedBuffer),
+    .tp_dealloc = owned_buffer_dealloc,
+    .tp_as_buffer = &owned_buffer_procs,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Read-only bytes produced by the record kernel.",
+};
+
+/* Move the buffer's memory into a new OwnedBuffer (trimmed to its length); the Buf is
+ * left empty. Returns NULL with an exception set (and the memory freed) on failure. */
+static PyObject *buf_to_owned(Buf *b)
+{
+    uint8_t *data;
+    if (b->len == 0) {
+        free(b->data);
+        data = malloc(1); /* a valid pointer even for an empty column */
+    } else {
+        data = realloc(b->data, b->len);
+        if (data == NULL)
+            data = b->data; /* shrinking failed: keep the larger block */
+    }
+    Py_ssize_t len = (Py_ssize_t)b->len;
+    b->data = NULL;
+    b->len = b->cap = 0;
+    OwnedBuffer *owned = data ? PyObject_New(OwnedBuffer, &OwnedBufferType) : NULL;
+    if (owned == NULL) {
+        free(data);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    owned->data = data;
+    owned->len = len;
+    return (PyObject *)owned;
+}
+
+/* ------------------------------------------------------------------ big-endian, varints */
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t be64(const uint8_t *p) { return (uint64_t)be32(p) << 32 | be32(p + 4); }
+
+typedef struct {
+    const uint8_t *p, *end;
+} Cursor;
+
+/* Unsigned LEB128 of at most max_bytes bytes; bits beyond 64 are dropped, as Kafka does. */
+static int read_uvarint(Cursor *c, int max_bytes, uint64_t *out)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < max_bytes; i++) {
+        if (c->p >= c->end)
+            return -1;
+        uint8_t byte = *c->p++;
+        value |= (uint64_t)(byte & 0x7f) << (7 * i);
+        if (!(byte & 0x80)) {
+            *out = value;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int read_varint(Cursor *c, int32_t *out)
+{
+    uint64_t raw;
+    if (read_uvarint(c, 5, &raw))
+        return -1;
+    uint32_t zigzag = (uint32_t)raw;
+    *out = (int32_t)((zigzag >> 1) ^ (0u - (zigzag & 1)));
+    return 0;
+}
+
+static int read_varlong(Cursor *c, int64_t *out)
+{
+    uint64_t zigzag;
+    if (read_uvarint(c, 10, &zigzag))
+        return -1;
+    *out = (int64_t)((zigzag >> 1) ^ (0u - (zigzag & 1)));
+    return 0;
+}
+
+/* A length-prefixed byte string; len == -1 means null. */
+typedef struct {
+    const uint8_t *data;
+    int32_t len;
+} Bytes;
+
+static int read_bytes(Cursor *c, Bytes *out, int null_allowed)
+{
+    if (read_varint(c, &out->len))
+        return -1;
+    if (out->len < (null_allowed ? -1 : 0) || out->len > c->end - c->p)
+        return -1;
+    out->data = c->p;
+    if (out->len > 0)
+        c->p += out->len;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ CRC-32C */
+
+static uint32_t crc32c_table[256];
+
+static void crc32c_init_table(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t crc = i;
+        for (int bit = 0; bit < 8; bit++)
+            crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1)));
+        crc32c_table[i] = crc;
+    }
+}
+
+static uint32_t crc32c_portable(uint32_t crc, const uint8_t *p, size_t n)
+{
+    while (n--)
+        crc = crc32c_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return crc;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const uint8_t *p,
+                                                                size_t n)
+{
+    uint64_t wide = crc;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        wide = __builtin_ia32_crc32di(wide, word);
+    }
+    crc = (uint32_t)wide;
+    while (n--)
+        crc = __builtin_ia32_crc32qi(crc, *p++);
+    return crc;
+}
+#endif
+
+static uint32_t (*crc32c_update)(uint32_t, const uint8_t *, size_t) = crc32c_portable;
+
+static uint32_t crc32c(const uint8_t *p, size_t n) { return ~crc32c_update(~0u, p, n); }
+
+/* ------------------------------------------------------------------ batches */
+
+typedef struct {
+    int64_t base_offset, base_timestamp, max_timestamp;
+    int32_t last_offset_delta, records_count;
+    uint32_t crc;
+    int16_t attributes;
+    size_t position, size_bytes;
+} Batch;
+
+/* Read the batch header at *pos. Returns 1 (and advances *pos), 0 when no whole batch
+ * remains (a trailing partial batch is ignored, as Kafka clients do), -1 if corrupt. */
+static int next_batch(const uint8_t *buf, size_t len, size_t *pos, Batch *b, Failure *f)
+{
+    size_t remaining = len - *pos;
+    const uint8_t *p = buf + *pos;
+    if (remaining < LOG_OVERHEAD_BYTES)
+        return 0;
+    int32_t batch_length = (int32_t)be32(p + 8);
+    if (batch_length < BATCH_HEADER_BYTES - LOG_OVERHEAD_BYTES)
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld has length %d",
+                    (long long)*pos, (int)batch_length);
+    b->size_bytes = (size_t)batch_length + LOG_OVERHEAD_BYTES;
+    if (remaining < b->size_bytes)
+        return 0;
+    if (p[16] != CURRENT_MAGIC)
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld has magic %d, expected 2",
+                    (long long)*pos, (int)p[16]);
+    b->position = *pos;
+    b->base_offset = (int64_t)be64(p);
+    b->crc = be32(p + 17);
+    b->attributes = (int16_t)(p[21] << 8 | p[22]);
+    b->last_offset_delta = (int32_t)be32(p + 23);
+    b->base_timestamp = (int64_t)be64(p + 27);
+    b->max_timestamp = (int64_t)be64(p + 35);
+    b->records_count = (int32_t)be32(p + 57);
+    if (b->records_count < 0)
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld has %d records",
+                    (long long)*pos, (int)b->records_count);
+    *pos += b->size_bytes;
+    return 1;
+}
+
+static int64_t batch_next_offset(const Batch *b)
+{
+    return (int64_t)((uint64_t)b->base_offset + (uint64_t)(int64_t)b->last_offset_delta + 1);
+}
+
+static int batch_is_skipped(const Batch *b, int skip_control)
+{
+    return skip_control && (b->attributes & ATTR_CONTROL);
+}
+
+/* What a header-only pass learns about the whole batches in a buffer. */
+typedef struct {
+    int64_t record_count, next_offset;
+    size_t bytes_consumed;
+    Buf compressed_spans; /* int64 triples: records start, records end, codec */
+} Scan;
+
+static int scan_batches(const uint8_t *buf, size_t len, int skip_control, int verify_crc, Scan *s,
+                        Failure *f)
+{
+    Batch b = {0};
+    int status;
+    size_t pos = 0;
+    while ((status = next_batch(buf, len, &pos, &b, f)) == 1) {
+        s->next_offset = batch_next_offset(&b);
+        s->bytes_consumed = pos;
+        if (verify_crc && crc32c(buf + b.position + CRC_COVERED_FROM,
+                                 b.size_bytes - CRC_COVERED_FROM) != b.crc)
+            return fail(f, FAIL_CORRUPT, "record batch at byte %lld fails its CRC-32C check",
+                        (long long)b.position);
+        if (batch_is_skipped(&b, skip_control))
+            continue;
+        s->record_count += b.records_count;
+        if (b.attributes & ATTR_COMPRESSION_MASK) {
+            int64_t span[3] = {(int64_t)(b.position + BATCH_HEADER_BYTES),
+                               (int64_t)(b.position + b.size_bytes),
+                               b.attributes & ATTR_COMPRESSION_MASK};
+            if (buf_put(&s->compressed_spans, span, sizeof span))
+                return fail_no_memory(f);
+        }
+    }
+    return status;
+}
+
+/* ------------------------------------------------------------------ records */
+
+typedef struct {
+    int64_t timestamp_delta;
+    int32_t offset_delta, header_count;
+    Bytes key, value;
+    Cursor headers; /* from the first header to the end of the record */
+} Record;
+
+/* Parse and fully validate one record, headers included. */
+static int read_record(Cursor *c, Record *r)
+{
+    int32_t length;
+    if (read_varint(c, &length) || length < 0 || length > c->end - c->p)
+        return -1;
+    Cursor body = {c->p, c->p + length};
+    c->p += length;
+    if (body.p >= body.end)
+        return -1;
+    body.p++; /* record attributes: unused by Kafka */
+    if (read_varlong(&body, &r->timestamp_delta) || read_varint(&body, &r->offset_delta) ||
+        read_bytes(&body, &r->key, 1) || read_bytes(&body, &r->value, 1) ||
+        read_varint(&body, &r->header_count) || r->header_count < 0)
+        return -1;
+    r->headers = body;
+    for (int32_t i = 0; i < r->header_count; i++) {
+        Bytes header_key, header_value;
+        if (read_bytes(&body, &header_key, 0) || read_bytes(&body, &header_value, 1))
+            return -1;
+    }
+    return body.p == body.end ? 0 : -1;
+}
+
+/* Called per record; returns 0 to go on, 1 to stop the walk, -1 on failure. */
+typedef int (*RecordVisitor)(void *state, const Batch *b, const Record *r, Failure *f);
+
+typedef struct {
+    const uint8_t *buf;
+    size_t len;
+    const Py_buffer *sections; /* decompressed records of the compressed batches, in order */
+    Py_ssize_t section_count;
+    int skip_control;
+} Input;
+
+static int walk_batch_records(const Batch *b, Cursor records, RecordVisitor visit, void *state,
+                              Failure *f)
+{
+    for (int32_t i = 0; i < b->records_count; i++) {
+        Record r;
+        if (read_record(&records, &r))
+            return fail(f, FAIL_CORRUPT, "record %d of the batch at byte %lld is malformed", (int)i,
+                        (long long)b->position);
+        int status = visit(state, b, &r, f);
+        if (status)
+            return status;
+    }
+    if (records.p != records.end)
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld has %lld bytes after its records",
+                    (long long)b->position, (long long)(records.end - records.p));
+    return 0;
+}
+
+/* Visit every record of every whole, non-skipped batch. Returns 0, 1 (stopped) or -1. */
+static int walk_records(const Input *in, RecordVisitor visit, void *state, Failure *f)
+{
+    Batch b = {0};
+    int status;
+    size_t pos = 0;
+    Py_ssize_t section = 0;
+    while ((status = next_batch(in->buf, in->len, &pos, &b, f)) == 1) {
+        if (batch_is_skipped(&b, in->skip_control))
+            continue;
+        Cursor records = {in->buf + b.position + BATCH_HEADER_BYTES, in->buf + pos};
+        if (b.attributes & ATTR_COMPRESSION_MASK) {
+            if (section >= in->section_count)
+                return fail(f, FAIL_USAGE, "%lld decompressed sections given, more needed",
+                            (long long)in->section_count);
+            records.p = in->sections[section].buf;
+            records.end = records.p + in->sections[section].len;
+            section++;
+        }
+        status = walk_batch_records(&b, records, visit, state, f);
+        if (status)
+            return status;
+    }
+    if (status == 0 && section != in->section_count)
+        return fail(f, FAIL_USAGE, "%lld decompressed sections given, %lld used",
+                    (long long)in->section_count, (long long)section);
+    return status;
+}
+
+static int64_t record_offset(const Batch *b, const Record *r)
+{
+    return (int64_t)((uint64_t)b->base_offset + (uint64_t)(int64_t)r->offset_delta);
+}
+
+/* ------------------------------------------------------------------ visitor: columns */
+
+typedef struct {
+    Buf offsets, timestamps, timestamp_types;
+    Buf key_offsets, key_data, key_valid;
+    Buf value_offsets, value_data, value_valid;
+    Buf header_list_offsets, header_key_offsets, header_key_data;
+    Buf header_value_offsets, header_value_data, header_value_valid;
+} Columns;
+
+#define COLUMN_COUNT 15
+
+static Buf *column(Columns *c, int i) { return &((Buf *)c)[i]; }
+
+/* Append one Arrow binary value: data bytes, end offset (int32), validity. */
+static int append_binary(Buf *offsets, Buf *data, Buf *valid, Bytes v, Failure *f)
+{
+    if (v.len > 0 && buf_put(data, v.data, (size_t)v.len))
+        return fail_no_memory(f);
+    if (data->len > INT32_MAX)
+        return fail(f, FAIL_TOO_LARGE,
+                    "more than %d bytes in one column: decode fewer batches at a time",
+                    INT32_MAX);
+    if (put_i32(offsets, (int32_t)data->len) || (valid && put_u8(valid, v.len >= 0)))
+        return fail_no_memory(f);
+    return 0;
+}
+
+static int append_headers(Columns *c, const Record *r, Failure *f)
+{
+    Cursor headers = r->headers;
+    for (int32_t i = 0; i < r->header_count; i++) {
+        Bytes key, value;
+        if (read_bytes(&headers, &key, 0) || read_bytes(&headers, &value, 1))
+            return fail(f, FAIL_CORRUPT, "record header %d is malformed", (int)i);
+        if (append_binary(&c->header_key_offsets, &c->header_key_data, NULL, key, f) ||
+            append_binary(&c->header_value_offsets, &c->header_value_data,
+                          &c->header_value_valid, value, f))
+            return -1;
+    }
+    size_t header_total = c->header_key_offsets.len / sizeof(int32_t) - 1;
+    if (header_total > INT32_MAX)
+        return fail(f, FAIL_TOO_LARGE, "more than %d headers", INT32_MAX);
+    if (put_i32(&c->header_list_offsets, (int32_t)header_total))
+        return fail_no_memory(f);
+    return 0;
+}
+
+static int visit_columns(void *state, const Batch *b, const Record *r, Failure *f)
+{
+    Columns *c = state;
+    int log_append_time = (b->attributes & ATTR_LOG_APPEND_TIME) != 0;
+    int64_t timestamp = log_append_time
+                            ? b->max_timestamp
+                            : (int64_t)((uint64_t)b->base_timestamp + (uint64_t)r->timestamp_delta);
+    if (put_i64(&c->offsets, record_offset(b, r)) || put_i64(&c->timestamps, timestamp) ||
+        put_u8(&c->timestamp_types, (uint8_t)log_append_time))
+        return fail_no_memory(f);
+    if (append_binary(&c->key_offsets, &c->key_data, &c->key_valid, r->key, f) ||
+        append_binary(&c->value_offsets, &c->value_data, &c->value_valid, r->value, f))
+        return -1;
+    return append_headers(c, r, f);
+}
+
+/* ------------------------------------------------------------------ MurmurHash3 x64 128 */
+
+static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static uint64_t fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* Austin Appleby's MurmurHash3_x64_128 (public domain), byte order independent. */
+static void murmur3_x64_128(const uint8_t *data, size_t len, uint32_t seed, uint64_t out[2])
+{
+    const uint64_t c1 = 0x87c37b91114253d5ULL, c2 = 0x4cf5ad432745937fULL;
+    uint64_t h1 = seed, h2 = seed;
+    size_t blocks = len / 16;
+    for (size_t i = 0; i < blocks; i++) {
+        uint64_t k1 = le64(data + 16 * i), k2 = le64(data + 16 * i + 8);
+        h1 ^= rotl64(k1 * c1, 31) * c2;
+        h1 = (rotl64(h1, 27) + h2) * 5 + 0x52dce729;
+        h2 ^= rotl64(k2 * c2, 33) * c1;
+        h2 = (rotl64(h2, 31) + h1) * 5 + 0x38495ab5;
+    }
+    const uint8_t *tail = data + 16 * blocks;
+    uint64_t k1 = 0, k2 = 0;
+    size_t rest = len & 15;
+    for (size_t i = rest; i > 8; i--)
+        k2 = k2 << 8 | tail[i - 1];
+    for (size_t i = rest < 8 ? rest : 8; i > 0; i--)
+        k1 = k1 << 8 | tail[i - 1];
+    if (rest > 8)
+        h2 ^= rotl64(k2 * c2, 33) * c1;
+    if (rest > 0)
+        h1 ^= rotl64(k1 * c1, 31) * c2;
+    h1 ^= len;
+    h2 ^= len;
+    h1 += h2;
+    h2 += h1;
+    h1 = fmix64(h1);
+    h2 = fmix64(h2);
+    h1 += h2;
+    h2 += h1;
+    out[0] = h1;
+    out[1] = h2;
+}
+
+/* ------------------------------------------------------------------ visitors: keys */
+
+typedef struct {
+    Buf offsets, hash_hi, hash_lo, is_tombstone, has_key;
+} KeyHashes;
+
+static int visit_key_hash(void *state, const Batch *b, const Record *r, Failure *f)
+{
+    KeyHashes *k = state;
+    uint64_t hash[2] = {0, 0};
+    if (r->key.len >= 0)
+        murmur3_x64_128(r->key.data, (size_t)r->key.len, 0, hash);
+    if (put_i64(&k->offsets, record_offset(b, r)) || put_u64(&k->hash_hi, hash[0]) ||
+        put_u64(&k->hash_lo, hash[1]) || put_u8(&k->is_tombstone, r->value.len < 0) ||
+        put_u8(&k->has_key, r->key.len >= 0))
+        return fail_no_memory(f);
+    return 0;
+}
+
+static int visit_keyless(void *state, const Batch *b, const Record *r, Failure *f)
+{
+    (void)f;
+    if (r->key.len >= 0)
+        return 0;
+    *(int64_t *)state = record_offset(b, r);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ Python glue */
+
+/* Holds the input buffer and the decompressed sections for the length of one call. */
+typedef struct {
+    Py_buffer input;
+    Py_buffer *sections;
+    Py_ssize_t section_count;
+} Held;
+
+static void release_held(Held *h)
+{
+    for (Py_ssize_t i = 0; i < h->section_count; i++)
+        PyBuffer_Release(&h->sections[i]);
+    PyMem_Free(h->sections);
+    if (h->input.obj)
+        PyBuffer_Release(&h->input);
+}
+
+static int hold(PyObject *buf, PyObject *sections, Held *h)
+{
+    if (PyObject_GetBuffer(buf, &h->input, PyBUF_SIMPLE))
+        return -1;
+    if (sections == NULL)
+        return 0;
+    PyObject *seq = PySequence_Fast(sections, "sections must be a sequence of buffers");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    h->sections = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
+    if (h->sections == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (; h->section_count < n; h->section_count++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, h->section_count);
+        if (PyObject_GetBuffer(item, &h->sections[h->section_count], PyBUF_SIMPLE)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static Input input_of(const Held *h, int skip_control)
+{
+    Input in = {h->input.buf, (size_t)h->input.len, h->sections, h->section_count, skip_control};
+    return in;
+}
+
+static PyObject *py_scan(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *buf;
+    int skip_control, verify_crc;
+    Held held;
+    Scan scan = {0, NO_OFFSET, 0, {NULL, 0, 0}};
+    Failure failure = {FAIL_NONE, ""};
+    memset(&held, 0, sizeof held);
+    if (!PyArg_ParseTuple(args, "Opp", &buf, &skip_control, &verify_crc))
+        return NULL;
+    if (hold(buf, NULL, &held)) {
+        release_held(&held);
+        return NULL;
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = scan_batches(held.input.buf, (size_t)held.input.len, skip_control, verify_crc, &scan,
+                          &failure);
+    Py_END_ALLOW_THREADS
+    release_held(&held);
+    if (status < 0) {
+        free(scan.compressed_spans.data);
+        return raise_failure(&failure);
+    }
+    PyObject *spans = buf_to_owned(&scan.compressed_spans);
+    if (spans == NULL)
+        return NULL;
+    return Py_BuildValue("LLnN", (long long)scan.record_count, (long long)scan.next_offset,
+                         (Py_ssize_t)scan.bytes_consumed, spans);
+}
+
+static void free_bufs(Buf *bufs, int buf_count)
+{
+    for (int i = 0; i < buf_count; i++) {
+        free(bufs[i].data);
+        bufs[i].data = NULL;
+    }
+}
+
+/* Run a visitor over the records without the GIL; bufs are freed on failure. */
+static int run_walk(PyObject *args, RecordVisitor visit, void *state, Buf *bufs, int buf_count)
+{
+    PyObject *buf, *sections;
+    int skip_control, status = -1;
+    Held held;
+    Failure failure = {FAIL_NONE, ""};
+    memset(&held, 0, sizeof held);
+    if (PyArg_ParseTuple(args, "OOp", &buf, &sections, &skip_control) &&
+        hold(buf, sections, &held) == 0) {
+        Input in = input_of(&held, skip_control);
+        Py_BEGIN_ALLOW_THREADS
+        status = walk_records(&in, visit, state, &failure);
+        Py_END_ALLOW_THREADS
+        if (status < 0)
+            raise_failure(&failure);
+    }
+    release_held(&held);
+    if (status < 0) {
+        free_bufs(bufs, buf_count);
+        return -1;
+    }
+    return 0;
+}
+
+/* A tuple of OwnedBuffers made from (and emptying) the buffers. */
+static PyObject *bufs_to_tuple(Buf *bufs, int buf_count)
+{
+    PyObject *tuple = PyTuple_New(buf_count);
+    for (int i = 0; i < buf_count; i++) {
+        PyObject *item = buf_to_owned(&bufs[i]);
+        if (tuple == NULL || item == NULL) {
+            Py_XDECREF(item);
+            free_bufs(bufs + i + 1, buf_count - i - 1);
+            Py_XDECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, i, item);
+    }
+    return tuple;
+}
+
+static PyObject *py_decode_columns(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Columns columns;
+    memset(&columns, 0, sizeof columns);
+    Buf *bufs = column(&columns, 0);
+    Failure failure = {FAIL_NONE, ""};
+    Buf *starts[] = {&columns.key_offsets, &columns.value_offsets, &columns.header_list_offsets,
+                     &columns.header_key_offsets, &columns.header_value_offsets};
+    for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++) {
+        if (put_i32(starts[i], 0)) {
+            free_bufs(bufs, COLUMN_COUNT);
+            fail_no_memory(&failure);
+            return raise_failure(&failure);
+        }
+    }
+    if (run_walk(args, visit_columns, &columns, bufs, COLUMN_COUNT))
+        return NULL;
+    return bufs_to_tuple(bufs, COLUMN_COUNT);
+}
+
+static PyObject *py_hash_keys(PyObject *self, PyObject *args)
+{
+    (void)self;
+    KeyHashes hashes;
+    memset(&hashes, 0, sizeof hashes);
+    Buf *bufs = (Buf *)&hashes;
+    int buf_count = sizeof hashes / sizeof(Buf);
+    if (run_walk(args, visit_key_hash, &hashes, bufs, buf_count))
+        return NULL;
+    return bufs_to_tuple(bufs, buf_count);
+}
+
+static PyObject *py_first_keyless_offset(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int64_t offset = NO_OFFSET;
+    if (run_walk(args, visit_keyless, &offset, NULL, 0))
+        return NULL;
+    return PyLong_FromLongLong(offset);
+}
+
+static PyObject *py_murmur3_x64_128(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer data;
+    unsigned int seed;
+    uint64_t hash[2];
+    if (!PyArg_ParseTuple(args, "y*I", &data, &seed))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    murmur3_x64_128(data.buf, (size_t)data.len, seed, hash);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return Py_BuildValue("KK", (unsigned long long)hash[0], (unsigned long long)hash[1]);
+}
+
+static PyMethodDef kernel_methods[] = {
+    {"scan", py_scan, METH_VARARGS,
+     "scan(buf, skip_control, verify_crc) -> (record_count, next_offset, bytes_consumed, "
+     "compressed_spans): header-only pass; spans are int64 (start, end, codec) triples."},
+    {"decode_columns", py_decode_columns, METH_VARARGS,
+     "decode_columns(buf, sections, skip_control) -> tuple of 15 read-only column buffers."},
+    {"hash_keys", py_hash_keys, METH_VARARGS,
+     "hash_keys(buf, sections, skip_control) -> (offsets, hash_hi, hash_lo, is_tombstone, "
+     "has_key) buffers."},
+    {"first_keyless_offset", py_first_keyless_offset, METH_VARARGS,
+     "first_keyless_offset(buf, sections, skip_control) -> offset of the first null key or -1."},
+    {"murmur3_x64_128", py_murmur3_x64_128, METH_VARARGS,
+     "murmur3_x64_128(data, seed) -> (h1, h2) as unsigned 64-bit integers."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef kernel_module = {
+    PyModuleDef_HEAD_INIT, "headrace.protocol._kernel",
+    "Compiled record kernel; use headrace.protocol.kernel.", -1, kernel_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernel(void)
+{
+    crc32c_init_table();
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2"))
+        crc32c_update = crc32c_sse42;
+#endif
+    if (PyType_Ready(&OwnedBufferType) < 0)
+        return NULL;
+    PyObject *errors = PyImport_ImportModule("headrace.errors");
+    if (errors == NULL)
+        return NULL;
+    corrupt_message_error = PyObject_GetAttrString(errors, "CorruptMessage");
+    Py_DECREF(errors);
+    if (corrupt_message_error == NULL)
+        return NULL;
+    return PyModule_Create(&kernel_module);
+}

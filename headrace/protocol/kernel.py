@@ -1,0 +1,193 @@
+"""The compiled record kernel's Python face: whole-buffer record scans into numpy arrays.
+
+Owns the per-record work shared by the log cleaner (key hashes), produce validation
+(keyless records on compacted topics), dump-log and the Spark data source (columns). The
+loops live in C (``_kernel.c``, built by ``pip install``); this module checks arguments,
+decompresses compressed record sections (one ``compression.decompress`` call per batch)
+and wraps the C output buffers as read-only numpy arrays -- no Python object per record.
+
+Input is a buffer of whole Kafka v2 record batches, as a Fetch response or a ``.log``
+segment holds them (any contiguous buffer: bytes, bytearray, memoryview, mmap). A trailing
+partial batch is ignored, as Kafka clients do; ``bytes_consumed`` says where it starts.
+Malformed input raises ``CorruptMessage``; batch CRC-32C is verified unless
+``verify_crc=False``. Control batches (transaction markers) are skipped unless asked for.
+
+Column layout follows Arrow: a binary column is ``offsets`` int32[n+1] + ``data`` uint8[]
++ ``valid`` bool[n]; record i's bytes are ``data[offsets[i]:offsets[i+1]]``. Headers are
+Arrow ``list<struct<key: string, value: binary>>`` buffers. One call's columns hold at most
+2 GiB - 1 bytes each (int32 offsets): larger inputs raise OverflowError; decode in pieces.
+
+Thread-safety: pure functions; the C loops release the GIL, so threads decode in parallel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from headrace.errors import CorruptMessage
+from headrace.protocol import _kernel
+from headrace.protocol.batch import BATCH_HEADER_BYTES
+from headrace.protocol.compression import CODEC_NAMES, decompress
+
+NO_OFFSET = -1
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+BufferLike = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class RecordColumns:
+    """Records of whole batches as Arrow-layout numpy columns (read-only arrays)."""
+
+    count: int
+    offsets: np.ndarray  # int64[n], absolute
+    timestamps_ms: np.ndarray  # int64[n]
+    timestamp_types: np.ndarray  # int8[n]: 0 CreateTime, 1 LogAppendTime
+    key_offsets: np.ndarray  # int32[n+1]
+    key_data: np.ndarray  # uint8[]
+    key_valid: np.ndarray  # bool[n]; False = null key
+    value_offsets: np.ndarray  # int32[n+1]
+    value_data: np.ndarray  # uint8[]
+    value_valid: np.ndarray  # bool[n]; False = null value (tombstone)
+    header_list_offsets: np.ndarray  # int32[n+1]: record i's headers are [o[i], o[i+1])
+    header_key_offsets: np.ndarray  # int32[h+1]
+    header_key_data: np.ndarray  # uint8[], UTF-8
+    header_value_offsets: np.ndarray  # int32[h+1]
+    header_value_data: np.ndarray  # uint8[]
+    header_value_valid: np.ndarray  # bool[h]
+    next_offset: int  # last offset + 1 of the last whole batch; -1 if there was none
+    bytes_consumed: int  # bytes of whole batches: where a trailing partial batch starts
+
+
+@dataclass(frozen=True, slots=True)
+class KeyHashes:
+    """Per record: offset and MurmurHash3 x64 128 (seed 0) of the key, as the cleaner
+    needs them. Null keys hash to (0, 0) with ``has_key`` False."""
+
+    offsets: np.ndarray  # int64[n]
+    hash_hi: np.ndarray  # uint64[n]: the first 64-bit word (h1) of the hash
+    hash_lo: np.ndarray  # uint64[n]: the second word (h2)
+    is_tombstone: np.ndarray  # bool[n]: null value
+    has_key: np.ndarray  # bool[n]
+    next_offset: int
+    bytes_consumed: int
+
+    @property
+    def count(self) -> int:
+        return len(self.offsets)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    record_count: int
+    next_offset: int
+    bytes_consumed: int
+    sections: tuple[bytes, ...]  # decompressed records of the compressed batches, in order
+
+
+_COLUMN_DTYPES = (
+    np.int64,  # offsets
+    np.int64,  # timestamps_ms
+    np.int8,  # timestamp_types
+    np.int32,  # key_offsets
+    np.uint8,  # key_data
+    np.bool_,  # key_valid
+    np.int32,  # value_offsets
+    np.uint8,  # value_data
+    np.bool_,  # value_valid
+    np.int32,  # header_list_offsets
+    np.int32,  # header_key_offsets
+    np.uint8,  # header_key_data
+    np.int32,  # header_value_offsets
+    np.uint8,  # header_value_data
+    np.bool_,  # header_value_valid
+)
+_KEY_HASH_DTYPES = (np.int64, np.uint64, np.uint64, np.bool_, np.bool_)
+
+
+def decode_columns(
+    buf: BufferLike, *, skip_control: bool = True, verify_crc: bool = True
+) -> RecordColumns:
+    """Decode every record of the whole batches in ``buf`` into columns.
+
+    Offsets are absolute (base offset + offset delta). Timestamps: a LogAppendTime batch's
+    max timestamp for each of its records, else base timestamp + timestamp delta.
+    """
+    with _byte_view(buf) as view:
+        scan = _scan(view, skip_control, verify_crc, decompress_sections=True)
+        raw = _kernel.decode_columns(view, scan.sections, skip_control)
+    arrays = [np.frombuffer(data, dtype) for data, dtype in zip(raw, _COLUMN_DTYPES, strict=True)]
+    return RecordColumns(
+        len(arrays[0]), *arrays, next_offset=scan.next_offset, bytes_consumed=scan.bytes_consumed
+    )
+
+
+def hash_keys(buf: BufferLike, *, verify_crc: bool = True) -> KeyHashes:
+    """Offsets and key hashes of the records of the whole, non-control batches in ``buf``
+    (the log cleaner's first pass: the latest offset per key wins)."""
+    with _byte_view(buf) as view:
+        scan = _scan(view, True, verify_crc, decompress_sections=True)
+        raw = _kernel.hash_keys(view, scan.sections, True)
+    arrays = [np.frombuffer(data, dtype) for data, dtype in zip(raw, _KEY_HASH_DTYPES, strict=True)]
+    return KeyHashes(*arrays, next_offset=scan.next_offset, bytes_consumed=scan.bytes_consumed)
+
+
+def first_keyless_offset(buf: BufferLike, *, verify_crc: bool = True) -> int:
+    """Offset of the first record with a null key in the non-control batches of ``buf``,
+    or -1 if every record has a key (Kafka rejects keyless records on compacted topics;
+    an empty key is a key)."""
+    with _byte_view(buf) as view:
+        scan = _scan(view, True, verify_crc, decompress_sections=True)
+        return _kernel.first_keyless_offset(view, scan.sections, True)
+
+
+def count_records(buf: BufferLike, *, skip_control: bool = True) -> int:
+    """Number of records in the whole batches of ``buf``, from batch headers alone
+    (no CRC check, no decompression): equals ``decode_columns(buf).count`` on valid input."""
+    with _byte_view(buf) as view:
+        return _scan(view, skip_control, False, decompress_sections=False).record_count
+
+
+def murmur3_x64_128(data: BufferLike, seed: int = 0) -> tuple[int, int]:
+    """MurmurHash3 x64 128 of ``data``: ``(h1, h2)``, the hash ``hash_keys`` uses."""
+    if not 0 <= seed <= 0xFFFFFFFF:
+        raise ValueError(f"murmur3 seed must fit in 32 unsigned bits, got {seed}")
+    return _kernel.murmur3_x64_128(data, seed)
+
+
+def _byte_view(buf: BufferLike) -> memoryview:
+    """A flat unsigned-byte view of ``buf``; rejects non-contiguous buffers."""
+    try:
+        view = memoryview(buf)
+    except TypeError as exc:
+        raise TypeError(f"expected a bytes-like buffer, got {type(buf).__name__}") from exc
+    if not view.c_contiguous:
+        view.release()
+        raise ValueError("record buffer must be contiguous")
+    if view.format != "B" or view.ndim != 1:
+        flat = view.cast("B")
+        view.release()
+        return flat
+    return view
+
+
+def _scan(
+    view: memoryview, skip_control: bool, verify_crc: bool, *, decompress_sections: bool
+) -> _Scan:
+    record_count, next_offset, bytes_consumed, spans = _kernel.scan(view, skip_control, verify_crc)
+    sections: tuple[bytes, ...] = ()
+    if decompress_sections and spans:
+        triples = np.frombuffer(spans, np.int64).reshape(-1, 3).tolist()
+        sections = tuple(_decompress_records(view, *triple) for triple in triples)
+    return _Scan(record_count, next_offset, bytes_consumed, sections)
+
+
+def _decompress_records(view: memoryview, start: int, end: int, codec: int) -> bytes:
+    if codec not in CODEC_NAMES:
+        raise CorruptMessage(
+            f"record batch at byte {start - BATCH_HEADER_BYTES} uses unknown codec {codec}"
+        )
+    return decompress(codec, view[start:end])
