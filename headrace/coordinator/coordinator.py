@@ -1,0 +1,804 @@
+"""The classic group coordinator and offset store as a socket-free state machine.
+
+Owns every consumer group of this broker: the JoinGroup / SyncGroup / Heartbeat / LeaveGroup
+protocol (Kafka's GroupCoordinator semantics: MEMBER_ID_REQUIRED handshake, initial rebalance
+delay, protocol vote, leader election, session and rebalance timeouts, static membership),
+committed offsets (served from memory, persisted to ``__consumer_offsets``), offset retention,
+the admin calls (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete) and loading groups
+back from the offsets topic.
+
+Every call takes ``now_ms`` and returns an ``Outcome``: the response (or ``Pending(token)``
+for a parked JoinGroup/SyncGroup) plus effects for the broker to carry out in order
+(``AppendToOffsetsTopic`` before the ``Completed`` responses that depend on it). Parked
+requests complete on later calls or on ``tick(now_ms)``; ``next_deadline_ms()`` says when the
+next timer falls due. A response always carries a ``headrace.errors`` code; calls never raise
+for a client's mistake.
+
+Not thread-safe: call from one thread (the broker's event loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Iterable
+
+from headrace import errors
+from headrace.coordinator import store
+from headrace.coordinator.config import CoordinatorConfig
+from headrace.coordinator.group import CommittedOffset, Group, GroupState, Member
+from headrace.coordinator.messages import (
+    NO_ERROR,
+    NO_LEADER_EPOCH,
+    NO_OFFSET,
+    UNKNOWN_MEMBER_ID,
+    AppendToOffsetsTopic,
+    Completed,
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribedGroup,
+    DescribedMember,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    Effect,
+    FetchedOffset,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupMember,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    LeaveMemberResult,
+    ListedGroup,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    MemberIdentity,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    Outcome,
+    Pending,
+    SyncGroupRequest,
+    SyncGroupResponse,
+    TopicPartition,
+)
+from headrace.coordinator.records import partition_for_group
+
+OFFSET_DELETE_SUBSCRIBED_ERROR = errors.GroupSubscribedToTopic
+
+_REBALANCE_STATES = (GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY)
+
+
+def random_member_id(client_id: str) -> str:
+    """Kafka's member id: ``<client_id>-<uuid4>``."""
+    return f"{client_id}-{uuid.uuid4()}"
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        config: CoordinatorConfig | None = None,
+        member_id_factory: Callable[[str], str] = random_member_id,
+    ) -> None:
+        self._config = config or CoordinatorConfig()
+        self._new_member_id = member_id_factory
+        self._groups: dict[str, Group] = {}
+        self._loading: dict[int, store.PartitionLoader] = {}
+        self._tokens = itertools.count(1)
+        self._next_retention_check_ms: int | None = None
+
+    # --- lookup and validation -------------------------------------------------------------
+
+    def partition_for(self, group_id: str) -> int:
+        return partition_for_group(group_id, self._config.offsets_topic_num_partitions)
+
+    def group_state(self, group_id: str) -> GroupState:
+        group = self._groups.get(group_id)
+        return group.state if group is not None else GroupState.DEAD
+
+    def group_ids(self) -> list[str]:
+        return sorted(self._groups)
+
+    def _check_available(self, group_id: str, require_non_empty_id: bool = True) -> None:
+        if require_non_empty_id and not group_id:
+            raise errors.InvalidGroupId("group id must not be empty")
+        if self.partition_for(group_id) in self._loading:
+            raise errors.CoordinatorLoadInProgress(f"loading the partition of {group_id!r}")
+
+    def _validate_current_member(
+        self, group: Group, member_id: str, group_instance_id: str | None, generation_id: int
+    ) -> Member:
+        if group_instance_id is not None:
+            known_member_id = group.static_members.get(group_instance_id)
+            if known_member_id is None:
+                raise errors.UnknownMemberId(f"unknown group.instance.id {group_instance_id!r}")
+            if known_member_id != member_id:
+                raise errors.FencedInstanceId(f"{member_id!r} fenced by {known_member_id!r}")
+        member = group.members.get(member_id)
+        if member is None:
+            raise errors.UnknownMemberId(f"unknown member {member_id!r}")
+        if generation_id != group.generation_id:
+            raise errors.IllegalGeneration(f"generation {generation_id} != {group.generation_id}")
+        return member
+
+    def _persist_group(self, group: Group, effects: list[Effect]) -> None:
+        partition = self.partition_for(group.group_id)
+        effects.append(AppendToOffsetsTopic(partition, (store.group_metadata_record(group),)))
+
+    def _heartbeat_refreshed(self, member: Member, now_ms: int) -> None:
+        member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
+
+    # --- JoinGroup ---------------------------------------------------------------------------
+
+    def join_group(self, request: JoinGroupRequest, now_ms: int) -> Outcome:
+        effects: list[Effect] = []
+        try:
+            response = self._join(request, now_ms, effects)
+        except errors.KafkaError as error:
+            response = JoinGroupResponse(error.code, request.member_id)
+        group = self._groups.get(request.group_id)
+        if group is not None:
+            self._run_group_timers(group, now_ms, effects)
+        return _resolve_own_pending(response, effects)
+
+    def _join(self, request: JoinGroupRequest, now_ms: int, effects: list[Effect]):
+        self._check_available(request.group_id)
+        config = self._config
+        if not (
+            config.group_min_session_timeout_ms
+            <= request.session_timeout_ms
+            <= config.group_max_session_timeout_ms
+        ):
+            raise errors.InvalidSessionTimeout(f"session timeout {request.session_timeout_ms} ms")
+        group = self._groups.get(request.group_id)
+        if group is None:
+            if request.member_id != UNKNOWN_MEMBER_ID:
+                raise errors.UnknownMemberId(f"group {request.group_id!r} has no members")
+            group = Group(request.group_id, GroupState.EMPTY, state_timestamp_ms=now_ms)
+        protocol_names = [name for name, _ in request.protocols]
+        if not group.supports_protocols(request.protocol_type, protocol_names):
+            raise errors.InconsistentGroupProtocol("no protocol in common with the group")
+        self._groups.setdefault(group.group_id, group)
+        if request.member_id == UNKNOWN_MEMBER_ID:
+            return self._join_new_member(group, request, now_ms, effects)
+        return self._join_known_member(group, request, now_ms, effects)
+
+    def _join_new_member(
+        self, group: Group, request: JoinGroupRequest, now_ms: int, effects: list[Effect]
+    ):
+        if request.group_instance_id in group.static_members:
+            return self._rejoin_static_member(group, request, now_ms, effects)
+        if len(group.members) + len(group.pending_members) >= self._config.group_max_size:
+            raise errors.GroupMaxSizeReached(f"group.max.size {self._config.group_max_size}")
+        member_id = self._new_member_id(request.client_id)
+        if request.group_instance_id is None and request.require_known_member_id:
+            group.pending_members[member_id] = now_ms + request.session_timeout_ms
+            return JoinGroupResponse(errors.MemberIdRequired.code, member_id)
+        return self._add_member_and_rebalance(group, request, member_id, now_ms, effects)
+
+    def _join_known_member(
+        self, group: Group, request: JoinGroupRequest, now_ms: int, effects: list[Effect]
+    ):
+        if request.member_id in group.pending_members:
+            del group.pending_members[request.member_id]
+            return self._add_member_and_rebalance(
+                group, request, request.member_id, now_ms, effects
+            )
+        if group.is_static_member_fenced(request.group_instance_id, request.member_id):
+            raise errors.FencedInstanceId(f"{request.member_id!r} was replaced")
+        member = group.members.get(request.member_id)
+        if member is None:
+            raise errors.UnknownMemberId(f"unknown member {request.member_id!r}")
+        unchanged = member.protocols == request.protocols
+        if group.is_in(GroupState.COMPLETING_REBALANCE) and unchanged:
+            is_leader = member.member_id == group.leader_id
+            return self._join_response(group, member, include_members=is_leader)
+        if group.is_in(GroupState.STABLE) and unchanged and member.member_id != group.leader_id:
+            return self._join_response(group, member, include_members=False)
+        return self._update_member_and_rebalance(group, member, request, now_ms, effects)
+
+    def _rejoin_static_member(
+        self, group: Group, request: JoinGroupRequest, now_ms: int, effects: list[Effect]
+    ):
+        old_member_id = group.static_members[request.group_instance_id]
+        self._complete_parked(group.members[old_member_id], errors.FencedInstanceId.code, effects)
+        member = group.replace_static_member(old_member_id, self._new_member_id(request.client_id))
+        _update_member(member, request, now_ms)
+        if group.is_in(GroupState.STABLE) and group.select_protocol() == group.protocol_name:
+            self._persist_group(group, effects)
+            is_leader = member.member_id == group.leader_id
+            response = self._join_response(group, member, include_members=is_leader)
+            return _with_skip_assignment(response, is_leader)
+        token = member.join_token = next(self._tokens)
+        self._maybe_prepare_rebalance(group, now_ms, effects)
+        self._try_complete_join(group, now_ms, effects)
+        return Pending(token)
+
+    def _add_member_and_rebalance(
+        self,
+        group: Group,
+        request: JoinGroupRequest,
+        member_id: str,
+        now_ms: int,
+        effects: list[Effect],
+    ) -> Pending:
+        member = Member(
+            member_id=member_id,
+            group_instance_id=request.group_instance_id,
+            client_id=request.client_id,
+            client_host=request.client_host,
+            session_timeout_ms=request.session_timeout_ms,
+            rebalance_timeout_ms=request.rebalance_timeout_ms,
+            protocol_type=request.protocol_type,
+            protocols=request.protocols,
+            heartbeat_deadline_ms=now_ms + request.session_timeout_ms,
+            joined_at_ms=now_ms,
+            join_token=next(self._tokens),
+        )
+        token = member.join_token
+        group.add_member(member)
+        if group.initial_delay_remaining_ms is not None:
+            group.new_member_added = True
+        self._maybe_prepare_rebalance(group, now_ms, effects)
+        self._try_complete_join(group, now_ms, effects)
+        return Pending(token)
+
+    def _update_member_and_rebalance(
+        self,
+        group: Group,
+        member: Member,
+        request: JoinGroupRequest,
+        now_ms: int,
+        effects: list[Effect],
+    ) -> Pending:
+        if member.join_token is not None:  # a retried join replaces the parked one
+            effects.append(
+                Completed(
+                    member.join_token,
+                    JoinGroupResponse(errors.RebalanceInProgress.code, member.member_id),
+                )
+            )
+        _update_member(member, request, now_ms)
+        token = member.join_token = next(self._tokens)
+        self._maybe_prepare_rebalance(group, now_ms, effects)
+        self._try_complete_join(group, now_ms, effects)
+        return Pending(token)
+
+    def _join_response(self, group: Group, member: Member, include_members: bool):
+        members = ()
+        if include_members:
+            members = tuple(
+                JoinGroupMember(
+                    m.member_id, m.group_instance_id, m.metadata_for(group.protocol_name)
+                )
+                for m in group.members.values()
+            )
+        return JoinGroupResponse(
+            NO_ERROR,
+            member.member_id,
+            group.generation_id,
+            group.protocol_type,
+            group.protocol_name,
+            group.leader_id or "",
+            members,
+        )
+
+    # --- rebalance machinery -----------------------------------------------------------------
+
+    def _maybe_prepare_rebalance(self, group: Group, now_ms: int, effects: list[Effect]) -> None:
+        if group.is_in(*_REBALANCE_STATES):
+            self._prepare_rebalance(group, now_ms, effects)
+
+    def _prepare_rebalance(self, group: Group, now_ms: int, effects: list[Effect]) -> None:
+        if group.is_in(GroupState.COMPLETING_REBALANCE):
+            for member in group.members.values():
+                member.assignment = b""
+                if member.sync_token is not None:
+                    response = SyncGroupResponse(errors.RebalanceInProgress.code)
+                    effects.append(Completed(member.sync_token, response))
+                    member.sync_token = None
+        if group.is_in(GroupState.EMPTY):
+            delay_ms = self._config.group_initial_rebalance_delay_ms
+            group.initial_delay_remaining_ms = max(group.max_rebalance_timeout_ms() - delay_ms, 0)
+            group.new_member_added = False
+            group.join_deadline_ms = now_ms + delay_ms
+        else:
+            group.initial_delay_remaining_ms = None
+            group.join_deadline_ms = now_ms + group.max_rebalance_timeout_ms()
+        group.transition_to(GroupState.PREPARING_REBALANCE, now_ms)
+
+    def _try_complete_join(self, group: Group, now_ms: int, effects: list[Effect]) -> None:
+        if (
+            group.is_in(GroupState.PREPARING_REBALANCE)
+            and group.initial_delay_remaining_ms is None
+            and group.all_members_joined()
+        ):
+            self._complete_join(group, now_ms, effects)
+
+    def _on_join_deadline(self, group: Group, now_ms: int, effects: list[Effect]) -> None:
+        remaining_ms = group.initial_delay_remaining_ms
+        if remaining_ms is not None and group.new_member_added and remaining_ms > 0:
+            delay_ms = min(self._config.group_initial_rebalance_delay_ms, remaining_ms)
+            group.initial_delay_remaining_ms = max(remaining_ms - delay_ms, 0)
+            group.new_member_added = False
+            group.join_deadline_ms = now_ms + delay_ms
+            return
+        self._complete_join(group, now_ms, effects)
+
+    def _complete_join(self, group: Group, now_ms: int, effects: list[Effect]) -> None:
+        group.join_deadline_ms = None
+        group.initial_delay_remaining_ms = None
+        group.new_member_added = False
+        for member in list(group.members.values()):
+            if member.join_token is None and member.group_instance_id is None:
+                group.remove_member(member.member_id)
+        joined = [m for m in group.members.values() if m.join_token is not None]
+        if group.leader_id is not None and group.members[group.leader_id].join_token is None:
+            group.leader_id = joined[0].member_id if joined else group.leader_id
+        group.generation_id += 1
+        if not group.members:
+            group.protocol_name = None
+            group.leader_id = None
+            group.transition_to(GroupState.EMPTY, now_ms)
+            self._persist_group(group, effects)
+            return
+        group.protocol_name = group.select_protocol()
+        group.transition_to(GroupState.COMPLETING_REBALANCE, now_ms)
+        for member in joined:
+            is_leader = member.member_id == group.leader_id
+            response = self._join_response(group, member, include_members=is_leader)
+            effects.append(Completed(member.join_token, response))
+            member.join_token = None
+            member.is_new = False
+            self._heartbeat_refreshed(member, now_ms)
+
+    def _complete_parked(self, member: Member, error_code: int, effects: list[Effect]) -> None:
+        if member.join_token is not None:
+            effects.append(
+                Completed(member.join_token, JoinGroupResponse(error_code, member.member_id))
+            )
+            member.join_token = None
+        if member.sync_token is not None:
+            effects.append(Completed(member.sync_token, SyncGroupResponse(error_code)))
+            member.sync_token = None
+
+    def _remove_member_and_update_group(
+        self, group: Group, member_id: str, now_ms: int, effects: list[Effect]
+    ) -> None:
+        self._complete_parked(group.members[member_id], errors.UnknownMemberId.code, effects)
+        group.remove_member(member_id)
+        if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._prepare_rebalance(group, now_ms, effects)
+        self._try_complete_join(group, now_ms, effects)
+
+    # --- SyncGroup / Heartbeat / LeaveGroup --------------------------------------------------
+
+    def sync_group(self, request: SyncGroupRequest, now_ms: int) -> Outcome:
+        effects: list[Effect] = []
+        try:
+            response = self._sync(request, now_ms, effects)
+        except errors.KafkaError as error:
+            response = SyncGroupResponse(error.code)
+        return _resolve_own_pending(response, effects)
+
+    def _sync(self, request: SyncGroupRequest, now_ms: int, effects: list[Effect]):
+        self._check_available(request.group_id)
+        group = self._groups.get(request.group_id)
+        if group is None:
+            raise errors.UnknownMemberId(f"unknown group {request.group_id!r}")
+        member = self._validate_current_member(
+            group, request.member_id, request.group_instance_id, request.generation_id
+        )
+        if request.protocol_type is not None and request.protocol_type != group.protocol_type:
+            raise errors.InconsistentGroupProtocol(f"protocol type {request.protocol_type!r}")
+        if request.protocol_name is not None and request.protocol_name != group.protocol_name:
+            raise errors.InconsistentGroupProtocol(f"protocol {request.protocol_name!r}")
+        if group.is_in(GroupState.PREPARING_REBALANCE):
+            raise errors.RebalanceInProgress("the group is rebalancing")
+        self._heartbeat_refreshed(member, now_ms)
+        if group.is_in(GroupState.STABLE):
+            return self._sync_response(group, member)
+        if member.sync_token is not None:
+            effects.append(
+                Completed(member.sync_token, SyncGroupResponse(errors.RebalanceInProgress.code))
+            )
+        member.sync_token = next(self._tokens)
+        token = member.sync_token
+        if member.member_id == group.leader_id:
+            self._apply_leader_assignment(group, request, now_ms, effects)
+        return Pending(token)
+
+    def _apply_leader_assignment(
+        self, group: Group, request: SyncGroupRequest, now_ms: int, effects: list[Effect]
+    ) -> None:
+        for member in group.members.values():
+            member.assignment = bytes(request.assignments.get(member.member_id, b""))
+        self._persist_group(group, effects)
+        group.transition_to(GroupState.STABLE, now_ms)
+        for member in group.members.values():
+            if member.sync_token is not None:
+                effects.append(Completed(member.sync_token, self._sync_response(group, member)))
+                member.sync_token = None
+
+    def _sync_response(self, group: Group, member: Member) -> SyncGroupResponse:
+        return SyncGroupResponse(
+            NO_ERROR, member.assignment, group.protocol_type, group.protocol_name
+        )
+
+    def heartbeat(self, request: HeartbeatRequest, now_ms: int) -> Outcome:
+        try:
+            self._check_available(request.group_id)
+            group = self._groups.get(request.group_id)
+            if group is None:
+                raise errors.UnknownMemberId(f"unknown group {request.group_id!r}")
+            member = self._validate_current_member(
+                group, request.member_id, request.group_instance_id, request.generation_id
+            )
+            self._heartbeat_refreshed(member, now_ms)
+            if group.is_in(GroupState.PREPARING_REBALANCE):
+                raise errors.RebalanceInProgress("rejoin the group")
+            return Outcome(HeartbeatResponse(NO_ERROR))
+        except errors.KafkaError as error:
+            return Outcome(HeartbeatResponse(error.code))
+
+    def leave_group(self, request: LeaveGroupRequest, now_ms: int) -> Outcome:
+        effects: list[Effect] = []
+        try:
+            self._check_available(request.group_id)
+        except errors.KafkaError as error:
+            return Outcome(LeaveGroupResponse(error.code))
+        group = self._groups.get(request.group_id)
+        results = []
+        for identity in request.members:
+            error_code = NO_ERROR
+            try:
+                if group is None:
+                    raise errors.UnknownMemberId(f"unknown group {request.group_id!r}")
+                self._leave_one(group, identity, now_ms, effects)
+            except errors.KafkaError as error:
+                error_code = error.code
+            results.append(
+                LeaveMemberResult(identity.member_id, identity.group_instance_id, error_code)
+            )
+        return Outcome(LeaveGroupResponse(NO_ERROR, tuple(results)), tuple(effects))
+
+    def _leave_one(
+        self, group: Group, identity: MemberIdentity, now_ms: int, effects: list[Effect]
+    ) -> None:
+        member_id = identity.member_id
+        if member_id == UNKNOWN_MEMBER_ID:
+            member_id = group.static_members.get(identity.group_instance_id or "", "")
+            if not member_id:
+                raise errors.UnknownMemberId(f"unknown instance {identity.group_instance_id!r}")
+        elif group.is_static_member_fenced(identity.group_instance_id, member_id):
+            raise errors.FencedInstanceId(f"{member_id!r} was replaced")
+        if member_id in group.pending_members:
+            del group.pending_members[member_id]
+            self._try_complete_join(group, now_ms, effects)
+            return
+        if member_id not in group.members:
+            raise errors.UnknownMemberId(f"unknown member {member_id!r}")
+        self._remove_member_and_update_group(group, member_id, now_ms, effects)
+
+    # --- timers ------------------------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> tuple[Effect, ...]:
+        """Fire every timer due at ``now_ms``: session and join-handshake expiry, rebalance
+        deadlines, and the periodic offset retention check."""
+        effects: list[Effect] = []
+        for group in list(self._groups.values()):
+            self._run_group_timers(group, now_ms, effects)
+        if self._next_retention_check_ms is None:
+            self._next_retention_check_ms = (
+                now_ms + self._config.offsets_retention_check_interval_ms
+            )
+        elif now_ms >= self._next_retention_check_ms:
+            self._expire_offsets(now_ms, effects)
+            self._next_retention_check_ms = (
+                now_ms + self._config.offsets_retention_check_interval_ms
+            )
+        return tuple(effects)
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest time at which ``tick`` has work to do, if any."""
+        deadlines = [self._next_retention_check_ms]
+        for group in self._groups.values():
+            deadlines.extend(group.pending_members.values())
+            if group.join_deadline_ms is not None:
+                deadlines.append(group.join_deadline_ms)
+            deadlines.extend(self._member_deadline_ms(m) for m in group.members.values())
+        return min((d for d in deadlines if d is not None), default=None)
+
+    def _member_deadline_ms(self, member: Member) -> int | None:
+        if member.join_token is not None:
+            if not member.is_new:
+                return None
+            return member.joined_at_ms + self._config.new_member_join_timeout_ms
+        if member.sync_token is not None:
+            return None
+        return member.heartbeat_deadline_ms
+
+    def _run_group_timers(self, group: Group, now_ms: int, effects: list[Effect]) -> None:
+        if self.partition_for(group.group_id) in self._loading:
+            return
+        for member_id, deadline_ms in list(group.pending_members.items()):
+            if now_ms >= deadline_ms:
+                del group.pending_members[member_id]
+                self._try_complete_join(group, now_ms, effects)
+        for member in list(group.members.values()):
+            deadline_ms = self._member_deadline_ms(member)
+            if (
+                member.member_id in group.members
+                and deadline_ms is not None
+                and now_ms >= deadline_ms
+            ):
+                self._remove_member_and_update_group(group, member.member_id, now_ms, effects)
+        deadline_ms = group.join_deadline_ms
+        if group.is_in(GroupState.PREPARING_REBALANCE) and deadline_ms is not None:
+            if now_ms >= deadline_ms:
+                self._on_join_deadline(group, now_ms, effects)
+                self._run_group_timers(group, now_ms, effects)
+
+    # --- offsets -----------------------------------------------------------------------------
+
+    def commit_offsets(self, request: OffsetCommitRequest, now_ms: int) -> Outcome:
+        try:
+            group = self._group_for_commit(request, now_ms)
+        except errors.KafkaError as error:
+            return Outcome(OffsetCommitResponse({tp: error.code for tp in request.offsets}))
+        partition_errors: dict[TopicPartition, int] = {}
+        records = []
+        for tp, offset in request.offsets.items():
+            if len(offset.metadata.encode("utf-8")) > self._config.offset_metadata_max_bytes:
+                partition_errors[tp] = errors.OffsetMetadataTooLarge.code
+                continue
+            timestamp_ms = offset.commit_timestamp_ms if offset.commit_timestamp_ms >= 0 else now_ms
+            committed = CommittedOffset(
+                offset.offset, offset.leader_epoch, offset.metadata, timestamp_ms
+            )
+            group.offsets[tp] = committed
+            records.append(store.offset_commit_record(group.group_id, tp, committed))
+            partition_errors[tp] = NO_ERROR
+        self._groups.setdefault(group.group_id, group)
+        effects = ()
+        if records:
+            effects = (AppendToOffsetsTopic(self.partition_for(group.group_id), tuple(records)),)
+        return Outcome(OffsetCommitResponse(partition_errors), effects)
+
+    def _group_for_commit(self, request: OffsetCommitRequest, now_ms: int) -> Group:
+        self._check_available(request.group_id, require_non_empty_id=False)
+        group = self._groups.get(request.group_id)
+        if group is None:
+            if request.generation_id >= 0:
+                raise errors.IllegalGeneration(f"group {request.group_id!r} has no generation")
+            return Group(request.group_id, GroupState.EMPTY, state_timestamp_ms=now_ms)
+        if request.member_id != UNKNOWN_MEMBER_ID or request.generation_id >= 0:
+            member = self._validate_current_member(
+                group, request.member_id, request.group_instance_id, request.generation_id
+            )
+            self._heartbeat_refreshed(member, now_ms)
+        elif not group.is_in(GroupState.EMPTY):
+            raise errors.UnknownMemberId("commits without a member id need an empty group")
+        if group.is_in(GroupState.COMPLETING_REBALANCE):
+            raise errors.RebalanceInProgress("the group is completing a rebalance")
+        return group
+
+    def fetch_offsets(self, request: OffsetFetchRequest, now_ms: int) -> Outcome:
+        try:
+            self._check_available(request.group_id, require_non_empty_id=False)
+        except errors.KafkaError as error:
+            return Outcome(OffsetFetchResponse(error.code))
+        group = self._groups.get(request.group_id)
+        committed = group.offsets if group is not None else {}
+        wanted = request.partitions if request.partitions is not None else tuple(committed)
+        offsets = {}
+        for tp in wanted:
+            found = committed.get(tp)
+            if found is None:
+                offsets[tp] = FetchedOffset(NO_OFFSET, NO_LEADER_EPOCH, "")
+            else:
+                offsets[tp] = FetchedOffset(found.offset, found.leader_epoch, found.metadata)
+        return Outcome(OffsetFetchResponse(NO_ERROR, offsets))
+
+    def delete_offsets(self, request: OffsetDeleteRequest, now_ms: int) -> Outcome:
+        try:
+            self._check_available(request.group_id)
+            group = self._groups.get(request.group_id)
+            if group is None:
+                raise errors.GroupIdNotFound(f"group {request.group_id!r} does not exist")
+            subscribed = self._topics_blocking_offset_delete(group)
+        except errors.KafkaError as error:
+            return Outcome(OffsetDeleteResponse(error.code))
+        partition_errors: dict[TopicPartition, int] = {}
+        tombstones = []
+        for tp in request.partitions:
+            if subscribed is None or tp[0] in subscribed:
+                partition_errors[tp] = OFFSET_DELETE_SUBSCRIBED_ERROR.code
+                continue
+            partition_errors[tp] = NO_ERROR
+            if group.offsets.pop(tp, None) is not None:
+                tombstones.append(store.offset_tombstone(group.group_id, tp))
+        effects = ()
+        if tombstones:
+            effects = (AppendToOffsetsTopic(self.partition_for(group.group_id), tuple(tombstones)),)
+        return Outcome(OffsetDeleteResponse(NO_ERROR, partition_errors), effects)
+
+    def _topics_blocking_offset_delete(self, group: Group) -> set[str] | None:
+        """Topics whose offsets may not be deleted; None means all of them."""
+        if group.is_in(GroupState.EMPTY):
+            return set()
+        if group.protocol_type != "consumer":
+            raise errors.NonEmptyGroup(f"group {group.group_id!r} has members")
+        return group.subscribed_topics()
+
+    def _expire_offsets(self, now_ms: int, effects: list[Effect]) -> None:
+        retention_ms = self._config.offsets_retention_ms
+        for group in list(self._groups.values()):
+            if self.partition_for(group.group_id) in self._loading:
+                continue
+            records = []
+            for tp in store.expired_offsets(group, now_ms, retention_ms):
+                del group.offsets[tp]
+                records.append(store.offset_tombstone(group.group_id, tp))
+            if group.is_in(GroupState.EMPTY) and not group.offsets and not group.pending_members:
+                group.transition_to(GroupState.DEAD, now_ms)
+                del self._groups[group.group_id]
+                records.append(store.group_tombstone(group.group_id))
+            if records:
+                partition = self.partition_for(group.group_id)
+                effects.append(AppendToOffsetsTopic(partition, tuple(records)))
+
+    # --- admin -------------------------------------------------------------------------------
+
+    def list_groups(self, request: ListGroupsRequest, now_ms: int) -> Outcome:
+        wanted_states = {state.lower() for state in request.states_filter}
+        listed = []
+        for group in self._groups.values():
+            if self.partition_for(group.group_id) in self._loading:
+                continue
+            if wanted_states and group.state.value.lower() not in wanted_states:
+                continue
+            listed.append(ListedGroup(group.group_id, group.protocol_type or "", group.state.value))
+        error_code = errors.CoordinatorLoadInProgress.code if self._loading else NO_ERROR
+        return Outcome(ListGroupsResponse(error_code, tuple(sorted(listed, key=_group_id_of))))
+
+    def describe_groups(self, request: DescribeGroupsRequest, now_ms: int) -> Outcome:
+        return Outcome(DescribeGroupsResponse(tuple(map(self._describe, request.group_ids))))
+
+    def _describe(self, group_id: str) -> DescribedGroup:
+        try:
+            self._check_available(group_id, require_non_empty_id=False)
+        except errors.KafkaError as error:
+            return DescribedGroup(error.code, group_id, "", "", "")
+        group = self._groups.get(group_id)
+        if group is None:
+            return DescribedGroup(NO_ERROR, group_id, GroupState.DEAD.value, "", "")
+        stable = group.is_in(GroupState.STABLE)
+        members = tuple(
+            DescribedMember(
+                m.member_id,
+                m.group_instance_id,
+                m.client_id,
+                m.client_host,
+                m.metadata_for(group.protocol_name) if stable else b"",
+                m.assignment if stable else b"",
+            )
+            for m in group.members.values()
+        )
+        protocol = (group.protocol_name or "") if stable else ""
+        return DescribedGroup(
+            NO_ERROR, group_id, group.state.value, group.protocol_type or "", protocol, members
+        )
+
+    def delete_groups(self, request: DeleteGroupsRequest, now_ms: int) -> Outcome:
+        results: dict[str, int] = {}
+        effects: list[Effect] = []
+        for group_id in request.group_ids:
+            try:
+                self._delete_group(group_id, now_ms, effects)
+                results[group_id] = NO_ERROR
+            except errors.KafkaError as error:
+                results[group_id] = error.code
+        return Outcome(DeleteGroupsResponse(results), tuple(effects))
+
+    def _delete_group(self, group_id: str, now_ms: int, effects: list[Effect]) -> None:
+        self._check_available(group_id, require_non_empty_id=False)
+        group = self._groups.get(group_id)
+        if group is None:
+            raise errors.GroupIdNotFound(f"group {group_id!r} does not exist")
+        if not group.is_in(GroupState.EMPTY) or group.pending_members:
+            raise errors.NonEmptyGroup(f"group {group_id!r} has members")
+        group.transition_to(GroupState.DEAD, now_ms)
+        del self._groups[group_id]
+        records = [store.offset_tombstone(group_id, tp) for tp in group.offsets]
+        records.append(store.group_tombstone(group_id))
+        effects.append(AppendToOffsetsTopic(self.partition_for(group_id), tuple(records)))
+
+    # --- dispatch ------------------------------------------------------------------------------
+
+    def handle(self, request: object, now_ms: int) -> Outcome:
+        """Dispatch any coordinator request to its handler by type."""
+        handler = _HANDLERS.get(type(request))
+        if handler is None:
+            raise TypeError(f"not a coordinator request: {type(request).__name__}")
+        return handler(self, request, now_ms)
+
+    # --- loading -----------------------------------------------------------------------------
+
+    def begin_loading(self, partition: int) -> None:
+        """Start (re)loading an offsets-topic partition: its groups are dropped from memory and
+        requests for them answer COORDINATOR_LOAD_IN_PROGRESS until ``finish_loading``."""
+        if partition in self._loading:
+            return
+        for group_id in [g for g in self._groups if self.partition_for(g) == partition]:
+            del self._groups[group_id]
+        self._loading[partition] = store.PartitionLoader()
+
+    def load_partition(self, partition: int, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Replay records of an offsets-topic partition in log order; may be called repeatedly
+        with successive chunks. Raises CorruptMessage for a record it cannot decode."""
+        self.begin_loading(partition)
+        self._loading[partition].apply(records)
+
+    def finish_loading(self, partition: int, now_ms: int) -> None:
+        """Make the loaded groups live; members' session timers start at ``now_ms``."""
+        loader = self._loading.pop(partition, None)
+        if loader is None:
+            return
+        for group in loader.build_groups(now_ms):
+            self._groups[group.group_id] = group
+
+
+def _update_member(member: Member, request: JoinGroupRequest, now_ms: int) -> None:
+    member.protocols = request.protocols
+    member.protocol_type = request.protocol_type
+    member.session_timeout_ms = request.session_timeout_ms
+    member.rebalance_timeout_ms = request.rebalance_timeout_ms
+    member.client_id = request.client_id
+    member.client_host = request.client_host
+    member.heartbeat_deadline_ms = now_ms + request.session_timeout_ms
+
+
+def _with_skip_assignment(response: JoinGroupResponse, skip: bool) -> JoinGroupResponse:
+    return JoinGroupResponse(
+        response.error_code,
+        response.member_id,
+        response.generation_id,
+        response.protocol_type,
+        response.protocol_name,
+        response.leader,
+        response.members,
+        skip,
+    )
+
+
+def _group_id_of(listed: ListedGroup) -> str:
+    return listed.group_id
+
+
+def _resolve_own_pending(response: object, effects: list[Effect]) -> Outcome:
+    """A request parked and completed within the same call is answered directly."""
+    if isinstance(response, Pending):
+        for index, effect in enumerate(effects):
+            if isinstance(effect, Completed) and effect.token == response.token:
+                del effects[index]
+                return Outcome(effect.response, tuple(effects))
+    return Outcome(response, tuple(effects))
+
+
+_HANDLERS: dict[type, Callable[[GroupCoordinator, object, int], Outcome]] = {
+    JoinGroupRequest: GroupCoordinator.join_group,
+    SyncGroupRequest: GroupCoordinator.sync_group,
+    HeartbeatRequest: GroupCoordinator.heartbeat,
+    LeaveGroupRequest: GroupCoordinator.leave_group,
+    OffsetCommitRequest: GroupCoordinator.commit_offsets,
+    OffsetFetchRequest: GroupCoordinator.fetch_offsets,
+    OffsetDeleteRequest: GroupCoordinator.delete_offsets,
+    ListGroupsRequest: GroupCoordinator.list_groups,
+    DescribeGroupsRequest: GroupCoordinator.describe_groups,
+    DeleteGroupsRequest: GroupCoordinator.delete_groups,
+}
