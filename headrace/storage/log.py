@@ -1,0 +1,661 @@
+"""The log of one topic-partition: segments, appends, reads, offsets by time, retention.
+
+Directory ``<topic>-<partition>/`` holds the segments (``<20-digit base>.log``, ``.index``,
+``.timeindex``; see ``segment``), producer-state snapshots (``<20-digit offset>.snapshot``; see
+``producer_state``) and ``partition.metadata`` (written by the log manager). Segments being
+deleted carry a ``.deleted`` suffix until ``file.delete.delay.ms`` has passed.
+
+Appends are serialized by one lock and do no per-record work: each batch header is parsed and
+checked (size, magic, CRC-32C, record count, max.message.bytes, timestamps, producer sequence),
+its base offset rewritten, LogAppendTime stamped if configured, and the request's batches are
+written with one ``write``. After each append the writer publishes an immutable ``LogView``
+(segment tuple, log end, active segment size, log start) with a single attribute store; readers
+take that snapshot and never lock, so a reader never blocks a writer (copy-on-write segment
+list, as in Kafka).
+
+Offsets by time are batch-granular: records are not decoded, so a time lookup answers the base
+offset and max timestamp of the first batch whose max timestamp is >= the target, and the
+max-timestamp lookup answers the last offset of the batch holding the largest timestamp (Kafka's
+"shallow" offset). CreateTime bounds (message.timestamp.before/after.max.ms) are checked on the
+batch's base and max timestamps.
+
+Recovery: after a clean shutdown the index files are sanity-checked and only the tail after the
+last index entry of the active segment is walked. After an unclean shutdown every batch after the
+recovery point is CRC-checked; the log is truncated at the first bad byte and the indexes of the
+segments touched are rebuilt, so the work grows with the unflushed tail, not with the log.
+
+Thread-safety: ``append``, ``roll``, ``flush``, retention and ``close`` take the log's lock;
+``read``, ``offset_for_timestamp`` and the properties work on the published snapshot from any
+thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from headrace.errors import (
+    CorruptMessage,
+    InvalidRecord,
+    InvalidTimestamp,
+    KafkaStorageError,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    OutOfOrderSequenceNumber,
+    RecordListTooLarge,
+)
+from headrace.protocol.batch import (
+    NO_TIMESTAMP,
+    BatchHeader,
+    iter_headers,
+    set_base_offset,
+    set_log_append_time,
+)
+from headrace.storage.config import LogConfig
+from headrace.storage.fs import FileSystem
+from headrace.storage.producer_state import (
+    SEQUENCE_MODULUS,
+    ProducerStateManager,
+)
+from headrace.storage.segment import (
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    FileSlice,
+    LogSegment,
+)
+
+logger = logging.getLogger(__name__)
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3
+LEFTOVER_SUFFIXES = (DELETED_SUFFIX, ".tmp", ".cleaned", ".swap")
+
+__all__ = [
+    "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "AppendResult", "FileSlice",
+    "Log", "ReadResult",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    slices: tuple[FileSlice, ...]
+    size_bytes: int
+    high_watermark: int
+    log_start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+    duplicate: bool = False
+
+
+class LogView:
+    """An immutable snapshot of the log that readers use without locking."""
+
+    __slots__ = ("segments", "base_offsets", "log_end_offset", "active_size_bytes",
+                 "log_start_offset")
+
+    def __init__(self, segments: tuple[LogSegment, ...], log_end_offset: int,
+                 active_size_bytes: int, log_start_offset: int) -> None:
+        self.segments = segments
+        self.base_offsets = tuple(s.base_offset for s in segments)
+        self.log_end_offset = log_end_offset
+        self.active_size_bytes = active_size_bytes
+        self.log_start_offset = log_start_offset
+
+    def with_tail(self, log_end_offset: int, active_size_bytes: int) -> LogView:
+        view = LogView.__new__(LogView)
+        view.segments, view.base_offsets = self.segments, self.base_offsets
+        view.log_end_offset, view.active_size_bytes = log_end_offset, active_size_bytes
+        view.log_start_offset = self.log_start_offset
+        return view
+
+    def max_position(self, segment_index: int) -> int:
+        if segment_index == len(self.segments) - 1:
+            return self.active_size_bytes
+        return self.segments[segment_index].size_bytes
+
+
+@dataclass(slots=True)
+class _PendingDeletion:
+    due_ms: int
+    segment: LogSegment
+    paths: list[Path]
+
+
+class Log:
+    """One topic-partition's log; opened (and recovered) by the constructor."""
+
+    def __init__(self, topic: str, partition: int, directory: Path, config: LogConfig,
+                 fs: FileSystem, now_ms: int, recovery_point: int = 0, log_start_offset: int = 0,
+                 clean_shutdown: bool = False, rng: random.Random | None = None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.dir = directory
+        self.config = config
+        self.fs = fs
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[int], None]] = []
+        self._pending_deletions: list[_PendingDeletion] = []
+        self._rng = rng or random.Random()
+        self._segment_jitter_ms = self._pick_jitter(config)
+        self._closed = False
+        self.producer_state = ProducerStateManager(fs, directory)
+        fs.mkdir(directory)
+        segments = self._open_segments(now_ms, log_start_offset)
+        if clean_shutdown:
+            log_end_offset = self._load_clean(segments)
+            snapshot_limit = log_end_offset
+        else:
+            segments, log_end_offset = self._recover(segments, recovery_point)
+            snapshot_limit = recovery_point
+        self._segments = segments
+        self.recovery_point = log_end_offset
+        self.last_flush_ms = now_ms
+        self._rebuild_producer_state(snapshot_limit, log_end_offset)
+        log_start = min(max(log_start_offset, segments[0].base_offset), log_end_offset)
+        self._view = LogView(tuple(segments), log_end_offset, segments[-1].size_bytes, log_start)
+
+    # ---- public state --------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._view.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._view.log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._view.log_end_offset
+
+    @property
+    def size_bytes(self) -> int:
+        view = self._view
+        return sum(s.size_bytes for s in view.segments[:-1]) + view.active_size_bytes
+
+    @property
+    def segments(self) -> tuple[LogSegment, ...]:
+        return self._view.segments
+
+    def add_append_listener(self, callback: Callable[[int], None]) -> None:
+        self._listeners.append(callback)
+
+    # ---- loading -------------------------------------------------------------------------
+
+    def _pick_jitter(self, config: LogConfig) -> int:
+        if config.segment_jitter_ms <= 0:
+            return 0
+        return self._rng.randrange(min(config.segment_jitter_ms, config.segment_ms))
+
+    def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
+        return LogSegment(self.fs, self.dir, base_offset, self.config.segment_index_bytes,
+                          self.config.index_interval_bytes, now_ms)
+
+    def _open_segments(self, now_ms: int, log_start_offset: int) -> list[LogSegment]:
+        names = self.fs.listdir(self.dir)
+        bases = set()
+        for name in names:
+            path = self.dir / name
+            if name.endswith(LEFTOVER_SUFFIXES):
+                self.fs.remove(path)
+            elif name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
+                bases.add(int(name[: -len(LOG_SUFFIX)]))
+        for name in names:  # Kafka deletes indexes that have lost their segment
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                stem = name[: -len(suffix)]
+                if name.endswith(suffix) and stem.isdigit() and int(stem) not in bases:
+                    self.fs.remove(self.dir / name)
+        if not bases:
+            bases.add(max(log_start_offset, 0))
+        segments = []
+        for base in sorted(bases):
+            segment = self._new_segment(base, now_ms)
+            segment.last_modified_ms = self.fs.mtime_ms(segment.log_path)
+            segments.append(segment)
+        return segments
+
+    def _load_clean(self, segments: list[LogSegment]) -> int:
+        for segment in segments:
+            if not segment.load_indexes():
+                self._rebuild_indexes(segment, sealed=segment is not segments[-1])
+        active = segments[-1]
+        next_offset = active.scan_tail_for_next_offset()
+        if active.size_bytes:
+            active.first_batch_timestamp_ms = next(active.iter_batches(0, 1))[1].max_timestamp
+        return max(next_offset, active.base_offset)
+
+    def _recover(self, segments: list[LogSegment], recovery_point: int
+                 ) -> tuple[list[LogSegment], int]:
+        """Unclean shutdown: trust the data below the recovery point, CRC-scan the rest."""
+        first_dirty = max(0, bisect.bisect_right([s.base_offset for s in segments],
+                                                 recovery_point) - 1)
+        for segment in segments[:first_dirty]:
+            if not segment.load_indexes():
+                self._rebuild_indexes(segment, sealed=True)
+        next_offset = -1
+        for position, segment in enumerate(segments[first_dirty:], start=first_dirty):
+            start = self._trusted_start(segment, recovery_point) if position == first_dirty else 0
+            segment_next, truncated = segment.recover(start)
+            if segment_next >= 0:
+                next_offset = segment_next
+            if truncated:
+                logger.warning("%s-%d: truncated %d bytes of %s at byte %d (offset %d)",
+                               self.topic, self.partition, truncated, segment.log_path.name,
+                               segment.size_bytes, max(next_offset, segment.base_offset))
+            if truncated and position < len(segments) - 1:
+                self._drop_segments_after(segments, position)
+                segment.flush()
+                break
+            if position < len(segments) - 1:
+                segment.seal()
+            segment.flush()
+        segments = [s for s in segments if not s.closed]
+        active = segments[-1]
+        if next_offset < 0 or active.size_bytes == 0:
+            next_offset = max(next_offset, active.base_offset)
+        return segments, next_offset
+
+    @staticmethod
+    def _rebuild_indexes(segment: LogSegment, sealed: bool) -> None:
+        """Rebuild damaged index files from the log (a full scan of this one segment)."""
+        segment.recover(0)
+        if sealed:
+            segment.seal()
+        segment.flush()
+
+    def _trusted_start(self, segment: LogSegment, recovery_point: int) -> int:
+        """A batch position below the recovery point from which to CRC-scan: the last index
+        entry whose batch ends below it, if that batch verifies; else the segment start."""
+        if not segment.load_indexes():
+            return 0
+        offsets = segment.offset_index
+        slot = bisect.bisect_left(offsets.relative_offsets,
+                                  recovery_point - segment.base_offset) - 1
+        if slot < 0:
+            return 0
+        position = offsets.positions[slot]
+        try:
+            header = next(segment.iter_batches(position, position + 1))[1]
+        except (CorruptMessage, StopIteration):
+            return 0
+        expected_last = segment.base_offset + offsets.relative_offsets[slot]
+        return position if header.last_offset == expected_last else 0
+
+    def _drop_segments_after(self, segments: list[LogSegment], position: int) -> None:
+        for segment in segments[position + 1:]:
+            logger.warning("%s-%d: deleting segment %s after a corrupt one", self.topic,
+                           self.partition, segment.log_path.name)
+            paths = segment.file_paths()
+            segment.close()
+            for path in paths:
+                self.fs.remove(path)
+
+    def _rebuild_producer_state(self, snapshot_limit: int, log_end_offset: int) -> None:
+        """Load the newest snapshot at or below ``snapshot_limit`` and replay the batch
+        headers after it, so deduplication survives restarts."""
+        state = self.producer_state
+        replay_from = max(state.load_latest_snapshot(min(snapshot_limit, log_end_offset)), 0)
+        segments = self._segments
+        for index, segment in enumerate(segments):
+            if index + 1 < len(segments) and segments[index + 1].base_offset <= replay_from:
+                continue
+            location = segment.find_batch(replay_from, segment.size_bytes)
+            if location is None:
+                continue
+            for _, header in segment.iter_batches(location.position):
+                if header.base_offset >= replay_from:
+                    state.replay(header)
+        state.remove_snapshots(above_offset=log_end_offset)
+
+    # ---- appending -----------------------------------------------------------------------
+
+    def append(self, records: bytearray, now_ms: int) -> AppendResult:
+        """Validate, assign offsets to and write one or more whole v2 batches."""
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            headers = self._validate(records, now_ms)
+            duplicate = self._check_producers(headers)
+            if duplicate is not None:
+                return duplicate
+            view = self._view
+            first_offset = offset = view.log_end_offset
+            log_append_time = self.config.log_append_time
+            entries = []
+            for position, header in headers:
+                set_base_offset(records, position, offset)
+                max_timestamp = header.max_timestamp
+                if log_append_time:
+                    set_log_append_time(records, position, now_ms)
+                    max_timestamp = now_ms
+                offset += header.last_offset_delta + 1
+                entries.append((header.size_bytes, offset - 1, max_timestamp, position))
+            self._maybe_roll(len(records), offset - 1, headers[0][1], now_ms)
+            active = self._segments[-1]
+            active.append(records, entries, now_ms)
+            self._record_producers(headers, first_offset)
+            self._view = self._view.with_tail(offset, active.size_bytes)
+            if offset - self.recovery_point >= self.config.flush_messages:
+                self._flush_locked(now_ms)
+            result = AppendResult(first_offset, offset - 1, now_ms if log_append_time else -1,
+                                  self._view.log_start_offset)
+        for listener in self._listeners:
+            listener(offset)
+        return result
+
+    def _validate(self, records: bytearray, now_ms: int) -> list[tuple[int, BatchHeader]]:
+        headers = list(iter_headers(records, verify_crc=True))
+        if not headers:
+            raise CorruptMessage("produce request carries no record batch")
+        config = self.config
+        if len(records) > config.segment_bytes:
+            raise RecordListTooLarge(
+                f"{len(records)} bytes exceed segment.bytes {config.segment_bytes}")
+        for _, header in headers:
+            if header.size_bytes > config.max_message_bytes:
+                raise MessageTooLarge(f"batch of {header.size_bytes} bytes exceeds "
+                                      f"max.message.bytes {config.max_message_bytes}")
+            if header.records_count != header.last_offset_delta + 1 or header.records_count < 1:
+                raise InvalidRecord(f"batch has {header.records_count} records but last offset "
+                                    f"delta {header.last_offset_delta}")
+            if not config.log_append_time:
+                self._check_timestamp(header, now_ms)
+        return headers
+
+    def _check_timestamp(self, header: BatchHeader, now_ms: int) -> None:
+        config = self.config
+        for timestamp in (header.base_timestamp, header.max_timestamp):
+            if timestamp == NO_TIMESTAMP:
+                continue
+            if now_ms - timestamp > config.message_timestamp_before_max_ms or \
+                    timestamp - now_ms > config.message_timestamp_after_max_ms:
+                raise InvalidTimestamp(
+                    f"timestamp {timestamp} is out of the allowed range for broker time "
+                    f"{now_ms} (message.timestamp.before.max.ms "
+                    f"{config.message_timestamp_before_max_ms}, message.timestamp.after.max.ms "
+                    f"{config.message_timestamp_after_max_ms})")
+
+    def _check_producers(self, headers: list[tuple[int, BatchHeader]]) -> AppendResult | None:
+        pending: dict[int, tuple[int, int]] = {}
+        for _, header in headers:
+            if header.producer_id < 0 or header.is_control:
+                continue
+            if header.producer_id in pending:
+                self._check_within_request(header, pending[header.producer_id])
+            else:
+                original = self.producer_state.check(header)
+                if original is not None:
+                    return AppendResult(original.first_offset, original.last_offset, -1,
+                                        self._view.log_start_offset, duplicate=True)
+            pending[header.producer_id] = (header.producer_epoch, header.last_sequence)
+        return None
+
+    @staticmethod
+    def _check_within_request(header: BatchHeader, previous: tuple[int, int]) -> None:
+        epoch, last_sequence = previous
+        expected = (last_sequence + 1) % SEQUENCE_MODULUS
+        if header.producer_epoch != epoch or header.base_sequence != expected:
+            raise OutOfOrderSequenceNumber(
+                f"producer {header.producer_id} sent sequence {header.base_sequence} in epoch "
+                f"{header.producer_epoch}, expected {expected} in epoch {epoch}")
+
+    def _record_producers(self, headers: list[tuple[int, BatchHeader]], first_offset: int) -> None:
+        offset = first_offset
+        for _, header in headers:
+            if header.producer_id >= 0 and not header.is_control:
+                self.producer_state.update(header, offset)
+            offset += header.last_offset_delta + 1
+
+    # ---- rolling and flushing ------------------------------------------------------------
+
+    def _maybe_roll(self, size_bytes: int, last_offset: int, first_header: BatchHeader,
+                    now_ms: int) -> None:
+        active = self._segments[-1]
+        if active.size_bytes == 0:
+            return
+        if not active.can_hold(size_bytes, last_offset, self.config.segment_bytes) \
+                or self._segment_expired(active, now_ms):
+            self._roll_locked(now_ms)
+
+    def _segment_expired(self, segment: LogSegment, now_ms: int) -> bool:
+        rolling_base_ms = segment.first_batch_timestamp_ms
+        if rolling_base_ms is None or rolling_base_ms < 0:
+            rolling_base_ms = segment.created_ms
+        return now_ms - rolling_base_ms > self.config.segment_ms - self._segment_jitter_ms
+
+    def roll(self, now_ms: int) -> None:
+        with self._lock:
+            if self._segments[-1].size_bytes:
+                self._roll_locked(now_ms)
+
+    def maybe_roll_by_time(self, now_ms: int) -> None:
+        with self._lock:
+            active = self._segments[-1]
+            if active.size_bytes and self._segment_expired(active, now_ms):
+                self._roll_locked(now_ms)
+
+    def _roll_locked(self, now_ms: int) -> None:
+        log_end_offset = self._view.log_end_offset
+        self._segments[-1].seal()
+        self.producer_state.take_snapshot(log_end_offset)
+        segment = self._new_segment(log_end_offset, now_ms)
+        self._segments.append(segment)
+        view = self._view
+        self._view = LogView(tuple(self._segments), log_end_offset, 0, view.log_start_offset)
+        logger.info("%s-%d: rolled new segment at offset %d", self.topic, self.partition,
+                    log_end_offset)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked(None)
+
+    def _flush_locked(self, now_ms: int | None, force: bool = False) -> None:
+        log_end_offset = self._view.log_end_offset
+        if not force and log_end_offset <= self.recovery_point and not self._rolled_unflushed():
+            return
+        first = max(0, bisect.bisect_right([s.base_offset for s in self._segments],
+                                           self.recovery_point) - 1)
+        for segment in self._segments[first:]:
+            segment.flush()
+        self.recovery_point = log_end_offset
+        if now_ms is not None:
+            self.last_flush_ms = now_ms
+
+    def _rolled_unflushed(self) -> bool:
+        return self.recovery_point < self._segments[-1].base_offset
+
+    def flush_if_due(self, now_ms: int) -> None:
+        """Time-based flush (flush.ms), and the flush Kafka schedules after a roll."""
+        with self._lock:
+            if self._closed:
+                return
+            if now_ms - self.last_flush_ms >= self.config.flush_ms:
+                self._flush_locked(now_ms)
+                self.last_flush_ms = now_ms
+            elif self._rolled_unflushed():
+                self._flush_rolled_segments()
+
+    def _flush_rolled_segments(self) -> None:
+        active_base = self._segments[-1].base_offset
+        first = max(0, bisect.bisect_right([s.base_offset for s in self._segments],
+                                           self.recovery_point) - 1)
+        for segment in self._segments[first:-1]:
+            segment.flush()
+        self.recovery_point = active_base
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, min_one_batch: bool = True) -> ReadResult:
+        view = self._view
+        if offset < view.log_start_offset or offset > view.log_end_offset:
+            raise OffsetOutOfRange(f"offset {offset} is outside [{view.log_start_offset}, "
+                                   f"{view.log_end_offset}] of {self.topic}-{self.partition}")
+        slices: list[FileSlice] = []
+        remaining = max_bytes
+        first_index = bisect.bisect_right(view.base_offsets, offset) - 1
+        for index in range(first_index, len(view.segments)):
+            if offset >= view.log_end_offset:
+                break
+            segment, max_position = view.segments[index], view.max_position(index)
+            location = segment.find_batch(offset, max_position)
+            if location is None:
+                continue
+            piece = segment.slice(location, remaining, max_position, min_one_batch and not slices)
+            if piece is None:
+                break
+            slices.append(piece)
+            remaining -= piece.length
+            if piece.position + piece.length < max_position or remaining <= 0:
+                break
+        size_bytes = sum(piece.length for piece in slices)
+        return ReadResult(tuple(slices), size_bytes, view.log_end_offset, view.log_start_offset)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        view = self._view
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return view.log_start_offset, -1
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return view.log_end_offset, -1
+        if timestamp_ms == MAX_TIMESTAMP:
+            return self._max_timestamp_offset(view)
+        for index, segment in enumerate(view.segments):
+            if segment.max_timestamp_ms < timestamp_ms:
+                continue
+            found = segment.offset_at_or_after_timestamp(timestamp_ms, view.max_position(index))
+            if found is not None:
+                return max(found[0], view.log_start_offset), found[1]
+        return None
+
+    @staticmethod
+    def _max_timestamp_offset(view: LogView) -> tuple[int, int] | None:
+        best: tuple[int, int] | None = None
+        for segment in view.segments:
+            if segment.max_timestamp_ms >= 0 and (best is None or segment.max_timestamp_ms > best[1]):
+                if segment.offset_of_max_timestamp < view.log_end_offset:
+                    best = (segment.offset_of_max_timestamp, segment.max_timestamp_ms)
+        return best
+
+    # ---- retention -----------------------------------------------------------------------
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: advance the log start offset to ``offset`` (<= high watermark)."""
+        with self._lock:
+            view = self._view
+            if offset < 0 or offset > view.log_end_offset:
+                raise OffsetOutOfRange(f"cannot delete records before {offset}: high watermark "
+                                       f"is {view.log_end_offset}")
+            if offset > view.log_start_offset:
+                self._set_log_start(offset)
+            return self._view.log_start_offset
+
+    def _set_log_start(self, log_start_offset: int) -> None:
+        view = self._view
+        self._view = LogView(view.segments, view.log_end_offset, view.active_size_bytes,
+                             log_start_offset)
+
+    def delete_old_segments(self, now_ms: int) -> int:
+        """Retention: delete whole non-active segments past retention.ms / retention.bytes
+        (cleanup.policy delete) or wholly below the log start offset. Returns the count."""
+        with self._lock:
+            if self._closed:
+                return 0
+            deletable = self._deletable_prefix(now_ms)
+            if deletable:
+                self._delete_segments(deletable, now_ms)
+            return deletable
+
+    def _deletable_prefix(self, now_ms: int) -> int:
+        segments, config = self._segments, self.config
+        log_start = self._view.log_start_offset
+        count = 0
+        excess_bytes = self.size_bytes - config.retention_bytes
+        for index, segment in enumerate(segments[:-1]):
+            below_start = segments[index + 1].base_offset <= log_start
+            by_time = config.delete_enabled and config.retention_ms >= 0 and \
+                now_ms - segment.largest_timestamp_ms > config.retention_ms
+            by_size = config.delete_enabled and config.retention_bytes >= 0 and \
+                excess_bytes - segment.size_bytes >= 0
+            if not (below_start or by_time or by_size):
+                break
+            excess_bytes -= segment.size_bytes
+            count += 1
+        return count
+
+    def _delete_segments(self, count: int, now_ms: int) -> None:
+        doomed, kept = self._segments[:count], self._segments[count:]
+        self._segments = kept
+        view = self._view
+        log_start = max(view.log_start_offset, kept[0].base_offset)
+        self._view = LogView(tuple(kept), view.log_end_offset, view.active_size_bytes, log_start)
+        for segment in doomed:
+            paths = segment.rename_to_deleted()
+            self._pending_deletions.append(
+                _PendingDeletion(now_ms + self.config.file_delete_delay_ms, segment, paths))
+            logger.info("%s-%d: deleting segment %s (retention)", self.topic, self.partition,
+                        segment.log_path.name)
+        self.producer_state.remove_snapshots(below_offset=kept[0].base_offset)
+
+    def remove_deleted_files(self, now_ms: int, force: bool = False) -> None:
+        """Close and remove ``.deleted`` segments whose file.delete.delay.ms has passed."""
+        with self._lock:
+            still_pending = []
+            for pending in self._pending_deletions:
+                if force or pending.due_ms <= now_ms:
+                    pending.segment.close()
+                    for path in pending.paths:
+                        if self.fs.exists(path):
+                            self.fs.remove(path)
+                else:
+                    still_pending.append(pending)
+            self._pending_deletions = still_pending
+
+    # ---- configuration and shutdown ------------------------------------------------------
+
+    def update_config(self, config: LogConfig) -> None:
+        with self._lock:
+            if (config.segment_jitter_ms, config.segment_ms) != (
+                    self.config.segment_jitter_ms, self.config.segment_ms):
+                self._segment_jitter_ms = self._pick_jitter(config)
+            self.config = config
+
+    def close(self) -> None:
+        """Flush everything, snapshot producer state at the log end, close all files."""
+        with self._lock:
+            if self._closed:
+                return
+            self._segments[-1].seal()
+            self._flush_locked(None, force=True)
+            self.producer_state.take_snapshot(self._view.log_end_offset)
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
+            for pending in self._pending_deletions:
+                pending.segment.close()
+
+    def close_without_flush(self) -> None:
+        """Release file descriptors (a deleted partition)."""
+        with self._lock:
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
+            for pending in self._pending_deletions:
+                pending.segment.close()
+            self._pending_deletions = []
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

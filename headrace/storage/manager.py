@@ -1,0 +1,378 @@
+"""The log manager: every partition log in the broker's data directories.
+
+Owns topic creation/deletion, partition placement across ``log.dirs``, start-up loading and
+recovery, per-topic configuration, checkpoints and the periodic ``maintenance`` work.
+
+On-disk layout of each data directory (Kafka's, plus one headrace file)::
+
+    <log.dir>/<topic>-<partition>/              one Log (see ``log``)
+    <log.dir>/<topic>-<partition>/partition.metadata
+                                                "version: 0\\ntopic_id: <base64url uuid>\\n"
+    <log.dir>/<topic>-<partition>.<uuid hex>-delete/
+                                                a deleted partition, removed after
+                                                log.segment.delete.delay.ms
+    <log.dir>/recovery-point-offset-checkpoint  see ``checkpoint``
+    <log.dir>/log-start-offset-checkpoint
+    <log.dir>/.headrace_cleanshutdown            written last by ``shutdown``; present at
+                                                start-up means no recovery scan is needed
+    <first log.dir>/__topic_configs/<topic>.properties
+                                                the topic's config overrides, key=value lines
+
+Thread-safety: mutating calls (create/delete/alter/maintenance/shutdown) are serialized by one
+lock; ``get_log``/``topic``/``topics`` read dictionaries that are replaced, not mutated, so they
+are safe from any thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from headrace.errors import (
+    InvalidPartitions,
+    InvalidTopic,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+)
+from headrace.storage.checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    CheckpointCorrupt,
+    read_checkpoint,
+    write_checkpoint,
+)
+from headrace.storage.clock import Clock
+from headrace.storage.config import (
+    LogConfig,
+    format_properties_text,
+    parse_properties_text,
+    validate_topic_overrides,
+)
+from headrace.storage.fs import (
+    FileSystem,
+    RealFileSystem,
+    read_whole_file,
+    remove_tree,
+    write_file_atomically,
+)
+from headrace.storage.log import Log
+
+logger = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN_MARKER = ".headrace_cleanshutdown"
+TOPIC_CONFIGS_DIR = "__topic_configs"
+PARTITION_METADATA = "partition.metadata"
+DELETE_DIR_SUFFIX = "-delete"
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+    config: LogConfig
+    overrides: dict[str, str] = field(default_factory=dict)
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's rules: [a-zA-Z0-9._-], 1..249 characters, not "." or ".."."""
+    if not name or name in (".", ".."):
+        raise InvalidTopic(f"Topic name '{name}' is illegal")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise InvalidTopic(f"Topic name '{name}' is longer than {MAX_TOPIC_NAME_LENGTH} characters")
+    if not _LEGAL_TOPIC_NAME.match(name):
+        raise InvalidTopic(f"Topic name '{name}' is illegal, it contains a character other than "
+                           "ASCII alphanumerics, '.', '_' and '-'")
+
+
+def encode_topic_id(topic_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(topic_id.bytes).decode().rstrip("=")
+
+
+def decode_topic_id(text: str) -> uuid.UUID:
+    return uuid.UUID(bytes=base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+
+
+class LogManager:
+    """Owns every partition log in the data directories."""
+
+    def __init__(self, log_dirs: list[Path], broker_properties: dict[str, str], clock: Clock,
+                 fs: FileSystem | None = None) -> None:
+        if not log_dirs:
+            raise ValueError("at least one log directory is needed")
+        self.log_dirs = [Path(d) for d in log_dirs]
+        self.broker_properties = dict(broker_properties)
+        self.clock = clock
+        self.fs = fs or RealFileSystem()
+        self._lock = threading.RLock()
+        self._topics: dict[str, TopicInfo] = {}
+        self._logs: dict[tuple[str, int], Log] = {}
+        self._log_dir_of: dict[tuple[str, int], Path] = {}
+        self._pending_dir_deletions: list[tuple[int, Path, list[Log]]] = []
+        self._last_checkpoints: dict[Path, tuple[dict, dict]] = {}
+        self._startup_state: dict[tuple[str, int], tuple[bool, int, int]] = {}
+
+    @property
+    def _configs_dir(self) -> Path:
+        return self.log_dirs[0] / TOPIC_CONFIGS_DIR
+
+    @property
+    def _delete_delay_ms(self) -> int:
+        return LogConfig.from_properties({}, self.broker_properties).file_delete_delay_ms
+
+    # ---- start-up ------------------------------------------------------------------------
+
+    def startup(self) -> None:
+        """Load every log, recovering those of data directories without a clean-shutdown
+        marker; then remove the markers (the logs are live again)."""
+        with self._lock:
+            LogConfig.from_properties({}, self.broker_properties)  # fail fast on bad defaults
+            self.fs.mkdir(self._configs_dir)
+            overrides_by_topic = self._load_topic_configs()
+            found: dict[str, dict[int, tuple[Path, uuid.UUID | None]]] = {}
+            for log_dir in self.log_dirs:
+                self.fs.mkdir(log_dir)
+                self._scan_log_dir(log_dir, found)
+            for topic, partitions in found.items():
+                self._load_topic(topic, partitions, overrides_by_topic.get(topic, {}))
+            for log_dir in self.log_dirs:
+                marker = log_dir / CLEAN_SHUTDOWN_MARKER
+                if self.fs.exists(marker):
+                    self.fs.remove(marker)
+                    self.fs.fsync_dir(log_dir)
+
+    def _load_topic_configs(self) -> dict[str, dict[str, str]]:
+        configs = {}
+        for name in self.fs.listdir(self._configs_dir):
+            if name.endswith(".properties"):
+                text = read_whole_file(self.fs, self._configs_dir / name).decode()
+                configs[name[: -len(".properties")]] = parse_properties_text(text)
+        return configs
+
+    def _scan_log_dir(self, log_dir: Path, found: dict) -> None:
+        clean = self.fs.exists(log_dir / CLEAN_SHUTDOWN_MARKER)
+        try:
+            recovery_points = read_checkpoint(self.fs, log_dir / RECOVERY_POINT_CHECKPOINT)
+            log_starts = read_checkpoint(self.fs, log_dir / LOG_START_OFFSET_CHECKPOINT)
+        except CheckpointCorrupt as error:
+            logger.warning("%s; recovering every log in %s", error, log_dir)
+            recovery_points, log_starts, clean = {}, {}, False
+        for name in sorted(self.fs.listdir(log_dir)):
+            path = log_dir / name
+            if not self.fs.is_dir(path) or name == TOPIC_CONFIGS_DIR:
+                continue
+            if name.endswith(DELETE_DIR_SUFFIX):
+                remove_tree(self.fs, path)
+                continue
+            match = _PARTITION_DIR.match(name)
+            if match is None:
+                continue
+            topic, partition = match.group(1), int(match.group(2))
+            key = (topic, partition)
+            self._startup_state[key] = (clean, recovery_points.get(key, 0),
+                                        log_starts.get(key, 0))
+            found.setdefault(topic, {})[partition] = (path, self._read_topic_id(path))
+
+    def _read_topic_id(self, partition_dir: Path) -> uuid.UUID | None:
+        path = partition_dir / PARTITION_METADATA
+        if not self.fs.exists(path):
+            return None
+        fields = parse_properties_text(read_whole_file(self.fs, path).decode().replace(": ", "="))
+        return decode_topic_id(fields["topic_id"]) if "topic_id" in fields else None
+
+    def _load_topic(self, topic: str, partitions: dict, overrides: dict[str, str]) -> None:
+        config = LogConfig.from_properties(overrides, self.broker_properties)
+        topic_id = next((tid for _, tid in partitions.values() if tid is not None), None)
+        topic_id = topic_id or uuid.uuid4()
+        logs = dict(self._logs)
+        for partition, (path, _) in sorted(partitions.items()):
+            clean, recovery_point, log_start = self._startup_state[(topic, partition)]
+            logs[(topic, partition)] = Log(
+                topic, partition, path, config, self.fs, self.clock.now_ms(),
+                recovery_point=recovery_point, log_start_offset=log_start, clean_shutdown=clean)
+            self._log_dir_of[(topic, partition)] = path.parent
+        self._logs = logs
+        count = max(partitions) + 1
+        self._set_topic(TopicInfo(topic, topic_id, count, config, dict(overrides)))
+
+    def _set_topic(self, info: TopicInfo) -> None:
+        topics = dict(self._topics)
+        topics[info.name] = info
+        self._topics = topics
+
+    # ---- topics --------------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int, overrides: dict[str, str],
+                     validate_only: bool = False) -> TopicInfo:
+        with self._lock:
+            validate_topic_name(name)
+            if name in self._topics:
+                raise TopicAlreadyExists(f"Topic '{name}' already exists.")
+            self._check_collision(name)
+            if partitions < 1:
+                raise InvalidPartitions(f"Number of partitions must be at least 1, got {partitions}")
+            normalised = validate_topic_overrides(dict(overrides))
+            config = LogConfig.from_properties(normalised, self.broker_properties)
+            info = TopicInfo(name, uuid.uuid4(), partitions, config, normalised)
+            if validate_only:
+                return info
+            self._write_topic_config(name, normalised)
+            self._create_partitions(info, range(partitions))
+            self._set_topic(info)
+            logger.info("created topic %s with %d partitions", name, partitions)
+            return info
+
+    def _check_collision(self, name: str) -> None:
+        folded = name.replace(".", "_")
+        for existing in self._topics:
+            if existing.replace(".", "_") == folded:
+                raise InvalidTopic(f"Topic '{name}' collides with existing topic: {existing}")
+
+    def _write_topic_config(self, name: str, overrides: dict[str, str]) -> None:
+        write_file_atomically(self.fs, self._configs_dir / f"{name}.properties",
+                              format_properties_text(overrides).encode())
+
+    def _create_partitions(self, info: TopicInfo, partitions: range) -> None:
+        logs = dict(self._logs)
+        for partition in partitions:
+            log_dir = self._least_loaded_log_dir()
+            path = log_dir / f"{info.name}-{partition}"
+            self.fs.mkdir(path)
+            write_file_atomically(self.fs, path / PARTITION_METADATA,
+                                  f"version: 0\ntopic_id: {encode_topic_id(info.topic_id)}\n".encode())
+            logs[(info.name, partition)] = Log(info.name, partition, path, info.config, self.fs,
+                                               self.clock.now_ms(), clean_shutdown=True)
+            self._log_dir_of[(info.name, partition)] = log_dir
+            self._logs = logs
+
+    def _least_loaded_log_dir(self) -> Path:
+        counts = {d: 0 for d in self.log_dirs}
+        for log_dir in self._log_dir_of.values():
+            counts[log_dir] += 1
+        return min(self.log_dirs, key=lambda d: counts[d])
+
+    def delete_topic(self, name: str) -> None:
+        """Rename the partition directories to ``<dir>.<uuid>-delete``; their files are
+        removed after log.segment.delete.delay.ms (readers holding slices still finish)."""
+        with self._lock:
+            info = self.topic(name)
+            due_ms = self.clock.now_ms() + self._delete_delay_ms
+            logs = dict(self._logs)
+            for partition in range(info.partitions):
+                log = logs.pop((name, partition))
+                log_dir = self._log_dir_of.pop((name, partition))
+                target = log_dir / f"{name}-{partition}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+                self.fs.rename(log.dir, target)
+                self.fs.fsync_dir(log_dir)
+                self._pending_dir_deletions.append((due_ms, target, [log]))
+            self._logs = logs
+            config_path = self._configs_dir / f"{name}.properties"
+            if self.fs.exists(config_path):
+                self.fs.remove(config_path)
+            topics = dict(self._topics)
+            del topics[name]
+            self._topics = topics
+            logger.info("deleted topic %s", name)
+
+    def add_partitions(self, name: str, total_partitions: int) -> None:
+        with self._lock:
+            info = self.topic(name)
+            if total_partitions <= info.partitions:
+                raise InvalidPartitions(
+                    f"Topic currently has {info.partitions} partitions, which is higher than or "
+                    f"equal to the requested {total_partitions}.")
+            self._create_partitions(info, range(info.partitions, total_partitions))
+            self._set_topic(TopicInfo(name, info.topic_id, total_partitions, info.config,
+                                      info.overrides))
+
+    def topic(self, name: str) -> TopicInfo:
+        info = self._topics.get(name)
+        if info is None:
+            raise UnknownTopicOrPartition(f"Unknown topic {name}")
+        return info
+
+    def topics(self) -> dict[str, TopicInfo]:
+        return dict(self._topics)
+
+    def get_log(self, topic: str, partition: int) -> Log:
+        log = self._logs.get((topic, partition))
+        if log is None:
+            raise UnknownTopicOrPartition(f"Unknown topic-partition {topic}-{partition}")
+        return log
+
+    def alter_topic_config(self, name: str, overrides: dict[str, str]) -> None:
+        with self._lock:
+            info = self.topic(name)
+            normalised = validate_topic_overrides(dict(overrides))
+            config = LogConfig.from_properties(normalised, self.broker_properties)
+            self._write_topic_config(name, normalised)
+            self._apply_config(TopicInfo(name, info.topic_id, info.partitions, config, normalised))
+
+    def _apply_config(self, info: TopicInfo) -> None:
+        self._set_topic(info)
+        for partition in range(info.partitions):
+            self._logs[(info.name, partition)].update_config(info.config)
+
+    def set_broker_defaults(self, broker_properties: dict[str, str]) -> None:
+        with self._lock:
+            LogConfig.from_properties({}, broker_properties)
+            self.broker_properties = dict(broker_properties)
+            for info in list(self._topics.values()):
+                config = LogConfig.from_properties(info.overrides, self.broker_properties)
+                self._apply_config(TopicInfo(info.name, info.topic_id, info.partitions, config,
+                                             info.overrides))
+
+    # ---- periodic work and shutdown ------------------------------------------------------
+
+    def maintenance(self, now_ms: int) -> None:
+        """Roll by segment.ms, flush by flush.ms (and after rolls), apply retention, remove
+        expired ``.deleted`` files and deleted partitions, write changed checkpoints."""
+        with self._lock:
+            for log in list(self._logs.values()):
+                log.maybe_roll_by_time(now_ms)
+                log.flush_if_due(now_ms)
+                log.delete_old_segments(now_ms)
+                log.remove_deleted_files(now_ms)
+            self._remove_deleted_dirs(now_ms)
+            self._write_checkpoints(only_if_changed=True)
+
+    def _remove_deleted_dirs(self, now_ms: int, force: bool = False) -> None:
+        still_pending = []
+        for due_ms, path, logs in self._pending_dir_deletions:
+            if force or due_ms <= now_ms:
+                for log in logs:
+                    log.close_without_flush()
+                remove_tree(self.fs, path)
+            else:
+                still_pending.append((due_ms, path, logs))
+        self._pending_dir_deletions = still_pending
+
+    def _write_checkpoints(self, only_if_changed: bool) -> None:
+        for log_dir in self.log_dirs:
+            keys = [k for k, d in self._log_dir_of.items() if d == log_dir]
+            recovery = {k: self._logs[k].recovery_point for k in keys}
+            starts = {k: self._logs[k].log_start_offset for k in keys}
+            if only_if_changed and self._last_checkpoints.get(log_dir) == (recovery, starts):
+                continue
+            write_checkpoint(self.fs, log_dir / RECOVERY_POINT_CHECKPOINT, recovery)
+            write_checkpoint(self.fs, log_dir / LOG_START_OFFSET_CHECKPOINT, starts)
+            self._last_checkpoints[log_dir] = (recovery, starts)
+
+    def shutdown(self) -> None:
+        """Flush and close every log, write the checkpoints, then the clean-shutdown
+        markers."""
+        with self._lock:
+            for log in self._logs.values():
+                log.close()
+            self._remove_deleted_dirs(0, force=True)
+            self._write_checkpoints(only_if_changed=False)
+            for log_dir in self.log_dirs:
+                write_file_atomically(self.fs, log_dir / CLEAN_SHUTDOWN_MARKER, b"")

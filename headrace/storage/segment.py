@@ -1,0 +1,393 @@
+"""One log segment: ``<base>.log`` with its ``<base>.index`` and ``<base>.timeindex``.
+
+File names are the segment's base offset as 20 zero-padded digits, as in Kafka. The ``.log``
+file holds v2 record batches byte-for-byte as received (only the base offset rewritten, and
+LogAppendTime stamped when configured). Index formats: see ``headrace.storage.index``; an
+offset index entry maps a batch's *last* offset to the batch's position, as Kafka writes it.
+
+Owns: appending batches and maintaining the indexes (one entry per ``index.interval.bytes``),
+locating the batch that holds an offset (index lookup, then a short scan of 27-byte header
+prefixes), carving ``FileSlice`` ranges of whole batches for sendfile, recovery (a CRC scan
+from a known-good position that truncates at the first bad byte and rebuilds the index entries
+after it), and renaming/removing its files.
+
+Thread-safety: mutations (append, recover, truncate, flush, close) come from the owning log's
+writer; ``find_batch``/``slice`` are safe from any thread because they are bounded by a size
+the caller read from an immutable log snapshot, and indexes only ever grow between restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from headrace.errors import CorruptMessage
+from headrace.protocol.batch import (
+    BATCH_HEADER_BYTES,
+    LOG_OVERHEAD_BYTES,
+    BatchHeader,
+    crc_is_valid,
+    parse_header,
+)
+from headrace.storage.fs import APPEND_CREATE_FLAGS, FileSystem
+from headrace.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
+
+logger = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+DELETED_SUFFIX = ".deleted"
+MAX_RELATIVE_OFFSET = 2**31 - 1
+RECOVERY_READ_CHUNK_BYTES = 8 * 1024 * 1024
+_HEADER_PREFIX = struct.Struct(">qiibIhi")  # base_offset .. last_offset_delta: 27 bytes
+HEADER_PREFIX_BYTES = _HEADER_PREFIX.size
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class FileSlice:
+    """Bytes ``[position, position + length)`` of an open file, for ``os.sendfile``."""
+
+    fd: int
+    position: int
+    length: int
+
+    def read_bytes(self) -> bytes:
+        """The slice's bytes via pread, for callers that cannot sendfile."""
+        chunks, done = [], 0
+        while done < self.length:
+            chunk = os.pread(self.fd, self.length - done, self.position + done)
+            if not chunk:
+                raise CorruptMessage(f"file slice ends early at byte {self.position + done}")
+            chunks.append(chunk)
+            done += len(chunk)
+        return b"".join(chunks)
+
+
+@dataclass(slots=True)
+class BatchLocation:
+    """Where one batch lies in a segment's log file."""
+
+    position: int
+    size_bytes: int
+    base_offset: int
+    last_offset: int
+
+
+class LogSegment:
+    """A segment file and its indexes; created, loaded or recovered by ``Log``."""
+
+    def __init__(self, fs: FileSystem, directory: Path, base_offset: int, index_max_bytes: int,
+                 index_interval_bytes: int, created_ms: int) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        self.fd = fs.open(self.log_path, APPEND_CREATE_FLAGS)
+        self.size_bytes = fs.size(self.fd)
+        self.offset_index = OffsetIndex(
+            fs, directory / segment_file_name(base_offset, INDEX_SUFFIX), base_offset, index_max_bytes)
+        self.time_index = TimeIndex(
+            fs, directory / segment_file_name(base_offset, TIME_INDEX_SUFFIX), base_offset,
+            index_max_bytes)
+        self.bytes_since_last_index_entry = 0
+        self.max_timestamp_ms = -1
+        self.offset_of_max_timestamp = base_offset
+        self.first_batch_timestamp_ms: int | None = None
+        self.created_ms = created_ms
+        self.last_modified_ms = created_ms
+        self.closed = False
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview,
+               batches: list[tuple[int, int, int, int]], now_ms: int) -> None:
+        """Write ``data`` (whole batches) at the end; ``batches`` lists each batch's
+        (size_bytes, last_offset, max_timestamp_ms, position within data)."""
+        start = self.size_bytes
+        self.fs.write(self.fd, data)
+        for size_bytes, last_offset, max_timestamp_ms, relative_position in batches:
+            self._index_batch(start + relative_position, size_bytes, last_offset, max_timestamp_ms)
+        self.size_bytes = start + len(data)
+        self.last_modified_ms = now_ms
+
+    def _index_batch(self, position: int, size_bytes: int, last_offset: int,
+                     max_timestamp_ms: int) -> None:
+        if self.first_batch_timestamp_ms is None:
+            self.first_batch_timestamp_ms = max_timestamp_ms
+        if max_timestamp_ms > self.max_timestamp_ms:
+            self.max_timestamp_ms = max_timestamp_ms
+            self.offset_of_max_timestamp = last_offset
+        if self.bytes_since_last_index_entry > self.index_interval_bytes:
+            self.offset_index.append(last_offset, position)
+            self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+            self.bytes_since_last_index_entry = 0
+        self.bytes_since_last_index_entry += size_bytes
+
+    def can_hold(self, size_bytes: int, last_offset: int, segment_bytes: int) -> bool:
+        """False when appending would need a roll: the log, an index, or the relative
+        offset range would overflow."""
+        return (
+            self.size_bytes + size_bytes <= segment_bytes
+            and not self.offset_index.is_full
+            and not self.time_index.is_full
+            and last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
+        )
+
+    def flush(self) -> None:
+        """Write pending index entries and fsync the log and both indexes."""
+        self.offset_index.flush()
+        self.time_index.flush()
+        self.fs.fsync(self.fd)
+        self.offset_index.fsync()
+        self.time_index.fsync()
+
+    def seal(self) -> None:
+        """The segment stops being active (roll or close): record the final largest
+        timestamp in the time index, as Kafka does, so a reload needs no scan."""
+        if self.max_timestamp_ms >= 0:
+            self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.offset_index.close()
+        self.time_index.close()
+        self.fs.close(self.fd)
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def _header_prefix(self, position: int) -> tuple[int, int, int]:
+        """(base_offset, size_bytes, last_offset) of the batch at ``position``."""
+        raw = os.pread(self.fd, HEADER_PREFIX_BYTES, position)
+        if len(raw) < HEADER_PREFIX_BYTES:
+            raise CorruptMessage(f"{self.log_path}: batch header truncated at {position}")
+        base_offset, length, _, _, _, _, last_offset_delta = _HEADER_PREFIX.unpack(raw)
+        return base_offset, length + LOG_OVERHEAD_BYTES, base_offset + last_offset_delta
+
+    def find_batch(self, offset: int, max_position: int) -> BatchLocation | None:
+        """The first batch below ``max_position`` whose last offset is >= ``offset``."""
+        _, position = self.offset_index.lookup(offset)
+        while position < max_position:
+            base_offset, size_bytes, last_offset = self._header_prefix(position)
+            if last_offset >= offset:
+                return BatchLocation(position, size_bytes, base_offset, last_offset)
+            position += size_bytes
+        return None
+
+    def slice(self, start: BatchLocation, max_bytes: int, max_position: int,
+              min_one_batch: bool) -> FileSlice | None:
+        """Whole batches from ``start`` totalling at most ``max_bytes`` (at least the first
+        one when ``min_one_batch``), never past ``max_position``."""
+        limit = start.position + max_bytes
+        if limit >= max_position:
+            end = max_position
+        else:
+            _, end = self.offset_index.lookup_position(limit)
+            end = max(end, start.position)
+            while end < limit:
+                size_bytes = self._header_prefix(end)[1]
+                if end + size_bytes > limit:
+                    break
+                end += size_bytes
+        if end == start.position:
+            if not min_one_batch:
+                return None
+            end = start.position + start.size_bytes
+        return FileSlice(self.fd, start.position, end - start.position)
+
+    def iter_batches(self, start_position: int = 0, end_position: int | None = None):
+        """Yield ``(position, header)`` for each batch header in the range (no CRC check)."""
+        end = self.size_bytes if end_position is None else end_position
+        position = start_position
+        while position < end:
+            header = parse_header(os.pread(self.fd, BATCH_HEADER_BYTES, position))
+            yield position, header
+            position += header.size_bytes
+
+    def offset_at_or_after_timestamp(self, timestamp_ms: int, max_position: int
+                                      ) -> tuple[int, int] | None:
+        """(base offset, max timestamp) of the first batch whose max timestamp is >=
+        ``timestamp_ms``; batch granularity, records are not decoded."""
+        start_offset = self.time_index.lookup(timestamp_ms)
+        location = self.find_batch(start_offset, max_position)
+        if location is None:
+            return None
+        for _, header in self.iter_batches(location.position, max_position):
+            if header.max_timestamp >= timestamp_ms:
+                return header.base_offset, header.max_timestamp
+        return None
+
+    # ---- loading and recovery ------------------------------------------------------------
+
+    def load_indexes(self) -> bool:
+        """Load and sanity-check the index files; False (indexes cleared) when they are
+        damaged and the caller must rebuild them with ``recover``."""
+        try:
+            self.offset_index.load(self.size_bytes)
+            self.time_index.load(self._offset_upper_bound())
+        except IndexCorrupt as error:
+            logger.warning("rebuilding indexes of %s: %s", self.log_path, error)
+            self.offset_index.clear()
+            self.time_index.clear()
+            return False
+        last = self.time_index.last_entry()
+        if last is not None:
+            self.max_timestamp_ms, self.offset_of_max_timestamp = last
+        return True
+
+    def _offset_upper_bound(self) -> int:
+        last_offset, _ = self.offset_index.last_entry()
+        return last_offset + MAX_RELATIVE_OFFSET
+
+    def scan_tail_for_next_offset(self) -> int:
+        """The offset after the last batch, walking headers from the last index entry; also
+        restores the per-segment timestamp state from the batches walked."""
+        _, position = self.offset_index.last_entry()
+        next_offset = self.base_offset
+        walked = 0
+        for _, header in self.iter_batches(position):
+            next_offset = header.next_offset
+            walked += header.size_bytes
+            self._note_timestamp(header)
+        self.bytes_since_last_index_entry = walked
+        return next_offset
+
+    def _note_timestamp(self, header: BatchHeader) -> None:
+        if self.first_batch_timestamp_ms is None:
+            self.first_batch_timestamp_ms = header.max_timestamp
+        if header.max_timestamp > self.max_timestamp_ms:
+            self.max_timestamp_ms = header.max_timestamp
+            self.offset_of_max_timestamp = header.last_offset
+
+    def recover(self, start_position: int, on_batch=None) -> tuple[int, int]:
+        """Validate every batch from ``start_position`` (a known batch boundary; index entries
+        after it are dropped and rebuilt) and truncate at the first bad byte: a short or
+        implausible header, a batch running past the end of the file, a CRC mismatch.
+
+        Returns (next offset after the last valid batch or -1 if none, bytes truncated).
+        ``on_batch(header)`` is called for each valid batch (producer-state replay)."""
+        self._drop_index_entries_from(start_position)
+        file_size = self.fs.size(self.fd)
+        position, next_offset = start_position, -1
+        self.bytes_since_last_index_entry = self._bytes_after_last_entry(start_position)
+        while position < file_size:
+            length = min(RECOVERY_READ_CHUNK_BYTES, file_size - position)
+            chunk = self.fs.pread(self.fd, length, position)
+            consumed, next_offset, stop = self._recover_chunk(
+                chunk, position, file_size, next_offset, on_batch)
+            position += consumed
+            if stop:
+                break
+        truncated = file_size - position
+        if truncated:
+            self.fs.truncate(self.fd, position)
+        self.size_bytes = position
+        return next_offset, truncated
+
+    def _recover_chunk(self, chunk: bytes, chunk_start: int, file_size: int, next_offset: int,
+                       on_batch) -> tuple[int, int, bool]:
+        """Validate the batches in ``chunk``: (bytes consumed, next offset, stop scanning)."""
+        pos, at_file_end = 0, chunk_start + len(chunk) >= file_size
+        while pos < len(chunk):
+            if len(chunk) - pos < BATCH_HEADER_BYTES:
+                return pos, next_offset, at_file_end
+            try:
+                header = parse_header(chunk, pos)
+            except CorruptMessage:
+                return pos, next_offset, True
+            if header.base_offset < max(self.base_offset, next_offset) \
+                    or chunk_start + pos + header.size_bytes > file_size:
+                return pos, next_offset, True
+            if pos + header.size_bytes > len(chunk):
+                if pos > 0:
+                    return pos, next_offset, False
+                batch = self.fs.pread(self.fd, header.size_bytes, chunk_start)
+            else:
+                batch = memoryview(chunk)[pos : pos + header.size_bytes]
+            if not crc_is_valid(batch, 0, header):
+                return pos, next_offset, True
+            self._index_batch(chunk_start + pos, header.size_bytes, header.last_offset,
+                              header.max_timestamp)
+            if on_batch is not None:
+                on_batch(header)
+            next_offset = header.next_offset
+            pos += header.size_bytes
+        return pos, next_offset, False
+
+    def _drop_index_entries_from(self, position: int) -> None:
+        positions = self.offset_index.positions
+        keep = 0
+        while keep < len(positions) and positions[keep] < position:
+            keep += 1
+        if keep < len(positions):
+            self.offset_index.truncate_to_entries(keep)
+        last_offset, _ = self.offset_index.last_entry() if keep else (self.base_offset - 1, 0)
+        times = self.time_index
+        keep_times = 0
+        while keep_times < times.entries and times.base_offset + times.relative_offsets[keep_times] <= last_offset:
+            keep_times += 1
+        if keep_times < times.entries:
+            times.truncate_to_entries(keep_times)
+        if position == 0:
+            self.max_timestamp_ms, self.offset_of_max_timestamp = -1, self.base_offset
+            self.first_batch_timestamp_ms = None
+        else:
+            self._restore_timestamps_before(position)
+
+    def _restore_timestamps_before(self, position: int) -> None:
+        self.max_timestamp_ms, self.offset_of_max_timestamp = -1, self.base_offset
+        self.first_batch_timestamp_ms = None
+        last = self.time_index.last_entry()
+        _, indexed_position = self.offset_index.last_entry()
+        if last is not None:
+            self.max_timestamp_ms, self.offset_of_max_timestamp = last
+            self.first_batch_timestamp_ms = self._first_batch_timestamp()
+        for _, header in self.iter_batches(indexed_position, position):
+            self._note_timestamp(header)
+
+    def _first_batch_timestamp(self) -> int | None:
+        for _, header in self.iter_batches(0, min(self.size_bytes, 1)):
+            return header.max_timestamp
+        return None
+
+    def _bytes_after_last_entry(self, position: int) -> int:
+        _, indexed_position = self.offset_index.last_entry()
+        return position - indexed_position if self.offset_index.entries else position
+
+    def truncate_to(self, position: int) -> None:
+        """Drop everything from ``position`` (a batch boundary) on."""
+        self._drop_index_entries_from(position)
+        self.fs.truncate(self.fd, position)
+        self.size_bytes = position
+
+    # ---- deletion ------------------------------------------------------------------------
+
+    def file_paths(self) -> list[Path]:
+        return [self.log_path, self.offset_index.path, self.time_index.path]
+
+    def rename_to_deleted(self) -> list[Path]:
+        """Rename the three files to ``*.deleted``; open descriptors stay valid."""
+        renamed = []
+        for path in self.file_paths():
+            if self.fs.exists(path):
+                target = path.with_name(path.name + DELETED_SUFFIX)
+                self.fs.rename(path, target)
+                renamed.append(target)
+        return renamed
+
+    @property
+    def largest_timestamp_ms(self) -> int:
+        """Kafka's ``largestTimestamp``: the max batch timestamp, else last-modified time."""
+        return self.max_timestamp_ms if self.max_timestamp_ms >= 0 else self.last_modified_ms

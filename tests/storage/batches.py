@@ -1,0 +1,40 @@
+"""Test helper: build v2 record batches (uncompressed) without the protocol's record codec."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+
+
+def _varint(value: int) -> bytes:
+    zigzag = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while True:
+        byte = zigzag & 0x7F
+        zigzag >>= 7
+        if zigzag:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _record(offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes) -> bytes:
+    body = b"\x00" + _varint(timestamp_delta) + _varint(offset_delta)
+    body += _varint(-1) if key is None else _varint(len(key)) + key
+    body += _varint(len(value)) + value + _varint(0)
+    return _varint(len(body)) + body
+
+
+def build_batch(values: list[bytes], timestamp_ms: int = 1_700_000_000_000, producer_id: int = -1,
+                producer_epoch: int = -1, base_sequence: int = -1, timestamps: list[int] | None = None
+                ) -> bytearray:
+    """One v2 batch holding ``values`` as records (base offset 0, valid CRC)."""
+    stamps = timestamps or [timestamp_ms] * len(values)
+    records = b"".join(_record(i, stamps[i] - stamps[0], None, v) for i, v in enumerate(values))
+    after_crc = struct.pack(">hiqqqhii", 0, len(values) - 1, stamps[0], max(stamps), producer_id,
+                            producer_epoch, base_sequence, len(values)) + records
+    crc = crc32c.crc32c(after_crc)
+    body = struct.pack(">ibI", 0, 2, crc) + after_crc
+    return bytearray(struct.pack(">qi", 0, len(body)) + body)

@@ -1,0 +1,127 @@
+"""LogManager: topics, persistence across restarts, checkpoints, deletion, maintenance."""
+
+from __future__ import annotations
+
+import pytest
+
+from headrace.errors import (
+    InvalidConfig,
+    InvalidPartitions,
+    InvalidTopic,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+)
+from headrace.storage.checkpoint import read_checkpoint
+from headrace.storage.manager import CLEAN_SHUTDOWN_MARKER, LogManager
+
+from .batches import build_batch
+from .helpers import read_all
+
+
+def start(dirs, clock, **broker) -> LogManager:
+    manager = LogManager(dirs, {k.replace("_", "."): v for k, v in broker.items()}, clock)
+    manager.startup()
+    return manager
+
+
+def test_create_validate_and_reject_topics(scratch, clock):
+    manager = start([scratch / "a", scratch / "b"], clock)
+    info = manager.create_topic("orders", 3, {"retention.ms": "1000"})
+    assert info.partitions == 3 and info.config.retention_ms == 1000
+    assert {p.name for p in (scratch / "a").iterdir()} | {p.name for p in (scratch / "b").iterdir()} \
+        >= {"orders-0", "orders-1", "orders-2"}
+    with pytest.raises(TopicAlreadyExists):
+        manager.create_topic("orders", 1, {})
+    for bad in ["", ".", "..", "a" * 250, "bad name", "ümlaut"]:
+        with pytest.raises(InvalidTopic):
+            manager.create_topic(bad, 1, {})
+    manager.create_topic("x_y", 1, {})
+    with pytest.raises(InvalidTopic):
+        manager.create_topic("x.y", 1, {})
+    with pytest.raises(InvalidPartitions):
+        manager.create_topic("zero", 0, {})
+    with pytest.raises(InvalidConfig, match="retention.ms"):
+        manager.create_topic("cfg", 1, {"retention.ms": "-9"})
+    manager.create_topic("dry", 1, {}, validate_only=True)
+    with pytest.raises(UnknownTopicOrPartition):
+        manager.topic("dry")
+    with pytest.raises(UnknownTopicOrPartition):
+        manager.get_log("orders", 3)
+
+
+def test_topics_data_and_configs_survive_a_clean_restart(scratch, clock):
+    dirs = [scratch / "a", scratch / "b"]
+    manager = start(dirs, clock)
+    info = manager.create_topic("events", 2, {"segment.bytes": "500"})
+    for partition in range(2):
+        for _ in range(10):
+            manager.get_log("events", partition).append(build_batch([b"x" * 40]), clock.now_ms())
+    before = {p: read_all(manager.get_log("events", p)) for p in range(2)}
+    manager.alter_topic_config("events", {"segment.bytes": "700", "retention.bytes": "100000"})
+    manager.add_partitions("events", 3)
+    with pytest.raises(InvalidPartitions):
+        manager.add_partitions("events", 2)
+    manager.shutdown()
+    assert all((d / CLEAN_SHUTDOWN_MARKER).exists() for d in dirs)
+    checkpoints = {}
+    for log_dir in dirs:
+        checkpoints.update(read_checkpoint(manager.fs, log_dir / "recovery-point-offset-checkpoint"))
+    assert checkpoints[("events", 0)] == 10 and checkpoints[("events", 2)] == 0
+
+    manager = start(dirs, clock)
+    assert not any((d / CLEAN_SHUTDOWN_MARKER).exists() for d in dirs)
+    reloaded = manager.topic("events")
+    assert reloaded.topic_id == info.topic_id and reloaded.partitions == 3
+    assert reloaded.config.segment_bytes == 700 and reloaded.overrides["retention.bytes"] == "100000"
+    assert {p: read_all(manager.get_log("events", p)) for p in range(2)} == before
+    manager.shutdown()
+
+
+def test_unclean_restart_recovers_from_the_checkpointed_recovery_point(scratch, clock):
+    manager = start([scratch], clock)
+    manager.create_topic("t", 1, {"flush.messages": "1"})
+    log = manager.get_log("t", 0)
+    for _ in range(5):
+        log.append(build_batch([b"v"]), clock.now_ms())
+    manager.maintenance(clock.now_ms())
+    expected = read_all(log)
+    restarted = start([scratch], clock)  # no shutdown: no marker, checkpoints from maintenance
+    assert read_all(restarted.get_log("t", 0)) == expected
+    restarted.shutdown()
+
+
+def test_delete_topic_renames_then_removes_after_the_delay(scratch, clock):
+    manager = start([scratch], clock, log_segment_delete_delay_ms="1000")
+    manager.create_topic("gone", 2, {})
+    log = manager.get_log("gone", 0)
+    log.append(build_batch([b"v"]), clock.now_ms())
+    held = log.read(0, 100)
+    manager.delete_topic("gone")
+    with pytest.raises(UnknownTopicOrPartition):
+        manager.delete_topic("gone")
+    pending = [p.name for p in scratch.iterdir() if p.name.endswith("-delete")]
+    assert len(pending) == 2 and all(name.startswith("gone-") for name in pending)
+    assert held.slices[0].read_bytes()[12:] == bytes(build_batch([b"v"]))[12:]
+    manager.maintenance(clock.now_ms() + 999)
+    assert len([p for p in scratch.iterdir() if p.name.endswith("-delete")]) == 2
+    manager.maintenance(clock.now_ms() + 1000)
+    assert not [p for p in scratch.iterdir() if p.name.endswith("-delete")]
+    manager.create_topic("gone", 1, {})
+    assert manager.get_log("gone", 0).log_end_offset == 0
+
+
+def test_maintenance_applies_retention_and_broker_defaults_live(scratch, clock):
+    manager = start([scratch], clock, log_segment_bytes="300")
+    manager.create_topic("r", 1, {})
+    log = manager.get_log("r", 0)
+    for _ in range(10):
+        log.append(build_batch([b"x" * 60]), clock.now_ms())
+    segments = len(log.segments)
+    assert segments > 3
+    manager.maintenance(clock.now_ms())
+    assert len(log.segments) == segments
+    manager.set_broker_defaults({"log.segment.bytes": "300", "log.retention.bytes": "1"})
+    manager.maintenance(clock.now_ms())
+    assert len(log.segments) == 1 and log.log_start_offset == log.segments[0].base_offset
+    starts = read_checkpoint(manager.fs, scratch / "log-start-offset-checkpoint")
+    assert starts[("r", 0)] == log.log_start_offset
