@@ -45,6 +45,7 @@ from kio.serial._introspect import (
     is_optional,
 )
 from kio.serial._parse import get_field_reader
+from kio.serial.errors import DecodeError
 from kio.static.constants import EntityType
 
 from headrace.errors import InvalidRequest, UnsupportedVersion
@@ -182,7 +183,7 @@ def read_entity(entity_class: type, buf: bytes, position: int) -> tuple[Any, int
         return _native_reader(entity_class)(buf, position)
     except KeyError:
         return _tolerant_read(entity_class, buf, position)
-    except (ValueError, IndexError, UnicodeDecodeError, struct.error) as error:
+    except (ValueError, IndexError, UnicodeDecodeError, struct.error, DecodeError) as error:
         raise MalformedFrame(f"cannot decode {entity_class.__name__}: {error}") from error
 
 
@@ -194,7 +195,8 @@ def _native_reader(entity_class: type):
 def _tolerant_read(entity_class: type, buf: bytes, start: int) -> tuple[Any, int]:
     try:
         entity, end = _read_fields(entity_class, buf, start)
-    except (KeyError, ValueError, IndexError, UnicodeDecodeError, struct.error) as error:
+    except (KeyError, ValueError, IndexError, UnicodeDecodeError, struct.error,
+            DecodeError) as error:
         raise MalformedFrame(f"cannot decode {entity_class.__name__}: {error}") from error
     return entity, end - start
 

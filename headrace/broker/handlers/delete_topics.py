@@ -1,0 +1,90 @@
+"""DeleteTopics (api key 20): delete topics by name (v1+) or by topic id (v6+).
+
+As Kafka's controller (ControllerApis.deleteTopics): a name or id given twice is
+INVALID_REQUEST ("Duplicate topic name." / "Duplicate topic id."); in v6 a state with neither
+or both of name and id is INVALID_REQUEST; an unknown name is UNKNOWN_TOPIC_OR_PARTITION and
+an unknown id UNKNOWN_TOPIC_ID. The answer names the topic and, in v6, its id, whichever one
+the client sent. Deletion itself is the log manager's (renamed away, removed later).
+Runs on the event loop thread; deletes run on the broker's append thread.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from headrace.errors import InvalidRequest, KafkaError, UnknownTopicId, UnknownTopicOrPartition
+
+API_KEY = 20
+MIN_VERSION = 1
+MAX_VERSION = 6
+
+ZERO_UUID = uuid.UUID(int=0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One topic to delete as the client named it (by name, or by id when name is None)."""
+
+    name: str | None
+    topic_id: uuid.UUID | None
+
+
+def _targets(request: Any) -> list[_Target]:
+    if hasattr(request, "topic_names"):
+        return [_Target(name, None) for name in request.topic_names]
+    return [_Target(state.name, state.topic_id) for state in request.topics]
+
+
+def _target_error(target: _Target, counts: Counter) -> KafkaError | None:
+    has_id = target.topic_id is not None and target.topic_id != ZERO_UUID
+    if has_id and target.name is not None:
+        return InvalidRequest("You may not specify both topic name and topic id.")
+    if not has_id and target.name is None:
+        return InvalidRequest("Neither topic name nor id were specified.")
+    if counts[_key(target)] > 1:
+        return InvalidRequest("Duplicate topic id." if has_id else "Duplicate topic name.")
+    return None
+
+
+async def _delete(broker: Any, target: _Target) -> dict[str, Any]:
+    topics = broker.log_manager.topics()
+    if target.name is None:
+        name = next((n for n, info in topics.items() if info.topic_id == target.topic_id), None)
+        if name is None:
+            raise UnknownTopicId(f"Topic id {target.topic_id} does not exist.")
+    else:
+        name = target.name
+        if name not in topics:
+            raise UnknownTopicOrPartition(f"The topic '{name}' does not exist.")
+    topic_id = topics[name].topic_id
+    await broker.run_append(broker.log_manager.delete_topic, name)
+    return {"name": name, "topic_id": topic_id, "error_code": 0, "error_message": None}
+
+
+def _key(target: _Target) -> tuple[str | None, uuid.UUID | None]:
+    has_id = target.topic_id is not None and target.topic_id != ZERO_UUID
+    return (target.name, target.topic_id if has_id else None)
+
+
+async def handle(ctx, request):
+    targets = _targets(request)
+    counts = Counter(_key(target) for target in targets)
+    responses = []
+    answered: set[tuple[str | None, uuid.UUID | None]] = set()
+    for target in targets:
+        if _key(target) in answered:
+            continue
+        answered.add(_key(target))
+        error = _target_error(target, counts)
+        if error is None:
+            try:
+                responses.append(await _delete(ctx.broker, target))
+                continue
+            except KafkaError as raised:
+                error = raised
+        responses.append({"name": target.name, "topic_id": target.topic_id or ZERO_UUID,
+                          "error_code": error.code, "error_message": error.message})
+    return ctx.respond({"throttle_time": 0, "responses": responses})

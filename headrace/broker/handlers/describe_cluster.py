@@ -1,0 +1,62 @@
+"""DescribeCluster (api key 60): the cluster id, the controller and the brokers.
+
+headrace is a single node that is its own controller: the answer lists this broker (node id,
+advertised host and port, ``broker.rack`` if set) and names it as controller. v1+ asks for an
+endpoint type: brokers (1) is answered; controllers (2) is MISMATCHED_ENDPOINT_TYPE (this is a
+broker endpoint) and anything else UNSUPPORTED_ENDPOINT_TYPE, as Kafka's brokers do. Cluster
+authorized operations, when asked for, are every operation on the cluster resource (no
+authorizer). Stateless; runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+API_KEY = 60
+MIN_VERSION = 0
+MAX_VERSION = 2
+
+BROKER_ENDPOINT_TYPE = 1
+CONTROLLER_ENDPOINT_TYPE = 2
+UNSUPPORTED_ENDPOINT_TYPE = 111
+MISMATCHED_ENDPOINT_TYPE = 114
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+# AclOperation codes Kafka supports on the CLUSTER resource: CREATE, ALTER, DESCRIBE,
+# CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE.
+CLUSTER_OPERATIONS = (5, 7, 8, 9, 10, 11, 12)
+
+
+def _endpoint_error(endpoint_type: int) -> tuple[int, str | None]:
+    if endpoint_type == BROKER_ENDPOINT_TYPE:
+        return 0, None
+    if endpoint_type == CONTROLLER_ENDPOINT_TYPE:
+        return MISMATCHED_ENDPOINT_TYPE, (
+            "The request was sent to an endpoint of type BROKER, but we wanted an endpoint of "
+            "type CONTROLLER"
+        )
+    return UNSUPPORTED_ENDPOINT_TYPE, f"Unsupported endpoint type {endpoint_type}"
+
+
+def _this_broker(broker: Any) -> dict[str, Any]:
+    rack = broker.config.properties().get("broker.rack") or None
+    return {"broker_id": broker.node_id, "host": broker.advertised_host,
+            "port": broker.advertised_port, "rack": rack, "is_fenced": False}
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+    endpoint_type = getattr(request, "endpoint_type", BROKER_ENDPOINT_TYPE)
+    error_code, error_message = _endpoint_error(endpoint_type)
+    operations = AUTHORIZED_OPERATIONS_OMITTED
+    if request.include_cluster_authorized_operations:
+        operations = sum(1 << operation for operation in CLUSTER_OPERATIONS)
+    return ctx.respond({
+        "throttle_time": 0,
+        "error_code": error_code,
+        "error_message": error_message,
+        "endpoint_type": endpoint_type,
+        "cluster_id": broker.cluster_id,
+        "controller_id": broker.node_id if error_code == 0 else -1,
+        "brokers": [_this_broker(broker)] if error_code == 0 else [],
+        "cluster_authorized_operations": operations,
+    })

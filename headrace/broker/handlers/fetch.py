@@ -1,0 +1,153 @@
+"""Fetch (key 1), versions 4-16: read records, long-polling until min_bytes or max_wait.
+
+Limits: each partition returns at most ``partition_max_bytes`` and the response at most
+``max_bytes``, except that the first partition with data returns at least one whole batch
+(KIP-74) so a consumer always progresses. Every partition carries the high watermark, the
+last stable offset (= high watermark: no transactions) and the log start offset; errors are
+per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID for v13+
+requests by topic id). read_committed is accepted and behaves as read_uncommitted.
+
+Long poll: when the first read has fewer than ``min_bytes``, the request registers an
+``asyncio.Event`` with the broker's AppendHub for its partitions (appends wake it through
+``loop.call_soon_threadsafe``), re-reads, and waits until enough data or ``max_wait_ms``.
+
+Fetch sessions (KIP-227) are not kept: every response has session_id 0, which tells clients
+to send full fetch requests; a request naming a session id gets FETCH_SESSION_ID_NOT_FOUND.
+Responses are ``RawResponse``s from fetch_response.py: record bytes go out by sendfile.
+Event loop thread; ``Log.read`` is lock-free and safe concurrently with appends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from headrace.broker.context import RawResponse
+from headrace.broker.fetch_response import (
+    FIRST_TOPIC_ID_VERSION,
+    PartitionData,
+    TopicData,
+    encode_fetch_body,
+)
+from headrace.errors import FetchSessionIdNotFound, KafkaError, UnknownTopicId
+from headrace.protocol import wire
+
+API_KEY = 1
+MIN_VERSION = 4
+MAX_VERSION = 16
+
+NO_SESSION_ID = 0
+
+
+class _FetchPlan:
+    """The partitions of one request, resolved to logs, and how to read them."""
+
+    def __init__(self, ctx, request) -> None:
+        manager = ctx.broker.log_manager
+        self.version = ctx.api_version
+        self.max_bytes = request.max_bytes
+        by_id = None
+        if self.version >= FIRST_TOPIC_ID_VERSION:
+            by_id = {info.topic_id: info.name for info in manager.topics().values()}
+        self.topics: list[tuple[str | None, uuid.UUID, list]] = []
+        self.logs: list = []
+        for topic in request.topics:
+            if by_id is not None:
+                topic_id = topic.topic_id
+                name = by_id.get(topic_id)
+            else:
+                topic_id, name = uuid.UUID(int=0), topic.topic
+            entries = []
+            for partition in topic.partitions:
+                log = None
+                error: KafkaError | None = None
+                if name is None:
+                    error = UnknownTopicId(f"unknown topic id {topic_id}")
+                else:
+                    try:
+                        log = manager.get_log(name, partition.partition)
+                    except KafkaError as caught:
+                        error = caught
+                if log is not None:
+                    self.logs.append(log)
+                entries.append((partition, log, error))
+            self.topics.append((name, topic_id, entries))
+
+    def read(self) -> tuple[list[TopicData], int, bool]:
+        """(topics, record bytes found, whether any partition has an error)."""
+        remaining_bytes = self.max_bytes
+        total_bytes = 0
+        any_error = False
+        topics = []
+        for name, topic_id, entries in self.topics:
+            answer = TopicData(name, topic_id)
+            for partition, log, error in entries:
+                data = _read_partition(
+                    partition, log, error, remaining_bytes, first_data=total_bytes == 0
+                )
+                any_error = any_error or data.error_code != 0
+                total_bytes += data.size_bytes
+                remaining_bytes -= data.size_bytes
+                answer.partitions.append(data)
+            topics.append(answer)
+        return topics, total_bytes, any_error
+
+
+def _read_partition(partition, log, error, remaining_bytes: int, first_data: bool) -> PartitionData:
+    index = partition.partition
+    if log is None:
+        return PartitionData(index, error_code=error.code)
+    data = PartitionData(index)
+    try:
+        limit_bytes = min(partition.partition_max_bytes, max(remaining_bytes, 0))
+        if limit_bytes > 0 or first_data:
+            result = log.read(partition.fetch_offset, limit_bytes, min_one_batch=first_data)
+            data.slices, data.size_bytes = result.slices, result.size_bytes
+            data.high_watermark = result.high_watermark
+            data.last_stable_offset = result.high_watermark
+            data.log_start_offset = result.log_start_offset
+            return data
+    except KafkaError as caught:
+        data.error_code = caught.code
+    data.high_watermark = data.last_stable_offset = log.high_watermark
+    data.log_start_offset = log.log_start_offset
+    return data
+
+
+async def _long_poll(ctx, plan: _FetchPlan, min_bytes: int, max_wait_ms: int):
+    hub = ctx.broker.appended
+    keys = [(log.topic, log.partition) for log in plan.logs]
+    for log in plan.logs:
+        hub.watch(log)
+    event = asyncio.Event()
+    hub.register(keys, event)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max_wait_ms / 1000
+    try:
+        while True:
+            event.clear()
+            topics, total_bytes, any_error = plan.read()
+            remaining_s = deadline - loop.time()
+            if total_bytes >= min_bytes or any_error or remaining_s <= 0:
+                return topics
+            try:
+                await asyncio.wait_for(event.wait(), remaining_s)
+            except TimeoutError:
+                return plan.read()[0]
+    finally:
+        hub.unregister(keys, event)
+
+
+async def handle(ctx, request):
+    version = ctx.api_version
+    if version >= 7 and request.session_id != NO_SESSION_ID:
+        parts, size = encode_fetch_body(version, FetchSessionIdNotFound.code, NO_SESSION_ID, [])
+        return RawResponse(tuple(parts), size)
+    plan = _FetchPlan(ctx, request)
+    topics, total_bytes, any_error = plan.read()
+    max_wait_ms = wire.milliseconds(request.max_wait)
+    min_bytes = request.min_bytes
+    if total_bytes < min_bytes and not any_error and max_wait_ms > 0 and plan.logs:
+        topics = await _long_poll(ctx, plan, min_bytes, max_wait_ms)
+    parts, size = encode_fetch_body(version, 0, NO_SESSION_ID, topics)
+    return RawResponse(tuple(parts), size)

@@ -1,0 +1,123 @@
+"""Metadata (key 3), versions 0-13: brokers, cluster id, controller, topics and partitions.
+
+A single node leads every partition (leader = replicas = isr = this node, leader epoch 0).
+Unknown topics are created with ``num.partitions`` when ``auto.create.topics.enable`` and the
+request (v4+) allow it, answered at once with the new topic; otherwise
+UNKNOWN_TOPIC_OR_PARTITION (UNKNOWN_TOPIC_ID for an unknown id, v10+). Names breaking Kafka's
+rules get INVALID_TOPIC_EXCEPTION. A null topic list (or an empty one at v0) means all topics.
+Event loop thread; topic creation runs on the append thread.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from headrace.errors import (
+    InvalidTopic,
+    KafkaError,
+    TopicAlreadyExists,
+    UnknownTopicId,
+    UnknownTopicOrPartition,
+)
+
+API_KEY = 3
+MIN_VERSION = 0
+MAX_VERSION = 13
+
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+MAX_TOPIC_NAME_CHARS = 249
+_LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+_ZERO_UUID = uuid.UUID(int=0)
+
+
+def topic_name_is_legal(name: str) -> bool:
+    return (
+        0 < len(name) <= MAX_TOPIC_NAME_CHARS
+        and name not in (".", "..")
+        and _LEGAL_TOPIC_NAME.match(name) is not None
+    )
+
+
+def topic_metadata(broker, info) -> dict:
+    node_id = broker.node_id
+    return {
+        "error_code": 0,
+        "name": info.name,
+        "topic_id": info.topic_id,
+        "is_internal": info.name.startswith("__"),
+        "partitions": [
+            {
+                "error_code": 0, "partition_index": index, "leader_id": node_id,
+                "leader_epoch": 0, "replica_nodes": [node_id], "isr_nodes": [node_id],
+                "offline_replicas": [],
+            }
+            for index in range(info.partitions)
+        ],
+        "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+def _error_topic(code: int, name: str | None, topic_id: uuid.UUID | None = None) -> dict:
+    return {"error_code": code, "name": name, "topic_id": topic_id or _ZERO_UUID,
+            "partitions": [], "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED}
+
+
+async def _lookup_or_create(ctx, name: str, may_create: bool) -> dict:
+    broker = ctx.broker
+    manager = broker.log_manager
+    try:
+        return topic_metadata(broker, manager.topic(name))
+    except UnknownTopicOrPartition:
+        pass
+    if not topic_name_is_legal(name):
+        return _error_topic(InvalidTopic.code, name)
+    if not may_create:
+        return _error_topic(UnknownTopicOrPartition.code, name)
+    partitions = broker.config.get_int("num.partitions")
+    try:
+        info = await broker.run_append(manager.create_topic, name, partitions, {})
+    except TopicAlreadyExists:
+        info = manager.topic(name)
+    except KafkaError as error:
+        return _error_topic(error.code, name)
+    return topic_metadata(broker, info)
+
+
+async def _requested_topics(ctx, request) -> list[dict]:
+    broker = ctx.broker
+    manager = broker.log_manager
+    if request.topics is None or (ctx.api_version == 0 and not request.topics):
+        return [topic_metadata(broker, info) for info in manager.topics().values()]
+    may_create = broker.config.get_bool("auto.create.topics.enable") and getattr(
+        request, "allow_auto_topic_creation", True
+    )
+    by_id = None
+    answers = []
+    for requested in request.topics:
+        name = requested.name
+        if name is None:
+            topic_id = getattr(requested, "topic_id", _ZERO_UUID)
+            if by_id is None:
+                by_id = {info.topic_id: info for info in manager.topics().values()}
+            info = by_id.get(topic_id)
+            answers.append(topic_metadata(broker, info) if info is not None
+                           else _error_topic(UnknownTopicId.code, None, topic_id))
+            continue
+        answers.append(await _lookup_or_create(ctx, name, may_create))
+    return answers
+
+
+async def handle(ctx, request):
+    broker = ctx.broker
+    topics = await _requested_topics(ctx, request)
+    return ctx.respond({
+        "throttle_time": 0,
+        "brokers": [{"node_id": broker.node_id, "host": broker.advertised_host,
+                     "port": broker.advertised_port, "rack": None}],
+        "cluster_id": broker.cluster_id,
+        "controller_id": broker.node_id,
+        "topics": topics,
+        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        "error_code": 0,
+    })

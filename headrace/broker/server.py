@@ -1,0 +1,162 @@
+"""The broker process: start-up, the listening socket, background maintenance, clean shutdown.
+
+Owns ``Broker`` (composition root: config -> LogManager -> BrokerState -> asyncio server) and
+``run_broker`` (the blocking entry point used by ``headrace broker``).
+
+Event loop: the default asyncio selector loop with ``asyncio.Protocol`` connections. Its
+``loop.sendfile`` is native zero-copy ``os.sendfile``; uvloop's raises NotImplementedError
+and falls back to reading through Python (see bench/broker_loop.py for the measurement).
+
+Start-up: load every log (recovering after an unclean shutdown), bind, then log the time
+from process start to serving. Maintenance (``LogManager.maintenance(now_ms)``: time-based
+flush, rolls, retention, checkpoints) runs every ``MAINTENANCE_INTERVAL_MS`` on the append
+thread, so it never runs concurrently with an append. Idle connections are closed after
+``connections.max.idle.ms``. SIGTERM/SIGINT: stop accepting, let in-flight requests finish
+(up to ``SHUTDOWN_GRACE_MS``), close connections, then ``LogManager.shutdown()``.
+
+Everything runs on one event-loop thread, plus the single append thread of BrokerState.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from pathlib import Path
+
+from headrace.broker.config import BrokerConfig
+from headrace.broker.connection import KafkaConnection
+from headrace.broker.group_service import GroupService
+from headrace.broker.state import (
+    AppendHub,
+    BrokerState,
+    ProducerIdAllocator,
+    load_or_create_cluster_id,
+)
+from headrace.storage.clock import SystemClock
+from headrace.storage.manager import LogManager
+
+log = logging.getLogger(__name__)
+
+MAINTENANCE_INTERVAL_MS = 1000
+SHUTDOWN_GRACE_MS = 5000
+LISTEN_BACKLOG = 1024
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, clock=None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.connections: set[KafkaConnection] = set()
+        self.state: BrokerState | None = None
+        self._server: asyncio.Server | None = None
+        self._timers: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        config = self.config
+        log_dirs = config.log_dirs
+        for log_dir in log_dirs:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        log_manager = LogManager(log_dirs, config.properties(), self.clock)
+        log_manager.startup()
+        config.add_change_listener(log_manager.set_broker_defaults)
+        host, port = config.listener
+        advertised_host, advertised_port = config.advertised_listener
+        self.state = BrokerState(
+            config=config,
+            log_manager=log_manager,
+            clock=self.clock,
+            node_id=config.node_id,
+            cluster_id=load_or_create_cluster_id(log_dirs[0], config.node_id),
+            advertised_host=advertised_host,
+            advertised_port=advertised_port,
+            producer_ids=ProducerIdAllocator(log_dirs[0]),
+            appended=AppendHub(asyncio.get_running_loop()),
+        )
+        self.state.groups = GroupService(self.state)
+        await self.state.groups.start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: KafkaConnection(self.state, self.connections),
+            host,
+            port,
+            reuse_address=True,
+            backlog=LISTEN_BACKLOG,
+        )
+        bound_port = self._server.sockets[0].getsockname()[1]
+        if advertised_port == 0:
+            self.state.advertised_port = bound_port
+        self.port = bound_port
+        self._timers = [
+            loop.create_task(self._maintenance_loop()),
+            loop.create_task(self._idle_reaper_loop()),
+        ]
+
+    async def _maintenance_loop(self) -> None:
+        state = self.state
+        while True:
+            await asyncio.sleep(MAINTENANCE_INTERVAL_MS / 1000)
+            try:
+                await state.run_append(state.log_manager.maintenance, self.clock.now_ms())
+            except Exception:
+                log.exception("log maintenance failed")
+
+    async def _idle_reaper_loop(self) -> None:
+        idle_limit_s = self.config.get_int("connections.max.idle.ms") / 1000
+        check_every_s = max(min(idle_limit_s / 10, 30.0), 0.05)
+        while True:
+            await asyncio.sleep(check_every_s)
+            now = time.monotonic()
+            for connection in list(self.connections):
+                if not connection.busy and now - connection.last_active_monotonic_s > idle_limit_s:
+                    connection.abort(f"idle for more than {idle_limit_s * 1000:.0f} ms")
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, close connections, shut the logs."""
+        if self._server is not None:
+            self._server.close()
+        for timer in self._timers:
+            timer.cancel()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_MS / 1000
+        while any(c.busy for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for connection in list(self.connections):
+            connection.closing = True
+            connection.transport.close()
+        state = self.state
+        if state is not None:
+            if state.groups is not None:
+                await state.groups.stop()
+            await asyncio.get_running_loop().run_in_executor(
+                state.append_executor, state.log_manager.shutdown
+            )
+            state.append_executor.shutdown(wait=True)
+
+
+async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:
+    broker = Broker(config)
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, stop_requested.set)
+    await broker.start()
+    startup_ms = (time.monotonic() - process_start_monotonic_s) * 1000
+    host, _ = config.listener
+    log.info(
+        "headrace broker %d serving on %s:%d (data in %s), started in %.0f ms",
+        broker.state.node_id, host, broker.port,
+        ",".join(str(d) for d in config.log_dirs), startup_ms,
+    )
+    await stop_requested.wait()
+    log.info("shutting down")
+    await broker.stop()
+    log.info("shut down cleanly")
+
+
+def run_broker(
+    properties_file: Path | None, overrides: list[str], process_start_monotonic_s: float
+) -> None:
+    """Blocking: run a broker until SIGTERM/SIGINT."""
+    config = BrokerConfig.load(properties_file, overrides=overrides)
+    asyncio.run(serve(config, process_start_monotonic_s))

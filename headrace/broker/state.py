@@ -1,0 +1,161 @@
+"""The broker's shared state, handed to every request handler as ``ctx.broker``.
+
+Owns ``BrokerState`` (config, log manager, clock, identity, producer id allocator, append
+notification hub, the append thread), ``ProducerIdAllocator`` and ``AppendHub``.
+
+Files, in the first log directory (Java properties text):
+
+* ``meta.properties`` -- ``version=1``, ``cluster.id`` (22-char URL-safe base64 of a UUID,
+  as Kafka's ``kafka-storage random-uuid``), ``node.id``; written once, read at start.
+* ``producer-ids.properties`` -- ``next.block.start``: the first producer id not yet handed
+  out in a persisted block. Ids are allocated in blocks of ``PRODUCER_ID_BLOCK_SIZE``; the
+  block end is fsynced before any id of it is used, so ids are never reused after a crash.
+
+Thread-safety: handlers run on the event loop thread. ``AppendHub.notify`` may be called from
+any thread (log append listeners) and hops to the loop with ``call_soon_threadsafe``.
+``ProducerIdAllocator`` takes a lock. Appends run on ``append_executor``, a single thread,
+because ``Log.append`` may fsync; reads are thread-safe and run on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headrace.broker.config import BrokerConfig
+from headrace.storage.config import format_properties_text, parse_properties_text
+
+META_PROPERTIES_FILE = "meta.properties"
+PRODUCER_IDS_FILE = "producer-ids.properties"
+PRODUCER_ID_BLOCK_SIZE = 1000
+
+
+def _write_properties_durably(path: Path, properties: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w") as file:
+        file.write(format_properties_text(properties))
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def random_cluster_id() -> str:
+    """Kafka's cluster id format: a UUID as 22 characters of URL-safe base64."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def load_or_create_cluster_id(log_dir: Path, node_id: int) -> str:
+    """The cluster id in ``meta.properties``, creating the file on first start."""
+    path = log_dir / META_PROPERTIES_FILE
+    if path.exists():
+        cluster_id = parse_properties_text(path.read_text()).get("cluster.id")
+        if cluster_id:
+            return cluster_id
+    cluster_id = random_cluster_id()
+    _write_properties_durably(
+        path, {"version": "1", "cluster.id": cluster_id, "node.id": str(node_id)}
+    )
+    return cluster_id
+
+
+class ProducerIdAllocator:
+    """Hands out producer ids that are never reused, across restarts and crashes."""
+
+    def __init__(self, log_dir: Path, block_size: int = PRODUCER_ID_BLOCK_SIZE) -> None:
+        self._path = log_dir / PRODUCER_IDS_FILE
+        self._block_size = block_size
+        self._lock = threading.Lock()
+        start = 0
+        if self._path.exists():
+            start = int(parse_properties_text(self._path.read_text()).get("next.block.start", 0))
+        self._next_id = start
+        self._block_end = start
+
+    def next_id(self) -> int:
+        with self._lock:
+            if self._next_id >= self._block_end:
+                self._block_end = self._next_id + self._block_size
+                _write_properties_durably(self._path, {"next.block.start": str(self._block_end)})
+            producer_id = self._next_id
+            self._next_id += 1
+            return producer_id
+
+
+class AppendHub:
+    """Wakes fetch long-polls when a partition they wait on gets new records.
+
+    A waiter is an ``asyncio.Event`` registered for a set of (topic, partition) keys; each
+    ``Log`` gets one append listener (hooked lazily by ``watch``) that calls ``notify`` from
+    the appending thread.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiters: dict[tuple[str, int], set[asyncio.Event]] = {}
+        self._hooked_logs: dict[tuple[str, int], Any] = {}
+
+    def watch(self, log: Any) -> None:
+        """Make sure appends to ``log`` are notified (idempotent; survives log re-creation)."""
+        key = (log.topic, log.partition)
+        if self._hooked_logs.get(key) is log:
+            return
+        self._hooked_logs[key] = log
+        log.add_append_listener(lambda _log_end_offset: self.notify(key))
+
+    def register(self, keys: list[tuple[str, int]], event: asyncio.Event) -> None:
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(event)
+
+    def unregister(self, keys: list[tuple[str, int]], event: asyncio.Event) -> None:
+        for key in keys:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[key]
+
+    def notify(self, key: tuple[str, int]) -> None:
+        """Thread-safe: schedule waking every waiter of ``key`` on the event loop."""
+        try:
+            self._loop.call_soon_threadsafe(self._wake, key)
+        except RuntimeError:  # the loop is closed: the broker is shutting down
+            pass
+
+    def _wake(self, key: tuple[str, int]) -> None:
+        for event in self._waiters.get(key, ()):
+            event.set()
+
+
+@dataclass
+class BrokerState:
+    config: BrokerConfig
+    log_manager: Any  # headrace.storage.manager.LogManager
+    clock: Any  # headrace.storage.clock.Clock
+    node_id: int
+    cluster_id: str
+    advertised_host: str
+    advertised_port: int
+    producer_ids: ProducerIdAllocator
+    appended: AppendHub
+    groups: Any = None  # headrace.broker.group_service.GroupService, set by the server
+    append_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="headrace-append")
+    )
+
+    async def run_append(self, function, *args):
+        """Run a log-mutating call (append, create, delete...) on the single append thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.append_executor, function, *args)

@@ -1,0 +1,69 @@
+"""The ``headrace`` command line (typer). This module owns ``headrace broker``.
+
+``headrace broker [--config server.properties] [--override key=value ...]`` runs a
+single-node broker in the foreground until SIGTERM/SIGINT. A bad configuration is reported
+in one line with exit status 2. Stateless; runs on the main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from headrace.errors import KafkaError
+
+PROCESS_START_MONOTONIC_S = time.monotonic()
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="headrace: a Kafka-compatible log")
+
+
+@app.callback()
+def _root() -> None:
+    """headrace: a Kafka-compatible streaming log."""
+
+
+@app.command()
+def broker(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="server.properties file", exists=True)
+    ] = None,
+    override: Annotated[
+        list[str] | None, typer.Option("--override", help="key=value, wins over the file")
+    ] = None,
+) -> None:
+    """Run a single-node broker (default 127.0.0.1:9092, data under ./data)."""
+    from headrace.broker.server import run_broker
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        run_broker(config, list(override or []), PROCESS_START_MONOTONIC_S)
+    except (KafkaError, OSError) as error:
+        typer.echo(f"headrace broker: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _register_client_commands() -> None:
+    """The client commands (topics, produce, consume, ...) live in their own modules."""
+    from headrace.cli import client_commands, groups
+
+    client_commands.register(app)
+    app.add_typer(groups.app, name="groups")
+
+
+_register_client_commands()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

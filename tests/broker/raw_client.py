@@ -1,0 +1,57 @@
+"""A minimal blocking Kafka wire client for broker tests: one socket, requests built from
+plain values with ``wire.build``, responses decoded with ``wire.decode_response``."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from headrace.protocol import wire
+
+SOCKET_TIMEOUT_S = 30.0
+
+
+class RawClient:
+    def __init__(self, bootstrap: str) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S)
+        self.correlation_id = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def receive_frame(self) -> bytes:
+        (size,) = struct.unpack(">i", self._receive_exactly(4))
+        return self._receive_exactly(size)
+
+    def _receive_exactly(self, count: int) -> bytes:
+        chunks = bytearray()
+        while len(chunks) < count:
+            chunk = self.sock.recv(count - len(chunks))
+            if not chunk:
+                raise ConnectionError("broker closed the connection")
+            chunks += chunk
+        return bytes(chunks)
+
+    def send(self, api_key: int, api_version: int, values: dict) -> int:
+        self.correlation_id += 1
+        body = wire.build(wire.request_class(api_key, api_version), values)
+        self.send_bytes(
+            wire.encode_request(api_key, api_version, self.correlation_id, "raw-test", body)
+        )
+        return self.correlation_id
+
+    def request(self, api_key: int, api_version: int, values: dict):
+        correlation_id = self.send(api_key, api_version, values)
+        received_id, body = wire.decode_response(api_key, api_version, self.receive_frame())
+        assert received_id == correlation_id
+        return body

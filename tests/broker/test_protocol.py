@@ -1,0 +1,226 @@
+"""The broker over raw Kafka wire requests: version negotiation, error codes, idempotent
+retries, fetch limits and long polls, and a fuzz of malformed frames (a real subprocess)."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from headrace.protocol import records as record_codec
+from headrace.protocol import wire
+from tests.broker.raw_client import RawClient
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
+
+
+def _create(client: RawClient, topic: str) -> uuid.UUID:
+    body = client.request(METADATA, 12, {"topics": [{"name": topic}],
+                                         "allow_auto_topic_creation": True})
+    assert body.topics[0].error_code == 0, body
+    return body.topics[0].topic_id
+
+
+def _produce(client: RawClient, topic: str, batch: bytes, acks: int = -1, partition: int = 0):
+    body = client.request(PRODUCE, 9, {
+        "acks": acks, "timeout": 30000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": partition,
+                                                           "records": batch}]}],
+    })
+    return body.responses[0].partition_responses[0]
+
+
+def _fetch(client: RawClient, topic: str, offset: int, *, version: int = 11,
+           max_wait_ms: int = 0, min_bytes: int = 1, max_bytes: int = 50_000_000,
+           partition_max_bytes: int = 10_000_000, topic_id: uuid.UUID | None = None):
+    topic_entry = {"topic": topic, "topic_id": topic_id,
+                   "partitions": [{"partition": 0, "fetch_offset": offset,
+                                   "partition_max_bytes": partition_max_bytes,
+                                   "current_leader_epoch": -1, "last_fetched_epoch": -1,
+                                   "log_start_offset": -1}]}
+    body = client.request(FETCH, version, {
+        "replica_id": -1, "max_wait": max_wait_ms, "min_bytes": min_bytes,
+        "max_bytes": max_bytes, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+        "topics": [topic_entry], "forgotten_topics_data": [], "rack_id": "",
+    })
+    return body.responses[0].partitions[0]
+
+
+def _batch(values: list[bytes], **kwargs) -> bytes:
+    now = int(time.time() * 1000)
+    return record_codec.build_batch([(b"k", v, [], now) for v in values], **kwargs)
+
+
+def test_api_versions_lists_the_handler_table(broker):
+    with RawClient(broker.bootstrap) as client:
+        body = client.request(API_VERSIONS, 3, {"client_software_name": "t",
+                                                "client_software_version": "1"})
+    assert body.error_code == 0
+    ranges = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+    assert ranges[API_VERSIONS] == (0, 4)
+    assert ranges[PRODUCE][1] >= 9 and ranges[FETCH][1] >= 12 and ranges[METADATA][1] >= 12
+
+
+def test_unsupported_api_versions_version_gets_v0_error_and_ranges(broker):
+    with RawClient(broker.bootstrap) as client:
+        header = struct.pack(">hhih", API_VERSIONS, 99, 7, 1) + b"x"
+        client.send_bytes(struct.pack(">i", len(header)) + header)
+        frame = client.receive_frame()
+    correlation_id, error_code, count = struct.unpack_from(">ihi", frame)
+    assert (correlation_id, error_code) == (7, 35)
+    keys = {struct.unpack_from(">h", frame, 10 + 6 * i)[0] for i in range(count)}
+    assert {PRODUCE, FETCH, METADATA, API_VERSIONS} <= keys
+
+
+def test_unsupported_version_closes_only_that_connection(broker):
+    with RawClient(broker.bootstrap) as bad, RawClient(broker.bootstrap) as good:
+        header = struct.pack(">hhih", PRODUCE, 0, 1, -1) + b"\x00" * 16
+        bad.send_bytes(struct.pack(">i", len(header)) + header)
+        with pytest.raises(ConnectionError):
+            bad.receive_frame()
+        assert good.request(API_VERSIONS, 0, {}).error_code == 0
+
+
+def test_metadata_errors(broker):
+    with RawClient(broker.bootstrap) as client:
+        body = client.request(METADATA, 12, {"topics": [{"name": "bad/name"},
+                                                        {"name": "never-made"}],
+                                             "allow_auto_topic_creation": False})
+    codes = {t.name: t.error_code for t in body.topics}
+    assert codes == {"bad/name": 17, "never-made": 3}
+    assert body.brokers[0].port == broker.port and body.cluster_id
+
+
+def test_invalid_acks_and_unknown_partition(broker):
+    with RawClient(broker.bootstrap) as client:
+        _create(client, "acks-topic")
+        assert _produce(client, "acks-topic", _batch([b"x"]), acks=2).error_code == 21
+        assert _produce(client, "acks-topic", _batch([b"x"]), partition=9).error_code == 3
+
+
+def test_idempotent_retry_returns_the_original_offset(broker):
+    with RawClient(broker.bootstrap) as client:
+        _create(client, "idem-raw")
+        pid = client.request(INIT_PRODUCER_ID, 4, {"transactional_id": None,
+                                                   "transaction_timeout": 60000,
+                                                   "producer_id": -1, "producer_epoch": -1})
+        assert pid.error_code == 0 and pid.producer_id >= 0
+        batch = _batch([b"a", b"b"], producer_id=pid.producer_id, producer_epoch=0,
+                       base_sequence=0)
+        first = _produce(client, "idem-raw", batch)
+        again = _produce(client, "idem-raw", batch)
+        assert first.error_code == again.error_code == 0
+        assert again.base_offset == first.base_offset
+        gap = _batch([b"c"], producer_id=pid.producer_id, producer_epoch=0, base_sequence=5)
+        assert _produce(client, "idem-raw", gap).error_code == 45
+        fetched = _fetch(client, "idem-raw", 0)
+    values = [r.value for r in record_codec.iter_records(fetched.records)]
+    assert values == [b"a", b"b"]
+
+
+def test_fetch_limits_offsets_and_topic_ids(broker):
+    with RawClient(broker.bootstrap) as client:
+        topic_id = _create(client, "fetch-limits")
+        for value in (b"1" * 3000, b"2" * 3000, b"3" * 3000):
+            assert _produce(client, "fetch-limits", _batch([value])).error_code == 0
+        small = _fetch(client, "fetch-limits", 0, max_bytes=10)
+        assert [r.value[:1] for r in record_codec.iter_records(small.records)] == [b"1"]
+        assert small.high_watermark == 3 and small.log_start_offset == 0
+        by_id = _fetch(client, "fetch-limits", 1, version=13, topic_id=topic_id)
+        assert [r.offset for r in record_codec.iter_records(by_id.records)] == [1, 2]
+        assert _fetch(client, "fetch-limits", 99).error_code == 1
+        unknown = _fetch(client, "", 0, version=13, topic_id=uuid.uuid4())
+        assert unknown.error_code == 100
+
+
+def test_fetch_long_poll_is_woken_by_an_append(broker):
+    with RawClient(broker.bootstrap) as client:
+        _create(client, "long-poll")
+    answers = []
+
+    def poll() -> None:
+        with RawClient(broker.bootstrap) as poller:
+            answers.append(_fetch(poller, "long-poll", 0, max_wait_ms=20_000, min_bytes=1))
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    with RawClient(broker.bootstrap) as producer:
+        assert _produce(producer, "long-poll", _batch([b"wake"])).error_code == 0
+    thread.join()
+    values = [r.value for r in record_codec.iter_records(answers[0].records)]
+    assert values == [b"wake"]
+
+
+def test_list_offsets_by_time(broker):
+    with RawClient(broker.bootstrap) as client:
+        _create(client, "by-time")
+        base = int(time.time() * 1000) - 60_000  # recent: older records fall to retention
+        for timestamp in (base + 1000, base + 2000, base + 3000):
+            batch = record_codec.build_batch([(b"k", b"v", [], timestamp)])
+            assert _produce(client, "by-time", batch).error_code == 0
+        def lookup(timestamp):
+            body = client.request(LIST_OFFSETS, 7, {
+                "replica_id": -1, "isolation_level": 0,
+                "topics": [{"name": "by-time", "partitions": [
+                    {"partition_index": 0, "timestamp": timestamp,
+                     "current_leader_epoch": -1}]}]})
+            answer = body.topics[0].partitions[0]
+            return answer.offset, answer.timestamp
+        assert lookup(-2) == (0, -1)
+        assert lookup(-1) == (3, -1)
+        assert lookup(-3) == (2, base + 3000)
+        assert lookup(base + 1500) == (1, base + 2000)
+        assert lookup(base + 9999)[0] == -1
+
+
+_frames = st.one_of(
+    st.binary(max_size=200).map(lambda b: struct.pack(">i", len(b)) + b),  # junk body
+    st.binary(max_size=40).map(lambda b: struct.pack(">i", len(b) + 50) + b),  # truncated
+    st.tuples(st.integers(-5, 80), st.integers(-3, 40), st.binary(max_size=120)).map(
+        lambda t: (lambda body: struct.pack(">i", len(body)) + body)(
+            struct.pack(">hhih", t[0], t[1], 1, -1) + t[2])),  # any key/version, junk body
+    st.integers(-(2**31), 2**31 - 1).map(lambda n: struct.pack(">i", n)),  # bare length
+)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.lists(_frames, min_size=1, max_size=4))
+def test_malformed_frames_never_disturb_other_connections(broker, frames):
+    with RawClient(broker.bootstrap) as victim:
+        victim.sock.settimeout(0.2)
+        try:
+            for frame in frames:
+                victim.send_bytes(frame)
+            victim.receive_frame()
+        except (ConnectionError, TimeoutError, OSError):
+            pass
+    with RawClient(broker.bootstrap) as other:
+        assert other.request(API_VERSIONS, 0, {}).error_code == 0
+        assert broker.process.poll() is None
+
+
+def test_logs_are_intact_after_the_fuzz(broker):
+    with RawClient(broker.bootstrap) as client:
+        _create(client, "after-fuzz")
+        values = [bytes([i]) * 10 for i in range(5)]
+        for value in values:
+            assert _produce(client, "after-fuzz", _batch([value])).error_code == 0
+        fetched = _fetch(client, "after-fuzz", 0)
+    assert [r.value for r in record_codec.iter_records(fetched.records)] == values
+    assert "Traceback" not in broker.log_text()
+
+
+def test_response_body_encoder_matches_kio_for_fetch_v4():
+    from headrace.broker.fetch_response import TopicData, encode_fetch_body
+
+    parts, size = encode_fetch_body(4, 0, 0, [TopicData("t", uuid.UUID(int=0))])
+    encoded = b"".join(parts)
+    assert len(encoded) == size
+    body = wire.read_entity(wire.response_class(FETCH, 4), encoded, 0)[0]
+    assert body.responses[0].topic == "t"

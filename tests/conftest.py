@@ -1,0 +1,116 @@
+"""Shared fixtures: a real headrace broker subprocess on a free loopback port.
+
+``broker`` (session-scoped) and ``fresh_broker`` (one per test) start
+``python -m headrace.cli.main broker`` with a fresh data directory under pytest's tmp dir and
+yield a ``BrokerProcess`` with ``.bootstrap`` ("127.0.0.1:PORT"), ``.port``, ``.pid``,
+``.data_dir``, ``.restart()`` (SIGTERM, wait, start again on the same port and data) and
+``.kill()`` (SIGKILL, no clean shutdown). Readiness is detected by connecting to the port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+STARTUP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class BrokerProcess:
+    def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.overrides = dict(overrides or {})
+        self.process: subprocess.Popen | None = None
+        self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def start(self) -> None:
+        settings = {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "log.dirs": str(self.data_dir),
+            **self.overrides,
+        }
+        command = [sys.executable, "-m", "headrace.cli.main", "broker"]
+        for key, value in settings.items():
+            command += ["--override", f"{key}={value}"]
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the subprocess
+        self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        log_file.close()
+        self._wait_until_serving()
+
+    def _wait_until_serving(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"broker exited at start-up:\n{self.log_path.read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"broker did not start in {STARTUP_TIMEOUT_S}s")
+
+    def stop(self) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def _start(tmp_dir: Path, overrides: dict[str, str] | None = None) -> BrokerProcess:
+    data_dir = tmp_dir / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    process = BrokerProcess(data_dir, overrides)
+    process.start()
+    return process
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    process = _start(tmp_path_factory.mktemp("broker"))
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def fresh_broker(tmp_path):
+    process = _start(tmp_path)
+    yield process
+    process.stop()
