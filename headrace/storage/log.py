@@ -542,12 +542,16 @@ class Log:
 
     @staticmethod
     def _max_timestamp_offset(view: LogView) -> tuple[int, int] | None:
-        best: tuple[int, int] | None = None
-        for segment in view.segments:
+        best: tuple[int, int, int] | None = None  # (offset, timestamp, segment index)
+        for index, segment in enumerate(view.segments):
             if segment.max_timestamp_ms >= 0 and (best is None or segment.max_timestamp_ms > best[1]):
                 if segment.offset_of_max_timestamp < view.log_end_offset:
-                    best = (segment.offset_of_max_timestamp, segment.max_timestamp_ms)
-        return best
+                    best = (segment.offset_of_max_timestamp, segment.max_timestamp_ms, index)
+        if best is None:
+            return None
+        offset, timestamp_ms, index = best
+        return view.segments[index].record_with_timestamp(offset, timestamp_ms,
+                                                          view.max_position(index))
 
     # ---- retention -----------------------------------------------------------------------
 

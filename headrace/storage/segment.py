@@ -24,6 +24,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from headrace.errors import CorruptMessage
 from headrace.protocol.batch import (
     BATCH_HEADER_BYTES,
@@ -32,6 +34,7 @@ from headrace.protocol.batch import (
     crc_is_valid,
     parse_header,
 )
+from headrace.protocol.kernel import decode_columns
 from headrace.storage.fs import APPEND_CREATE_FLAGS, FileSystem
 from headrace.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
 
@@ -218,16 +221,36 @@ class LogSegment:
 
     def offset_at_or_after_timestamp(self, timestamp_ms: int, max_position: int
                                       ) -> tuple[int, int] | None:
-        """(base offset, max timestamp) of the first batch whose max timestamp is >=
-        ``timestamp_ms``; batch granularity, records are not decoded."""
+        """(offset, timestamp) of the first record whose timestamp is >= ``timestamp_ms``:
+        the time index and batch headers find the batch, the compiled kernel decodes just
+        that batch to find the record, as Kafka's ListOffsets answers."""
         start_offset = self.time_index.lookup(timestamp_ms)
         location = self.find_batch(start_offset, max_position)
         if location is None:
             return None
-        for _, header in self.iter_batches(location.position, max_position):
+        for position, header in self.iter_batches(location.position, max_position):
             if header.max_timestamp >= timestamp_ms:
-                return header.base_offset, header.max_timestamp
+                return self._first_record_at_or_after(position, header, timestamp_ms)
         return None
+
+    def _first_record_at_or_after(self, position: int, header: BatchHeader, timestamp_ms: int
+                                  ) -> tuple[int, int]:
+        columns = decode_columns(os.pread(self.fd, header.size_bytes, position), skip_control=True)
+        later = np.flatnonzero(columns.timestamps_ms >= timestamp_ms)
+        if later.size == 0:  # a control batch or a batch emptied by compaction
+            return header.base_offset, header.max_timestamp
+        first = int(later[0])
+        return int(columns.offsets[first]), int(columns.timestamps_ms[first])
+
+    def record_with_timestamp(self, offset: int, timestamp_ms: int, max_position: int
+                              ) -> tuple[int, int]:
+        """(offset, timestamp) of the first record carrying ``timestamp_ms`` in the batch that
+        holds ``offset`` (the index records batches; ListOffsets MAX_TIMESTAMP wants the record)."""
+        location = self.find_batch(offset, max_position)
+        if location is None:
+            return offset, timestamp_ms
+        header = parse_header(os.pread(self.fd, BATCH_HEADER_BYTES, location.position))
+        return self._first_record_at_or_after(location.position, header, timestamp_ms)
 
     # ---- loading and recovery ------------------------------------------------------------
 

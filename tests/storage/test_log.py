@@ -18,6 +18,7 @@ from headrace.errors import (
     OutOfOrderSequenceNumber,
 )
 from headrace.protocol.batch import parse_header
+from headrace.protocol.records import build_batch as records_build_batch
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, Log
@@ -134,11 +135,22 @@ def test_offsets_by_time(scratch):
     assert log.offset_for_timestamp(NOW_MS + 1000) is None
     assert log.offset_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1)
     assert log.offset_for_timestamp(LATEST_TIMESTAMP) == (60, -1)
-    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (59, NOW_MS + 290)
+    # the first record carrying the largest timestamp, as Kafka's ListOffsets (KAFKA-16310)
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (58, NOW_MS + 290)
     assert_indexes_match_scan(log)
     log = reopen(log)
     assert log.offset_for_timestamp(NOW_MS + 95) == (20, NOW_MS + 100)
-    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (59, NOW_MS + 290)
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (58, NOW_MS + 290)
+
+
+def test_offsets_by_time_find_the_record_inside_a_batch(scratch):
+    log = open_log(scratch)
+    records = [(b"k", b"v%d" % i, (), NOW_MS + 10 * i) for i in (0, 1, 2, 5, 4, 3)]
+    log.append(bytearray(records_build_batch(records, compression=3)), NOW_MS)
+    assert log.offset_for_timestamp(NOW_MS + 15) == (2, NOW_MS + 20)
+    assert log.offset_for_timestamp(NOW_MS + 40) == (3, NOW_MS + 50)
+    assert log.offset_for_timestamp(NOW_MS + 51) is None
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (3, NOW_MS + 50)
 
 
 def test_segments_roll_on_size_time_and_full_index(scratch):
