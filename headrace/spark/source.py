@@ -1,0 +1,182 @@
+"""The ``headrace`` PySpark data source: batch and streaming reads of any Kafka-protocol cluster.
+
+Owns: ``HeadraceDataSource`` (format name "headrace"; also exported as
+``pyspark_headrace.DefaultSource`` so an installed headrace is found by Spark without
+registration), ``HeadraceBatchReader`` and ``HeadraceStreamReader``.
+
+Planning happens on the driver: offsets are resolved against the cluster, then each
+topic-partition's offset range becomes one ``OffsetRangePartition`` (split further for
+``minPartitions``); executors read their range with ``headrace.spark.fetch`` and yield Arrow
+batches. Streaming offsets are the JSON Spark checkpoints, ``{"topic": {"partition": offset}}``,
+where each offset is the next one to read. ``partitions(start, end)`` depends only on its
+arguments, so recovery replays the same plan. Admission control: ``maxOffsetsPerTrigger`` is the
+default read limit and ``latestOffset(start, limit)`` shares it across partitions by backlog.
+``Trigger.AvailableNow`` pins the end offsets seen when the query starts. Partitions and topics
+that appear while a query runs (``subscribePattern``, added partitions) are read from offset 0.
+The source commits nothing to the cluster: Spark's checkpoint is the only consumer state.
+
+Readers are created per query on the driver and are not shared between threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from headrace.spark.columns import source_ddl
+from headrace.spark.fetch import read_range
+from headrace.spark.offsets import (
+    BrokerOffsets,
+    OffsetRange,
+    PartitionOffsets,
+    offsets_from_json,
+    offsets_to_json,
+    plan_ranges,
+    rate_limit,
+    resolve_offsets,
+    split_ranges,
+)
+from headrace.spark.options import SourceOptions, parse_sink_options, parse_source_options
+from headrace.spark.sink import HeadraceBatchWriter, HeadraceStreamWriter
+
+FORMAT_NAME = "headrace"
+
+
+class OffsetRangePartition(InputPartition):
+    """One Spark task: read ``offset_range`` with ``options``."""
+
+    def __init__(self, offset_range: OffsetRange, options: SourceOptions) -> None:
+        super().__init__(offset_range)
+        self.offset_range = offset_range
+        self.options = options
+
+
+def _read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    if isinstance(partition, OffsetRangePartition):
+        yield from read_range(partition.options, partition.offset_range)
+
+
+def _input_partitions(ranges: list[OffsetRange], options: SourceOptions) -> list[InputPartition]:
+    return [OffsetRangePartition(offset_range, options)
+            for offset_range in split_ranges(ranges, options.min_partitions)]
+
+
+class HeadraceBatchReader(DataSourceReader):
+    """``spark.read.format("headrace")``: offsets resolved once, when the query is planned."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        broker = BrokerOffsets(self.options.client_dict())
+        keys = broker.topic_partitions(self.options.subscription)
+        start = resolve_offsets(self.options.starting, keys, broker, is_starting=True,
+                                starting_timestamp_strategy=
+                                self.options.starting_timestamp_strategy)
+        end = resolve_offsets(self.options.ending, keys, broker, is_starting=False)
+        ranges = plan_ranges(start, end, self.options.fail_on_data_loss)
+        return _input_partitions(ranges, self.options)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read_partition(partition)
+
+
+class HeadraceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("headrace")``: micro-batches of per-partition offset ranges."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._broker: BrokerOffsets | None = None
+        self._available_now_end: PartitionOffsets | None = None
+
+    def __getstate__(self) -> dict:
+        # The reader is pickled to executors; the driver's admin client stays behind.
+        return {"options": self.options, "_broker": None,
+                "_available_now_end": self._available_now_end}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def _cluster(self) -> BrokerOffsets:
+        if self._broker is None:
+            self._broker = BrokerOffsets(self.options.client_dict())
+        return self._broker
+
+    def initialOffset(self) -> dict:
+        broker = self._cluster()
+        keys = broker.topic_partitions(self.options.subscription)
+        start = resolve_offsets(self.options.starting, keys, broker, is_starting=True,
+                                starting_timestamp_strategy=
+                                self.options.starting_timestamp_strategy)
+        return offsets_to_json(start)
+
+    def _latest_now(self) -> PartitionOffsets:
+        broker = self._cluster()
+        return broker.latest(broker.topic_partitions(self.options.subscription))
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_end = self._latest_now()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_offsets_per_trigger)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        start_offsets = offsets_from_json(start)
+        if self._available_now_end is not None:
+            latest = dict(self._available_now_end)
+        else:
+            latest = self._latest_now()
+        if isinstance(limit, ReadMaxRows):
+            latest = rate_limit(limit.max_rows, start_offsets, latest)
+        return offsets_to_json(latest)
+
+    def reportLatestOffset(self) -> dict | None:
+        return offsets_to_json(self._latest_now())
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        ranges = plan_ranges(offsets_from_json(start), offsets_from_json(end),
+                             self.options.fail_on_data_loss)
+        return _input_partitions(ranges, self.options)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read_partition(partition)
+
+
+class HeadraceDataSource(DataSource):
+    """Spark's Kafka connector options and columns over any Kafka-protocol cluster."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        include_headers = str(self.options.get("includeHeaders", "false")).lower() == "true"
+        return source_ddl(include_headers)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return HeadraceBatchReader(parse_source_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return HeadraceStreamReader(parse_source_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> HeadraceBatchWriter:
+        return HeadraceBatchWriter(parse_sink_options(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> HeadraceStreamWriter:
+        return HeadraceStreamWriter(parse_sink_options(self.options), schema)

