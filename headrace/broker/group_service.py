@@ -1,0 +1,271 @@
+"""The broker side of the group coordinator: storage, timers and parked requests around the
+pure ``headrace.coordinator.GroupCoordinator``.
+
+Owns ``GroupService``:
+
+* at start-up it creates the internal topic ``__consumer_offsets`` if missing
+  (``offsets.topic.num.partitions`` partitions, ``cleanup.policy=compact``,
+  ``segment.bytes=offsets.topic.segment.bytes``), marks every partition loading (requests for
+  their groups answer COORDINATOR_LOAD_IN_PROGRESS) and replays the topic in the background,
+  reading ``offsets.load.buffer.size`` bytes at a time;
+* ``call(request)`` runs one coordinator call and carries out its effects in order: each
+  ``AppendToOffsetsTopic`` becomes one uncompressed v2 batch (``build_batch``) appended to
+  that partition's Log on the broker's append thread; each ``Completed`` resolves the
+  asyncio future of a parked JoinGroup/SyncGroup. When an append fails, the responses that
+  depend on it (the call's own response and completions after it) become errors, mapped as
+  Kafka's GroupMetadataManager does (UNKNOWN_TOPIC_OR_PARTITION -> COORDINATOR_NOT_AVAILABLE,
+  MESSAGE_TOO_LARGE -> INVALID_COMMIT_OFFSET_SIZE for commits, else UNKNOWN_SERVER_ERROR);
+* a timer calls ``tick(now_ms)`` at ``next_deadline_ms()`` (session and rebalance timeouts,
+  the initial rebalance delay, offset retention).
+
+Records on disk are the coordinator's ``__consumer_offsets`` formats
+(``headrace.coordinator.records``), byte-compatible with Kafka's.
+
+Thread-safety: event loop thread only. The coordinator is called only from the loop; appends
+for all effects of one call are submitted to the single append thread in one job before the
+loop yields, so records reach each partition in the order the coordinator produced them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+from headrace import errors
+from headrace.coordinator.config import CoordinatorConfig
+from headrace.coordinator.coordinator import GroupCoordinator
+from headrace.coordinator.messages import (
+    AppendToOffsetsTopic,
+    Completed,
+    DeleteGroupsResponse,
+    JoinGroupResponse,
+    LeaveGroupResponse,
+    OffsetCommitResponse,
+    Pending,
+    SyncGroupResponse,
+)
+from headrace.coordinator.records import OFFSETS_TOPIC_NAME
+from headrace.protocol.batch import BATCH_HEADER_BYTES, parse_header
+from headrace.protocol.records import build_batch, decode_batch
+
+log = logging.getLogger(__name__)
+
+MAX_TIMER_SLEEP_MS = 1000  # re-check deadlines at least this often
+
+
+def coordinator_config_from(broker_config) -> CoordinatorConfig:
+    """The coordinator settings from the broker's ``group.*`` / ``offsets.*`` configs."""
+    get = broker_config.get_int
+    return CoordinatorConfig(
+        group_initial_rebalance_delay_ms=get("group.initial.rebalance.delay.ms"),
+        group_min_session_timeout_ms=get("group.min.session.timeout.ms"),
+        group_max_session_timeout_ms=get("group.max.session.timeout.ms"),
+        group_max_size=get("group.max.size"),
+        offsets_topic_num_partitions=get("offsets.topic.num.partitions"),
+        offsets_retention_minutes=get("offsets.retention.minutes"),
+        offsets_retention_check_interval_ms=get("offsets.retention.check.interval.ms"),
+    )
+
+
+def _append_error_code(error: Exception, for_commit: bool) -> int:
+    """Kafka's mapping of an offsets-topic append failure to the client's error code."""
+    code = error.code if isinstance(error, errors.KafkaError) else errors.UnknownServerError.code
+    if code in (errors.UnknownTopicOrPartition.code, errors.NotEnoughReplicas.code,
+                errors.RequestTimedOut.code):
+        return errors.CoordinatorNotAvailable.code
+    if code == errors.NotLeaderOrFollower.code:
+        return errors.NotCoordinator.code
+    if code in (errors.MessageTooLarge.code, errors.RecordListTooLarge.code,
+                errors.InvalidFetchSize.code):
+        return errors.InvalidCommitOffsetSize.code if for_commit else errors.UnknownServerError.code
+    return errors.UnknownServerError.code
+
+
+def _as_failed(response: object, error: Exception) -> object:
+    """``response`` turned into the error a failed append behind it means for the client."""
+    if isinstance(response, OffsetCommitResponse):
+        code = _append_error_code(error, for_commit=True)
+        return OffsetCommitResponse({tp: code for tp in response.partition_errors})
+    code = _append_error_code(error, for_commit=False)
+    if isinstance(response, JoinGroupResponse):
+        return JoinGroupResponse(code, response.member_id)
+    if isinstance(response, SyncGroupResponse):
+        return SyncGroupResponse(code)
+    if isinstance(response, LeaveGroupResponse):
+        return dataclasses.replace(response, error_code=code)
+    if isinstance(response, DeleteGroupsResponse):
+        return DeleteGroupsResponse({group: code for group in response.results})
+    return response
+
+
+def _append_all(manager, appends: list[AppendToOffsetsTopic], now_ms: int) -> list[Exception | None]:
+    """Append thread: one batch per effect, in order; the failure of each (None: appended)."""
+    outcomes: list[Exception | None] = []
+    for effect in appends:
+        try:
+            batch = build_batch([(key, value, (), now_ms) for key, value in effect.records])
+            manager.get_log(OFFSETS_TOPIC_NAME, effect.partition).append(bytearray(batch), now_ms)
+            outcomes.append(None)
+        except Exception as error:  # every failure is reported to the waiting clients
+            log.warning("append to %s-%d failed: %s", OFFSETS_TOPIC_NAME, effect.partition, error)
+            outcomes.append(error)
+    return outcomes
+
+
+def read_partition_records(log_, start_offset: int, max_bytes: int):
+    """Worker thread: the (key, value) records of whole batches from ``start_offset``, and the
+    offset to continue from (== start when the log has nothing more)."""
+    result = log_.read(start_offset, max_bytes)
+    data = b"".join(piece.read_bytes() for piece in result.slices)
+    records: list[tuple[bytes, bytes | None]] = []
+    position, next_offset = 0, start_offset
+    while position + BATCH_HEADER_BYTES <= len(data):
+        header = parse_header(data, position)
+        if position + header.size_bytes > len(data):
+            break
+        if not header.is_control:
+            for record in decode_batch(data, position).records:
+                if record.key is not None and record.offset >= start_offset:
+                    records.append((record.key, record.value))
+        position += header.size_bytes
+        next_offset = header.next_offset
+    return records, next_offset
+
+
+class GroupService:
+    def __init__(self, broker_state) -> None:
+        self._state = broker_state
+        self._config = coordinator_config_from(broker_state.config)
+        self.coordinator = GroupCoordinator(self._config)
+        self._parked: dict[int, asyncio.Future] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.loaded = asyncio.Event()
+
+    @property
+    def num_partitions(self) -> int:
+        return self._config.offsets_topic_num_partitions
+
+    def _now_ms(self) -> int:
+        return self._state.clock.now_ms()
+
+    # --- start-up and shutdown --------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the offsets topic if missing and start loading it in the background."""
+        await self._state.run_append(self._ensure_offsets_topic)
+        for partition in range(self.num_partitions):
+            self.coordinator.begin_loading(partition)
+        self._spawn(self._load_all())
+        self._reschedule()
+
+    def _ensure_offsets_topic(self) -> None:
+        manager = self._state.log_manager
+        if OFFSETS_TOPIC_NAME in manager.topics():
+            return
+        segment_bytes = self._state.config.get("offsets.topic.segment.bytes")
+        manager.create_topic(OFFSETS_TOPIC_NAME, self.num_partitions,
+                             {"cleanup.policy": "compact", "segment.bytes": segment_bytes})
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for future in self._parked.values():
+            if not future.done():
+                future.cancel()
+        self._parked.clear()
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load_all(self) -> None:
+        buffer_bytes = self._state.config.get_int("offsets.load.buffer.size")
+        for partition in range(self.num_partitions):
+            try:
+                await self._load_partition(partition, buffer_bytes)
+            except Exception:
+                log.exception("loading %s-%d failed; its groups start empty",
+                              OFFSETS_TOPIC_NAME, partition)
+            self.coordinator.finish_loading(partition, self._now_ms())
+        self.loaded.set()
+        log.info("loaded %d groups from %s", len(self.coordinator.group_ids()),
+                 OFFSETS_TOPIC_NAME)
+        self._reschedule()
+
+    async def _load_partition(self, partition: int, buffer_bytes: int) -> None:
+        log_ = self._state.log_manager.get_log(OFFSETS_TOPIC_NAME, partition)
+        offset, end_offset = log_.log_start_offset, log_.log_end_offset
+        while offset < end_offset:
+            records, next_offset = await asyncio.to_thread(
+                read_partition_records, log_, offset, buffer_bytes)
+            if next_offset <= offset:
+                break
+            self.coordinator.load_partition(partition, records)
+            offset = next_offset
+
+    # --- requests ---------------------------------------------------------------------------
+
+    async def call(self, request) -> object:
+        """Run one coordinator request; waits for parked requests and for the appends the
+        response depends on."""
+        outcome = self.coordinator.handle(request, self._now_ms())
+        response = outcome.response
+        future = None
+        if isinstance(response, Pending):
+            future = asyncio.get_running_loop().create_future()
+            self._parked[response.token] = future
+        failure = await self._carry_out(outcome.effects)
+        self._reschedule()
+        if future is None:
+            return response if failure is None else _as_failed(response, failure)
+        try:
+            return await future
+        finally:
+            self._parked.pop(response.token, None)
+
+    async def _carry_out(self, effects) -> Exception | None:
+        """Run effects in order; the first append failure (None when all succeeded)."""
+        appends = [e for e in effects if isinstance(e, AppendToOffsetsTopic)]
+        outcomes: list[Exception | None] = []
+        if appends:
+            state = self._state
+            outcomes = await state.run_append(
+                _append_all, state.log_manager, appends, self._now_ms())
+        failures = iter(outcomes)
+        failure: Exception | None = None
+        for effect in effects:
+            if isinstance(effect, AppendToOffsetsTopic):
+                failure = failure or next(failures)
+            elif isinstance(effect, Completed):
+                response = effect.response if failure is None else _as_failed(
+                    effect.response, failure)
+                self._complete(effect.token, response)
+        return failure
+
+    def _complete(self, token: int, response: object) -> None:
+        future = self._parked.get(token)
+        if future is not None and not future.done():
+            future.set_result(response)
+
+    # --- timers -----------------------------------------------------------------------------
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        deadline_ms = self.coordinator.next_deadline_ms()
+        delay_ms = MAX_TIMER_SLEEP_MS
+        if deadline_ms is not None:
+            delay_ms = min(max(deadline_ms - self._now_ms(), 0), MAX_TIMER_SLEEP_MS)
+        self._timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        effects = self.coordinator.tick(self._now_ms())
+        if effects:
+            self._spawn(self._carry_out(effects))
+        self._reschedule()

@@ -1,0 +1,42 @@
+"""FindCoordinator (key 10), versions 0-6: every group's coordinator is this node.
+
+key_type 0 (group) is answered with this broker's advertised host and port; key_type 1
+(transaction) and 2 (share) are not served here: COORDINATOR_NOT_AVAILABLE, as Kafka answers
+while no coordinator exists for the key. v4+ batches keys (``coordinator_keys``) and answers
+one ``Coordinator`` per key; v0-3 carry one ``key`` and answer at the top level.
+An empty group id is INVALID_REQUEST (Kafka's check). Event loop thread.
+"""
+
+from __future__ import annotations
+
+from headrace.errors import CoordinatorNotAvailable, InvalidRequest
+
+API_KEY = 10
+MIN_VERSION = 0
+MAX_VERSION = 6
+
+GROUP_KEY_TYPE = 0
+BATCHED_KEYS_VERSION = 4
+
+
+def _coordinator(broker, key: str, key_type: int) -> dict:
+    if key_type != GROUP_KEY_TYPE:
+        error = CoordinatorNotAvailable(f"key type {key_type} is not served by this broker")
+    elif not key:
+        error = InvalidRequest("empty group id")
+    else:
+        return {"key": key, "node_id": broker.node_id, "host": broker.advertised_host,
+                "port": broker.advertised_port, "error_code": 0, "error_message": None}
+    return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": error.code,
+            "error_message": error.message}
+
+
+async def handle(ctx, request):
+    key_type = getattr(request, "key_type", GROUP_KEY_TYPE)
+    if ctx.api_version >= BATCHED_KEYS_VERSION:
+        coordinators = [_coordinator(ctx.broker, key, key_type)
+                        for key in request.coordinator_keys]
+        return ctx.respond({"throttle_time": 0, "coordinators": coordinators})
+    answer = _coordinator(ctx.broker, request.key, key_type)
+    del answer["key"]
+    return ctx.respond({"throttle_time": 0, **answer})
