@@ -3,7 +3,12 @@
 Directory ``<topic>-<partition>/`` holds the segments (``<20-digit base>.log``, ``.index``,
 ``.timeindex``; see ``segment``), producer-state snapshots (``<20-digit offset>.snapshot``; see
 ``producer_state``) and ``partition.metadata`` (written by the log manager). Segments being
-deleted carry a ``.deleted`` suffix until ``file.delete.delay.ms`` has passed.
+deleted carry a ``.deleted`` suffix until ``file.delete.delay.ms`` has passed. The cleaner
+writes ``<base>.log.cleaned``, renames it to ``<base>.log.swap`` (the commit point), retires the
+segments it replaces and renames the swap file to ``<base>.log`` (``replace_segments``). On
+load, Kafka's rules: ``.cleaned`` files are deleted; a ``.swap`` file is completed (segments
+whose base offset lies in its offset range are deleted, it becomes ``.log``, and its indexes
+are rebuilt); a segment whose ``.index`` file is missing gets its indexes rebuilt.
 
 Appends are serialized by one lock and do no per-record work: each batch header is parsed and
 checked (size, magic, CRC-32C, record count, max.message.bytes, timestamps, producer sequence),
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import random
 import threading
 from collections.abc import Callable
@@ -50,9 +56,11 @@ from headrace.errors import (
     RecordListTooLarge,
 )
 from headrace.protocol.batch import (
+    BATCH_HEADER_BYTES,
     NO_TIMESTAMP,
     BatchHeader,
     iter_headers,
+    parse_header,
     set_base_offset,
     set_log_append_time,
 )
@@ -69,6 +77,7 @@ from headrace.storage.segment import (
     TIME_INDEX_SUFFIX,
     FileSlice,
     LogSegment,
+    segment_file_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -76,7 +85,9 @@ logger = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
-LEFTOVER_SUFFIXES = (DELETED_SUFFIX, ".tmp", ".cleaned", ".swap")
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+LEFTOVER_SUFFIXES = (DELETED_SUFFIX, ".tmp", CLEANED_SUFFIX)
 
 __all__ = [
     "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "AppendResult", "FileSlice",
@@ -206,6 +217,7 @@ class Log:
                           self.config.index_interval_bytes, now_ms)
 
     def _open_segments(self, now_ms: int, log_start_offset: int) -> list[LogSegment]:
+        needs_index_rebuild = self._complete_swaps()
         names = self.fs.listdir(self.dir)
         bases = set()
         for name in names:
@@ -226,7 +238,47 @@ class Log:
             segment = self._new_segment(base, now_ms)
             segment.last_modified_ms = self.fs.mtime_ms(segment.log_path)
             segments.append(segment)
+        for segment in segments[:-1]:  # the active segment's tail is scanned anyway
+            if segment.base_offset in needs_index_rebuild and segment.size_bytes:
+                self._rebuild_indexes(segment, sealed=True)
         return segments
+
+    def _complete_swaps(self) -> set[int]:
+        """Finish a cleaner swap interrupted by a crash: the ``.swap`` file replaces every
+        segment whose base offset lies in its offset range. Returns the swapped bases."""
+        swapped = set()
+        names = self.fs.listdir(self.dir)
+        for name in sorted(names):
+            stem = name[: -len(LOG_SUFFIX + SWAP_SUFFIX)]
+            if not (name.endswith(LOG_SUFFIX + SWAP_SUFFIX) and stem.isdigit()):
+                continue
+            swap_path, base = self.dir / name, int(stem)
+            next_offset = max(self._next_offset_of_file(swap_path), base + 1)
+            for other in names:
+                other_stem = other.split(".", 1)[0]
+                if other_stem.isdigit() and base <= int(other_stem) < next_offset and \
+                        other.endswith((LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)):
+                    self.fs.remove(self.dir / other)
+            self.fs.rename(swap_path, self.dir / segment_file_name(base, LOG_SUFFIX))
+            self.fs.fsync_dir(self.dir)
+            logger.warning("%s-%d: completed an interrupted cleaner swap of %s", self.topic,
+                           self.partition, name)
+            swapped.add(base)
+        return swapped
+
+    def _next_offset_of_file(self, path: Path) -> int:
+        """Offset after the last whole batch of a segment file (header walk, no CRC)."""
+        fd = self.fs.open(path, os.O_RDONLY)
+        try:
+            size_bytes, position, next_offset = self.fs.size(fd), 0, -1
+            while position + BATCH_HEADER_BYTES <= size_bytes:
+                header = parse_header(self.fs.pread(fd, BATCH_HEADER_BYTES, position))
+                if position + header.size_bytes > size_bytes:
+                    break
+                next_offset, position = header.next_offset, position + header.size_bytes
+            return next_offset
+        finally:
+            self.fs.close(fd)
 
     def _load_clean(self, segments: list[LogSegment]) -> int:
         for segment in segments:
@@ -450,6 +502,10 @@ class Log:
 
     def _roll_locked(self, now_ms: int) -> None:
         log_end_offset = self._view.log_end_offset
+        # Make everything below the new segment durable before it exists: otherwise a power
+        # loss can tear the old segment while the new one survives, leaving a hole that no
+        # CRC scan detects (the torn segment simply ends early). One fsync per segment.bytes.
+        self._flush_locked(now_ms, force=True)
         self._segments[-1].seal()
         self.producer_state.take_snapshot(log_end_offset)
         segment = self._new_segment(log_end_offset, now_ms)
@@ -626,6 +682,40 @@ class Log:
                 else:
                     still_pending.append(pending)
             self._pending_deletions = still_pending
+
+    # ---- compaction ----------------------------------------------------------------------
+
+    def replace_segments(self, old: list[LogSegment], cleaned_path: Path, now_ms: int
+                         ) -> LogSegment:
+        """Swap the cleaner's fsynced ``<base>.log.cleaned`` (base = ``old[0]``'s) in for the
+        consecutive closed segments ``old``: rename it to ``.swap`` (the commit point), retire
+        ``old`` as ``.deleted`` (open readers keep their descriptors), rename the swap file to
+        ``.log``, rebuild its indexes and publish the new segment list. Raises
+        ``KafkaStorageError`` (nothing changed) if ``old`` is no longer in the log."""
+        with self._lock:
+            first = next((i for i, s in enumerate(self._segments) if s is old[0]), -1)
+            if first < 0 or first + len(old) >= len(self._segments) or any(
+                    self._segments[first + i] is not s for i, s in enumerate(old)):
+                raise KafkaStorageError(f"{self.topic}-{self.partition}: segments to replace "
+                                        "changed during cleaning")
+            swap_path = cleaned_path.with_name(
+                segment_file_name(old[0].base_offset, LOG_SUFFIX + SWAP_SUFFIX))
+            self.fs.rename(cleaned_path, swap_path)
+            self.fs.fsync_dir(self.dir)
+            for segment in old:
+                paths = segment.rename_to_deleted()
+                self._pending_deletions.append(
+                    _PendingDeletion(now_ms + self.config.file_delete_delay_ms, segment, paths))
+            self.fs.rename(swap_path, old[0].log_path)
+            self.fs.fsync_dir(self.dir)
+            cleaned = self._new_segment(old[0].base_offset, now_ms)
+            self._rebuild_indexes(cleaned, sealed=True)
+            cleaned.last_modified_ms = max(s.last_modified_ms for s in old)
+            self._segments[first : first + len(old)] = [cleaned]
+            view = self._view
+            self._view = LogView(tuple(self._segments), view.log_end_offset,
+                                 view.active_size_bytes, view.log_start_offset)
+            return cleaned
 
     # ---- configuration and shutdown ------------------------------------------------------
 
