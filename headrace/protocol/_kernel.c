@@ -800,6 +800,183 @@ static PyObject *py_murmur3_x64_128(PyObject *self, PyObject *args)
     return Py_BuildValue("KK", (unsigned long long)hash[0], (unsigned long long)hash[1]);
 }
 
+/* ---- the log cleaner's offset map: Robin Hood open addressing ------------------------
+ * Slots live in two caller-owned arrays of `capacity` entries (12 bytes a slot):
+ *   fingerprints uint64[capacity]: the key hash's first word (h1); 0 marks an empty slot
+ *                                  (an h1 of 0 is stored as 1)
+ *   words        uint32[capacity]: displacement from the home slot << OFFSET_MAP_DELTA_BITS
+ *                                  | (offset - base_offset)
+ * The home slot is ((h2 & 0xffffffff) * capacity) >> 32. A lookup matches a slot only if its
+ * fingerprint AND its home slot (position - displacement) equal the key's, so the position
+ * adds log2(capacity) bits of identity. See headrace/storage/offset_map.py for the sums. */
+
+#define OFFSET_MAP_DELTA_BITS 26
+#define OFFSET_MAP_MAX_DISPLACEMENT 63u
+#define OFFSET_MAP_DELTA_MASK ((1u << OFFSET_MAP_DELTA_BITS) - 1u)
+
+static inline uint64_t offset_map_fingerprint(uint64_t h1) { return h1 ? h1 : 1; }
+
+static inline uint64_t offset_map_home(uint64_t h2, uint64_t capacity)
+{
+    return ((h2 & 0xffffffffu) * capacity) >> 32;
+}
+
+/* Insert one key; 1 on success, 0 when a displacement would exceed the maximum (the map
+ * counts as full). `*size` grows when the key is new. */
+static int offset_map_put_one(uint64_t *fps, uint32_t *words, uint64_t capacity, uint64_t fp,
+                              uint64_t home, uint32_t delta, int64_t *size)
+{
+    uint64_t pos = home;
+    uint32_t disp = 0;
+    for (;;) {
+        uint64_t slot_fp = fps[pos];
+        if (slot_fp == 0) {
+            fps[pos] = fp;
+            words[pos] = (disp << OFFSET_MAP_DELTA_BITS) | delta;
+            (*size)++;
+            return 1;
+        }
+        uint32_t slot_disp = words[pos] >> OFFSET_MAP_DELTA_BITS;
+        if (slot_fp == fp && slot_disp == disp) {
+            uint32_t old = words[pos] & OFFSET_MAP_DELTA_MASK;
+            if (delta > old)
+                words[pos] = (disp << OFFSET_MAP_DELTA_BITS) | delta;
+            return 1;
+        }
+        if (slot_disp < disp) { /* Robin Hood: the richer entry moves on */
+            uint32_t slot_word = words[pos];
+            fps[pos] = fp;
+            words[pos] = (disp << OFFSET_MAP_DELTA_BITS) | delta;
+            fp = slot_fp;
+            disp = slot_disp;
+            delta = slot_word & OFFSET_MAP_DELTA_MASK;
+        }
+        disp++;
+        if (disp > OFFSET_MAP_MAX_DISPLACEMENT)
+            return 0;
+        pos = pos + 1 == capacity ? 0 : pos + 1;
+    }
+}
+
+/* Returns the stored delta or -1. */
+static int64_t offset_map_get_one(const uint64_t *fps, const uint32_t *words, uint64_t capacity,
+                                  uint64_t fp, uint64_t home)
+{
+    uint64_t pos = home;
+    for (uint32_t disp = 0; disp <= OFFSET_MAP_MAX_DISPLACEMENT; disp++) {
+        uint64_t slot_fp = fps[pos];
+        if (slot_fp == 0)
+            return -1;
+        uint32_t slot_disp = words[pos] >> OFFSET_MAP_DELTA_BITS;
+        if (slot_disp < disp)
+            return -1; /* Robin Hood invariant: the key would have displaced this entry */
+        if (slot_fp == fp && slot_disp == disp)
+            return words[pos] & OFFSET_MAP_DELTA_MASK;
+        pos = pos + 1 == capacity ? 0 : pos + 1;
+    }
+    return -1;
+}
+
+typedef struct {
+    Py_buffer fps, words, h1, h2, offsets;
+} OffsetMapArgs;
+
+static void offset_map_release(OffsetMapArgs *a)
+{
+    Py_buffer *all[] = {&a->fps, &a->words, &a->h1, &a->h2, &a->offsets};
+    for (int i = 0; i < 5; i++)
+        if (all[i]->obj != NULL)
+            PyBuffer_Release(all[i]);
+}
+
+static int offset_map_parse(PyObject *args, OffsetMapArgs *a, int writable, long long *base,
+                            long long *limit)
+{
+    memset(a, 0, sizeof(*a));
+    int table_flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    PyObject *fps, *words, *h1, *h2, *offsets;
+    if (!PyArg_ParseTuple(args, "OOOOOLL", &fps, &words, &h1, &h2, &offsets, base, limit))
+        return -1;
+    if (PyObject_GetBuffer(fps, &a->fps, table_flags) < 0 ||
+        PyObject_GetBuffer(words, &a->words, table_flags) < 0 ||
+        PyObject_GetBuffer(h1, &a->h1, PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(h2, &a->h2, PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(offsets, &a->offsets, PyBUF_C_CONTIGUOUS) < 0) {
+        offset_map_release(a);
+        return -1;
+    }
+    Py_ssize_t capacity = a->fps.len / 8, n = a->h1.len / 8;
+    if (capacity < 1 || a->words.len != capacity * 4 || a->h2.len != n * 8 ||
+        a->offsets.len != n * 8 || capacity > 0xffffffffLL) {
+        offset_map_release(a);
+        PyErr_SetString(PyExc_ValueError, "offset map: mismatched array sizes");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_offset_map_put(PyObject *self, PyObject *args)
+{
+    OffsetMapArgs a;
+    long long base, room;
+    if (offset_map_parse(args, &a, 1, &base, &room) < 0)
+        return NULL;
+    uint64_t capacity = (uint64_t)(a.fps.len / 8);
+    Py_ssize_t n = a.h1.len / 8, done = 0;
+    uint64_t *fps = a.fps.buf;
+    uint32_t *words = a.words.buf;
+    const uint64_t *h1 = a.h1.buf, *h2 = a.h2.buf;
+    const int64_t *offsets = a.offsets.buf;
+    int64_t added = 0;
+    int full = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; done < n; done++) {
+        int64_t delta = offsets[done] - base;
+        if (delta < 0 || delta > (int64_t)OFFSET_MAP_DELTA_MASK || added >= room) {
+            full = 1;
+            break;
+        }
+        uint64_t fp = offset_map_fingerprint(h1[done]);
+        int64_t before = added;
+        if (!offset_map_put_one(fps, words, capacity, fp, offset_map_home(h2[done], capacity),
+                                (uint32_t)delta, &added)) {
+            full = 1;
+            added = before;
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    offset_map_release(&a);
+    return Py_BuildValue("nLi", done, (long long)added, full);
+}
+
+static PyObject *py_offset_map_get(PyObject *self, PyObject *args)
+{
+    OffsetMapArgs a;
+    long long base, unused;
+    if (offset_map_parse(args, &a, 0, &base, &unused) < 0)
+        return NULL;
+    uint64_t capacity = (uint64_t)(a.fps.len / 8);
+    Py_ssize_t n = a.h1.len / 8;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (result == NULL) {
+        offset_map_release(&a);
+        return NULL;
+    }
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
+    const uint64_t *fps = a.fps.buf, *h1 = a.h1.buf, *h2 = a.h2.buf;
+    const uint32_t *words = a.words.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t delta = offset_map_get_one(fps, words, capacity, offset_map_fingerprint(h1[i]),
+                                           offset_map_home(h2[i], capacity));
+        out[i] = delta < 0 ? -1 : base + delta;
+    }
+    Py_END_ALLOW_THREADS
+    offset_map_release(&a);
+    return result;
+}
+
 static PyMethodDef kernel_methods[] = {
     {"scan", py_scan, METH_VARARGS,
      "scan(buf, skip_control, verify_crc) -> (record_count, next_offset, bytes_consumed, "
@@ -813,6 +990,13 @@ static PyMethodDef kernel_methods[] = {
      "first_keyless_offset(buf, sections, skip_control) -> offset of the first null key or -1."},
     {"murmur3_x64_128", py_murmur3_x64_128, METH_VARARGS,
      "murmur3_x64_128(data, seed) -> (h1, h2) as unsigned 64-bit integers."},
+    {"offset_map_put", py_offset_map_put, METH_VARARGS,
+     "offset_map_put(fingerprints, words, h1, h2, offsets, base_offset, room) -> (inserted, "
+     "new_keys, full): insert keys in order until `room` new keys were added or a slot is "
+     "out of reach; offsets must lie in [base, base + 2**26)."},
+    {"offset_map_get", py_offset_map_get, METH_VARARGS,
+     "offset_map_get(fingerprints, words, h1, h2, offsets, base_offset, 0) -> int64 bytes: "
+     "the mapped offset of each key or -1 (offsets unused)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,147 @@
+"""The cleaner against an oracle (Kafka's LogCompactionTester idea): seeded keyed workloads
+with updates and deletes; after cleaning the latest value per key matches, offsets are
+unchanged and reads from any offset agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from headrace.protocol.batch import iter_headers
+from headrace.storage.cleaner import Cleaner
+from headrace.storage.offset_map import OffsetMap
+
+from .cleaner_workload import (
+    NOW_MS,
+    append_workload,
+    compact_config,
+    latest_values,
+    open_log,
+    read_records,
+)
+from .helpers import assert_indexes_match_scan
+
+
+def _clean(log, buffer_bytes=1 << 20, first_dirty=0, now_ms=NOW_MS):
+    return Cleaner(OffsetMap(buffer_bytes)).clean(log, first_dirty, now_ms)
+
+
+def _assert_compacted(log, before, oracle, cleanable_end):
+    after = read_records(log)
+    before_by_offset = {offset: (key, value) for offset, key, value in before}
+    for offset, key, value in after:  # offsets never change, content never changes
+        assert before_by_offset[offset] == (key, value)
+    live = {k: v for k, v in latest_values(after).items() if v is not None}
+    assert live == {k: v for k, v in oracle.items() if v is not None}  # no live key lost
+    cleaned_keys = [key for offset, key, _ in after if offset < cleanable_end]
+    assert len(cleaned_keys) == len(set(cleaned_keys)), "a duplicate survived the cleaning"
+    for offset, _, _ in after[:: max(1, len(after) // 25)]:  # reads from any offset agree
+        from_offset = [r for r in read_records(log, offset) if r[0] >= offset]  # whole batches
+        assert from_offset == [r for r in after if r[0] >= offset]
+    assert_indexes_match_scan(log)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cleaning_keeps_exactly_the_latest_record_per_key(scratch, seed):
+    log = open_log(scratch / "t-0", compact_config())
+    oracle = append_workload(log, seed, keys=300, batches=600, delete_fraction=0.1)
+    log.roll(NOW_MS)
+    before = read_records(log)
+    stats = _clean(log)
+    assert stats.passes == 1 and stats.end_offset == log.log_end_offset
+    _assert_compacted(log, before, oracle, stats.end_offset)
+    assert latest_values(read_records(log)) == oracle  # tombstones survive a first cleaning
+    assert stats.end_size_bytes < stats.start_size_bytes
+
+
+def test_tiny_buffer_cleans_thousands_of_keys_in_several_hash_ranges(scratch):
+    log = open_log(scratch / "t-0", compact_config())
+    oracle = append_workload(log, 7, keys=3000, batches=2500, delete_fraction=0.05)
+    log.roll(NOW_MS)
+    before = read_records(log)
+    stats = _clean(log, buffer_bytes=4096)
+    assert stats.passes > 8  # 4 KiB holds 307 keys: 3000 keys need many ranges
+    _assert_compacted(log, before, oracle, stats.end_offset)
+    assert latest_values(read_records(log)) == oracle
+
+
+def test_active_segment_and_records_past_the_end_are_untouched(scratch):
+    log = open_log(scratch / "t-0", compact_config())
+    append_workload(log, 4, keys=50, batches=200, delete_fraction=0.0)
+    log.roll(NOW_MS)
+    append_workload(log, 5, keys=50, batches=30, delete_fraction=0.0)
+    active_before = read_records(log, log.segments[-1].base_offset)
+    stats = _clean(log)
+    assert stats.end_offset == log.segments[-1].base_offset
+    assert read_records(log, log.segments[-1].base_offset) == active_before
+
+
+def test_min_compaction_lag_keeps_recent_segments_dirty(scratch, clock):
+    log = open_log(scratch / "t-0", compact_config(min_compaction_lag_ms=60_000))
+    append_workload(log, 8, keys=20, batches=300, delete_fraction=0.0, now_ms=NOW_MS)
+    log.roll(NOW_MS)
+    stats = _clean(log, now_ms=NOW_MS + 1000)
+    assert stats.end_offset == 0 and stats.passes == 0
+    stats = _clean(log, now_ms=NOW_MS + 120_000)
+    assert stats.end_offset == log.segments[-1].base_offset and stats.passes == 1
+
+
+def test_tombstones_survive_the_first_cleaning_and_go_after_the_horizon(scratch):
+    config = compact_config(delete_retention_ms=10_000)
+    log = open_log(scratch / "t-0", config)
+    oracle = append_workload(log, 9, keys=100, batches=400, delete_fraction=0.3)
+    log.roll(NOW_MS)
+    timestamps_before = _record_timestamps(log)
+    _clean(log, now_ms=NOW_MS)
+    deleted = {k for k, v in oracle.items() if v is None}
+    assert deleted and {k for _, k, v in read_records(log) if v is None} == deleted
+    stamped = [h for s in log.segments for _, h in s.iter_batches() if h.has_delete_horizon]
+    assert stamped and all(h.base_timestamp == NOW_MS + 10_000 for h in stamped)
+    after_first = _record_timestamps(log)
+    assert all(timestamps_before[o] == t for o, t in after_first.items())  # record times kept
+    _clean(log, now_ms=NOW_MS + 9_999)  # before the horizon: still there
+    assert {k for _, k, v in read_records(log) if v is None} == deleted
+    _clean(log, now_ms=NOW_MS + 10_000)
+    remaining = read_records(log)
+    assert all(value is not None for _, _, value in remaining)
+    assert latest_values(remaining) == {k: v for k, v in oracle.items() if v is not None}
+
+
+def test_last_batch_of_a_producer_stays_as_an_empty_batch(scratch):
+    from headrace.protocol.records import build_batch
+    log = open_log(scratch / "t-0", compact_config())
+    log.append(bytearray(build_batch([(b"a", b"1", [], NOW_MS)], producer_id=7,
+                                     producer_epoch=0, base_sequence=0)), NOW_MS)
+    log.append(bytearray(build_batch([(b"a", b"2", [], NOW_MS)])), NOW_MS)
+    log.roll(NOW_MS)
+    _clean(log)
+    headers = [h for s in log.segments for _, h in s.iter_batches()]
+    assert [(h.base_offset, h.records_count, h.producer_id) for h in headers] == \
+        [(0, 0, 7), (1, 1, -1)]
+    assert read_records(log) == [(1, b"a", b"2")]
+
+
+def test_cleaned_log_reopens_with_the_same_records(scratch):
+    config = compact_config()
+    log = open_log(scratch / "t-0", config)
+    append_workload(log, 11, keys=200, batches=500, delete_fraction=0.1)
+    log.roll(NOW_MS)
+    _clean(log)
+    records = read_records(log)
+    log.close()
+    reopened = open_log(scratch / "t-0", config)
+    assert read_records(reopened) == records
+    names = sorted(p.name for p in (scratch / "t-0").iterdir())
+    assert not [n for n in names if n.endswith((".cleaned", ".swap"))]
+
+
+def _record_timestamps(log):
+    from headrace.protocol.kernel import decode_columns
+    timestamps = {}
+    for segment in log.segments:
+        data = segment.fs.pread(segment.fd, segment.size_bytes, 0)
+        if data:
+            assert list(iter_headers(data, verify_crc=True))
+            columns = decode_columns(data)
+            timestamps.update(zip(columns.offsets.tolist(), columns.timestamps_ms.tolist(),
+                                  strict=True))
+    return timestamps

@@ -1,0 +1,90 @@
+"""CleanerManager: checkpoints, dirty ratios, choosing the filthiest log, uncleanable marking."""
+
+from __future__ import annotations
+
+from headrace.storage.checkpoint import read_checkpoint
+from headrace.storage.cleaner import Cleaner
+from headrace.storage.cleaner_manager import CLEANER_OFFSET_CHECKPOINT, CleanerManager
+from headrace.storage.fs import RealFileSystem
+from headrace.storage.offset_map import OffsetMap
+
+from .cleaner_workload import NOW_MS, append_workload, compact_config, open_log, read_records
+
+
+def _manager(clock):
+    clock.advance(NOW_MS + 1000 - clock.now_ms())
+    return CleanerManager(RealFileSystem(), clock, Cleaner(OffsetMap(1 << 20)))
+
+
+def _filled_log(path, seed, batches, **config):
+    log = open_log(path, compact_config(**config))
+    append_workload(log, seed, keys=40, batches=batches, delete_fraction=0.0)
+    log.roll(NOW_MS)
+    return log
+
+
+def test_filthiest_log_is_cleaned_and_checkpointed(scratch, clock):
+    manager = _manager(clock)
+    small = _filled_log(scratch / "a-0", 1, 100)
+    large = _filled_log(scratch / "b-0", 2, 400)
+    logs = {("a", 0): (scratch, small), ("b", 0): (scratch, large)}
+    manager.clean_filthiest(logs)
+    first = read_checkpoint(RealFileSystem(), scratch / CLEANER_OFFSET_CHECKPOINT)
+    assert len(first) == 1
+    manager.clean_filthiest(logs)
+    offsets = read_checkpoint(RealFileSystem(), scratch / CLEANER_OFFSET_CHECKPOINT)
+    assert offsets == {("a", 0): small.log_end_offset, ("b", 0): large.log_end_offset}
+    assert manager.clean_filthiest(logs) is None  # nothing dirty any more
+    metrics = manager.metrics()
+    assert metrics["dirty-ratio"] == {("a", 0): 0.0, ("b", 0): 0.0}
+    assert metrics["uncleanable-partitions-count"] == 0
+    assert 0 < metrics["max-buffer-utilization-percent"] <= 90
+
+
+def test_dirty_ratio_below_the_minimum_waits(scratch, clock):
+    manager = _manager(clock)
+    log = _filled_log(scratch / "a-0", 3, 200, min_cleanable_dirty_ratio=0.5)
+    logs = {("a", 0): (scratch, log)}
+    assert manager.clean_filthiest(logs) is not None  # all dirty: ratio 1.0
+    append_workload(log, 4, keys=40, batches=5, delete_fraction=0.0)
+    log.roll(NOW_MS)
+    state = manager.log_to_clean(("a", 0), scratch, log, NOW_MS)
+    assert 0 < state.dirty_ratio < 0.5
+    assert manager.clean_filthiest(logs) is None
+
+
+def test_max_compaction_lag_forces_a_clean_below_the_ratio(scratch, clock):
+    manager = _manager(clock)
+    log = _filled_log(scratch / "a-0", 3, 200, min_cleanable_dirty_ratio=0.99,
+                      max_compaction_lag_ms=500)
+    append_workload(log, 4, keys=40, batches=5, delete_fraction=0.0)
+    log.roll(NOW_MS)
+    logs = {("a", 0): (scratch, log)}
+    manager.clean_filthiest(logs)
+    append_workload(log, 5, keys=40, batches=5, delete_fraction=0.0)
+    log.roll(NOW_MS)
+    state = manager.log_to_clean(("a", 0), scratch, log, clock.now_ms())
+    assert state.must_clean and state.dirty_ratio < 0.99
+    assert manager.clean_filthiest(logs) is not None
+
+
+def test_corrupt_segment_marks_only_that_partition_uncleanable(scratch, clock):
+    manager = _manager(clock)
+    broken = _filled_log(scratch / "a-0", 5, 300)
+    healthy = _filled_log(scratch / "b-0", 6, 100)
+    with open(broken.segments[0].log_path, "r+b") as segment_file:
+        segment_file.seek(200)
+        byte = segment_file.read(1)
+        segment_file.seek(200)
+        segment_file.write(bytes([byte[0] ^ 0xFF]))
+    logs = {("a", 0): (scratch, broken), ("b", 0): (scratch, healthy)}
+    before = read_records(healthy)
+    assert manager.clean_filthiest(logs) is None  # the filthier, broken one fails
+    assert set(manager.uncleanable_partitions) == {("a", 0)}
+    assert manager.metrics()["uncleanable-partitions-count"] == 1
+    assert manager.clean_filthiest(logs) is not None  # the healthy one is still cleaned
+    assert len(read_records(healthy)) < len(before)
+    assert not [p for p in (scratch / "a-0").iterdir() if p.name.endswith(".cleaned")]
+    broken.update_config(compact_config(delete_retention_ms=5))  # a config change: retried
+    manager.clean_filthiest(logs)
+    assert ("a", 0) in manager.uncleanable_partitions  # retried, still corrupt
