@@ -1,0 +1,124 @@
+"""Benchmark: ParallelConsumer vs a plain single-threaded confluent-kafka consume loop.
+
+Two figures, each a records/s ratio measured against the same topic in one run:
+  io:   a 10 ms I/O-bound handler (time.sleep), ParallelConsumer with --workers (32) vs a plain loop
+        (target >= 25x);
+  noop: a handler doing nothing: plain loop records/s / ParallelConsumer records/s (target <= 1.3).
+Prints one JSON line and one markdown row. Run against any broker, e.g. the Tansu peer:
+  /work/shared/bench/run-peer.sh -- sh -c '.venv/bin/python bench/parallel_consumer.py --bootstrap $BOOTSTRAP'
+Scratch: topics named pcbench-*; nothing on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from headrace.client import ParallelConsumer, ParallelConsumerOptions  # noqa: E402
+
+IO_HANDLER_S = 0.010
+VALUE_BYTES = 100
+
+
+def make_topic(bootstrap: str, partitions: int, records: int) -> str:
+    name = f"pcbench-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1 << 20})
+    value = b"x" * VALUE_BYTES
+    for index in range(records):
+        producer.produce(name, key=str(index).encode(), value=value, partition=index % partitions)
+        if index % 10_000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return name
+
+
+def group_config(bootstrap: str) -> dict:
+    return {"bootstrap.servers": bootstrap, "group.id": f"pcbench-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest", "enable.auto.commit": False}
+
+
+def plain_loop(bootstrap: str, topic: str, records: int, handler) -> float:
+    """records/s of consume + handler one at a time, committing every second like the PC."""
+    consumer = Consumer(group_config(bootstrap))
+    consumer.subscribe([topic])
+    seen, started, next_commit = 0, None, 0.0
+    while seen < records:
+        for message in consumer.consume(500, 0.1):
+            if message.error() is None:
+                started = started or time.perf_counter()
+                handler(message)
+                seen += 1
+        if started and time.perf_counter() >= next_commit:
+            consumer.commit(asynchronous=True)
+            next_commit = time.perf_counter() + 1
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return records / elapsed
+
+
+def parallel(bootstrap: str, topic: str, records: int, handler, workers: int, ordering: str) -> float:
+    done, lock, state = threading.Event(), threading.Lock(), {"count": 0, "started": None}
+
+    def counted(message):
+        with lock:
+            state["started"] = state["started"] or time.perf_counter()
+        handler(message)
+        with lock:
+            state["count"] += 1
+            if state["count"] >= records:
+                done.set()
+
+    consumer = ParallelConsumer(group_config(bootstrap), [topic], counted,
+                                ParallelConsumerOptions(workers=workers, ordering=ordering))
+    with consumer:
+        done.wait()
+        elapsed = time.perf_counter() - state["started"]
+    return records / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--ordering", default="key")
+    parser.add_argument("--io-records", type=int, default=3_000)
+    parser.add_argument("--noop-records", type=int, default=100_000)
+    args = parser.parse_args()
+
+    io_topic = make_topic(args.bootstrap, args.partitions, args.io_records)
+    noop_topic = make_topic(args.bootstrap, args.partitions, args.noop_records)
+    plain_io = plain_loop(args.bootstrap, io_topic, args.io_records // 10,
+                          lambda _m: time.sleep(IO_HANDLER_S))
+    parallel_io = parallel(args.bootstrap, io_topic, args.io_records,
+                           lambda _m: time.sleep(IO_HANDLER_S), args.workers, args.ordering)
+    plain_noop = plain_loop(args.bootstrap, noop_topic, args.noop_records, lambda _m: None)
+    parallel_noop = parallel(args.bootstrap, noop_topic, args.noop_records, lambda _m: None,
+                             args.workers, args.ordering)
+    result = {
+        "bench": "parallel_consumer", "partitions": args.partitions, "workers": args.workers,
+        "ordering": args.ordering, "plain_io_rps": round(plain_io), "parallel_io_rps": round(parallel_io),
+        "io_speedup": round(parallel_io / plain_io, 2), "plain_noop_rps": round(plain_noop),
+        "parallel_noop_rps": round(parallel_noop),
+        "noop_cost_ratio": round(plain_noop / parallel_noop, 2),
+    }
+    print(json.dumps(result))
+    print(f"| parallel_consumer | {args.partitions} | {args.workers} | {args.ordering} | "
+          f"{result['io_speedup']}x (>=25x) | {result['noop_cost_ratio']}x (<=1.3x) |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,414 @@
+"""ParallelConsumer: at-least-once concurrent record processing on confluent-kafka (librdkafka).
+
+Owns the poll thread, the worker pool and the commit policy around a ``WorkScheduler``:
+
+* The poll thread is the only thread that touches the ``confluent_kafka.Consumer``. It polls in
+  batches, buffers records per partition, pauses partitions whose buffers are full and resumes
+  them when drained -- so it keeps calling ``consume()`` well within ``max.poll.interval.ms``
+  however long handlers run (seed 003's pause/poll/resume heartbeat).
+* ``workers`` threads take records round-robin across partitions under the chosen ordering and
+  run the handler (a plain function, or a coroutine function run on one private event loop).
+* A handler that raises is retried with exponential backoff (``retry_backoff_ms`` doubling up to
+  ``retry_backoff_max_ms``, +/-20 % jitter, Kafka's client defaults). With ``dead_letter_topic``
+  set, a record failing ``dead_letter_after_attempts`` times is produced there (same key, value
+  and headers plus ``headrace.dlt.*`` headers) and counts as done; without it a record is retried
+  until it succeeds, its partition is revoked, or the consumer closes -- never dropped.
+* Offsets are committed per partition only up to the first record not yet done, every
+  ``commit_interval_ms`` (asynchronously), and synchronously on revocation and on close. Done
+  offsets above that point travel in the commit metadata (see ``offset_tracker``) unless
+  ``encode_done_offsets_in_metadata`` is False, and a new owner skips them.
+* Revocation (eager or cooperative-sticky incremental): buffered records of revoked partitions
+  are dropped, in-flight ones are awaited up to ``revoke_timeout_ms`` (which must be below
+  ``max.poll.interval.ms``), their offsets committed, then the partitions released. Lost
+  partitions (session expired) are dropped without a commit.
+
+The consumer config is librdkafka's (``bootstrap.servers``, ``group.id``, ...); this class forces
+``enable.auto.commit=false``. Thread-safety: ``start``, ``close`` and ``metrics`` may be called
+from any thread; the handler runs concurrently on up to ``workers`` threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from headrace.client.offset_tracker import OFFSET_METADATA_MAX_BYTES_DEFAULT, decode_done_offsets
+from headrace.client.work_scheduler import (
+    BufferLimits,
+    Ordering,
+    PartitionMetrics,
+    TopicPartitionKey,
+    WorkItem,
+    WorkScheduler,
+)
+from headrace.storage.clock import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+MAX_POLL_INTERVAL_MS_DEFAULT = 300_000  # librdkafka / Kafka max.poll.interval.ms default
+RETRY_JITTER_FRACTION = 0.2  # Kafka's CommonClientConfigs exponential backoff jitter
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConsumerOptions:
+    workers: int = 16
+    ordering: Ordering = "key"
+    buffer_limits: BufferLimits = BufferLimits()
+    poll_timeout_ms: int = 100
+    poll_batch_records: int = 500
+    commit_interval_ms: int = 1_000
+    revoke_timeout_ms: int = 10_000
+    close_timeout_ms: int = 30_000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1_000
+    dead_letter_topic: str | None = None
+    dead_letter_after_attempts: int = 5
+    encode_done_offsets_in_metadata: bool = True
+    offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES_DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerMetrics:
+    """A point-in-time snapshot; per-partition figures in ``partitions``."""
+
+    buffered_records: int
+    buffered_bytes: int
+    in_flight: int
+    processed_records: int
+    failed_attempts: int
+    dead_lettered_records: int
+    commits: int
+    partitions: list[PartitionMetrics]
+
+
+class ParallelConsumer:
+    """Process records of ``topics`` concurrently with at-least-once commits; see module doc."""
+
+    def __init__(self, consumer_config: dict[str, Any], topics: list[str],
+                 handler: Callable[[Message], Any],
+                 options: ParallelConsumerOptions = ParallelConsumerOptions(),
+                 clock: Clock | None = None) -> None:
+        self._validate(consumer_config, options)
+        self._options = options
+        self._topics = list(topics)
+        self._handler = handler
+        self._handler_is_async = inspect.iscoroutinefunction(handler)
+        self._clock = clock or SystemClock()
+        self._scheduler = WorkScheduler(options.ordering, options.buffer_limits)
+        self._consumer_config = {**consumer_config, "enable.auto.commit": False,
+                                 "on_commit": self._on_commit}
+        self._consumer: Consumer | None = None
+        self._dead_letter_producer = self._make_dead_letter_producer(consumer_config, options)
+        self._stopping = threading.Event()
+        self._counter_lock = threading.Lock()
+        self._processed_records = 0
+        self._failed_attempts = 0
+        self._dead_lettered_records = 0
+        self._commits = 0
+        self._paused: set[TopicPartitionKey] = set()
+        self._resume_after_assign: set[TopicPartitionKey] = set()
+        self._poll_failure: BaseException | None = None
+        self._poll_thread = threading.Thread(target=self._poll_loop, name="pc-poll", daemon=True)
+        self._workers = [threading.Thread(target=self._work_loop, name=f"pc-worker-{index}",
+                                          daemon=True) for index in range(options.workers)]
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._event_loop_thread: threading.Thread | None = None
+
+    @staticmethod
+    def _validate(consumer_config: dict[str, Any], options: ParallelConsumerOptions) -> None:
+        if options.workers < 1:
+            raise ValueError("workers must be at least 1")
+        if "group.id" not in consumer_config:
+            raise ValueError("consumer_config needs group.id: offsets are committed to a group")
+        max_poll_interval_ms = int(consumer_config.get("max.poll.interval.ms",
+                                                       MAX_POLL_INTERVAL_MS_DEFAULT))
+        if options.revoke_timeout_ms >= max_poll_interval_ms:
+            raise ValueError(f"revoke_timeout_ms {options.revoke_timeout_ms} must be below "
+                             f"max.poll.interval.ms {max_poll_interval_ms}")
+        if options.dead_letter_after_attempts < 1:
+            raise ValueError("dead_letter_after_attempts must be at least 1")
+
+    @staticmethod
+    def _make_dead_letter_producer(consumer_config: dict[str, Any],
+                                   options: ParallelConsumerOptions) -> Producer | None:
+        if options.dead_letter_topic is None:
+            return None
+        return Producer({"bootstrap.servers": consumer_config["bootstrap.servers"],
+                         "enable.idempotence": True})
+
+    # ---- lifecycle ----
+
+    def start(self) -> ParallelConsumer:
+        if self._handler_is_async:
+            self._event_loop = asyncio.new_event_loop()
+            self._event_loop_thread = threading.Thread(
+                target=self._event_loop.run_forever, name="pc-asyncio", daemon=True)
+            self._event_loop_thread.start()
+        for worker in self._workers:
+            worker.start()
+        self._poll_thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop taking records, wait (bounded) for in-flight ones, commit, leave the group.
+
+        Re-raises an error that stopped the poll thread.
+        """
+        self._stopping.set()
+        if self._poll_thread.is_alive():
+            self._poll_thread.join()
+        self._scheduler.stop_dispatch()
+        for worker in self._workers:
+            if worker.is_alive():
+                worker.join(self._options.close_timeout_ms / 1000)
+        if self._event_loop is not None and self._event_loop_thread is not None:
+            self._event_loop.call_soon_threadsafe(self._event_loop.stop)
+            self._event_loop_thread.join()
+            self._event_loop.close()
+        if self._dead_letter_producer is not None:
+            self._dead_letter_producer.flush(self._options.close_timeout_ms / 1000)
+        if self._poll_failure is not None:
+            raise self._poll_failure
+
+    def __enter__(self) -> ParallelConsumer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that stopped the poll thread, if any."""
+        return self._poll_failure
+
+    # ---- poll thread ----
+
+    def _poll_loop(self) -> None:
+        try:
+            self._consumer = Consumer(self._consumer_config)
+            self._consumer.subscribe(self._topics, on_assign=self._on_assign,
+                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
+            next_commit_ms = self._clock.monotonic_ms() + self._options.commit_interval_ms
+            while not self._stopping.is_set():
+                self._apply_backpressure()
+                self._buffer(self._consumer.consume(self._options.poll_batch_records,
+                                                    self._options.poll_timeout_ms / 1000))
+                if self._clock.monotonic_ms() >= next_commit_ms:
+                    self._refresh_high_watermarks()
+                    self._commit(None, asynchronous=True)
+                    next_commit_ms = self._clock.monotonic_ms() + self._options.commit_interval_ms
+            self._shut_down_consumer()
+        except BaseException as error:  # surfaced by close(); the thread must not die silently
+            log.exception("parallel consumer poll loop failed")
+            self._poll_failure = error
+            self._scheduler.stop_dispatch()
+
+    def _shut_down_consumer(self) -> None:
+        assert self._consumer is not None
+        self._scheduler.stop_dispatch()
+        self._scheduler.wait_idle(self._scheduler.assigned(), self._options.close_timeout_ms / 1000)
+        self._commit(None, asynchronous=False)
+        self._consumer.close()
+
+    def _buffer(self, messages: list[Message]) -> None:
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                self._handle_consume_error(error)
+                continue
+            key, value = message.key(), message.value()
+            size_bytes = (len(key) if key else 0) + (len(value) if value else 0)
+            self._scheduler.add(message.topic(), message.partition(), message.offset(), key,
+                                size_bytes, message)
+
+    @staticmethod
+    def _handle_consume_error(error: KafkaError) -> None:
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("consume error: %s", error)
+
+    def _apply_backpressure(self) -> None:
+        assert self._consumer is not None
+        wanted = self._scheduler.partitions_to_pause()
+        to_resume = (self._paused - wanted) | (self._resume_after_assign - wanted)
+        to_pause = wanted - self._paused
+        self._resume_after_assign.clear()
+        if to_pause:
+            self._consumer.pause([TopicPartition(t, p) for t, p in to_pause])
+            self._scheduler.set_paused(to_pause, True)
+        if to_resume:
+            self._consumer.resume([TopicPartition(t, p) for t, p in to_resume])
+            self._scheduler.set_paused(to_resume, False)
+        self._paused = (self._paused | to_pause) - to_resume
+
+    def _refresh_high_watermarks(self) -> None:
+        assert self._consumer is not None
+        for topic, partition in self._scheduler.assigned():
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                           cached=True)
+            if high is not None and high >= 0:
+                self._scheduler.record_high_watermark((topic, partition), high)
+
+    def _commit(self, tps: list[TopicPartitionKey] | None, asynchronous: bool) -> None:
+        assert self._consumer is not None
+        metadata_max_bytes = (self._options.offset_metadata_max_bytes
+                              if self._options.encode_done_offsets_in_metadata else None)
+        candidates = self._scheduler.commit_candidates(tps, metadata_max_bytes)
+        if not candidates:
+            return
+        offsets = [TopicPartition(t, p, offset, metadata) if metadata else TopicPartition(t, p, offset)
+                   for t, p, offset, metadata in candidates]
+        with self._counter_lock:
+            self._commits += 1
+        try:
+            result = self._consumer.commit(offsets=offsets, asynchronous=asynchronous)
+        except KafkaException as error:
+            log.warning("commit failed: %s", error)
+            for t, p, offset, _ in candidates:
+                self._scheduler.record_commit_result((t, p), offset, succeeded=False)
+            return
+        if not asynchronous and result:
+            self._record_commit_results(None, result)
+
+    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if error is not None:
+            log.warning("commit failed: %s", error)
+        self._record_commit_results(error, partitions)
+
+    def _record_commit_results(self, error: KafkaError | None,
+                               partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            succeeded = error is None and tp.error is None
+            if tp.offset >= 0:
+                self._scheduler.record_commit_result((tp.topic, tp.partition), tp.offset, succeeded)
+
+    # ---- rebalance callbacks (run inside consume() on the poll thread) ----
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        skip_by_partition = self._done_offsets_from_metadata(consumer, partitions)
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            self._scheduler.assign(key, skip_by_partition.get(key))
+            self._resume_after_assign.add(key)
+        log.info("assigned %s", [(tp.topic, tp.partition) for tp in partitions])
+
+    def _done_offsets_from_metadata(self, consumer: Consumer, partitions: list[TopicPartition]
+                                    ) -> dict[TopicPartitionKey, set[int]]:
+        if not self._options.encode_done_offsets_in_metadata or not partitions:
+            return {}
+        committed = consumer.committed([TopicPartition(tp.topic, tp.partition) for tp in partitions],
+                                       timeout=self._options.revoke_timeout_ms / 1000)
+        return {(tp.topic, tp.partition): decode_done_offsets(tp.offset, tp.metadata)
+                for tp in committed if tp.offset >= 0 and tp.metadata}
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        self._scheduler.drop_buffered(keys)
+        if not self._scheduler.wait_idle(keys, self._options.revoke_timeout_ms / 1000):
+            log.warning("revoke: records of %s still in flight after %d ms; releasing anyway",
+                        keys, self._options.revoke_timeout_ms)
+        self._commit(keys, asynchronous=False)
+        self._release(keys)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._release([(tp.topic, tp.partition) for tp in partitions])
+
+    def _release(self, keys: list[TopicPartitionKey]) -> None:
+        self._scheduler.remove(keys)
+        self._paused.difference_update(keys)
+        self._resume_after_assign.difference_update(keys)
+        log.info("released %s", keys)
+
+    # ---- workers ----
+
+    def _work_loop(self) -> None:
+        while True:
+            item = self._scheduler.take()
+            if item is None:
+                return
+            done = False
+            try:
+                done = self._process(item)
+            finally:
+                self._scheduler.complete(item, done)
+
+    def _process(self, item: WorkItem) -> bool:
+        """Run the handler until it succeeds or the record is dead-lettered; False if abandoned."""
+        attempts = 0
+        while True:
+            try:
+                self._run_handler(item.message)
+                with self._counter_lock:
+                    self._processed_records += 1
+                return True
+            except Exception as error:
+                attempts += 1
+                with self._counter_lock:
+                    self._failed_attempts += 1
+                log.debug("handler failed on %s-%d@%d (attempt %d): %r", item.topic,
+                          item.partition, item.offset, attempts, error)
+                if self._dead_letter_producer is not None and \
+                        attempts >= self._options.dead_letter_after_attempts:
+                    if self._dead_letter(item, error, attempts):
+                        return True
+            if self._stopping.wait(self._backoff_s(attempts)) or not self._scheduler.is_current(item):
+                return False
+
+    def _run_handler(self, message: Message) -> None:
+        if self._event_loop is None:
+            self._handler(message)
+            return
+        asyncio.run_coroutine_threadsafe(self._handler(message), self._event_loop).result()
+
+    def _backoff_s(self, attempts: int) -> float:
+        backoff_ms = min(self._options.retry_backoff_ms * 2 ** (attempts - 1),
+                         self._options.retry_backoff_max_ms)
+        jitter = random.uniform(1 - RETRY_JITTER_FRACTION, 1 + RETRY_JITTER_FRACTION)
+        return backoff_ms * jitter / 1000
+
+    def _dead_letter(self, item: WorkItem, error: Exception, attempts: int) -> bool:
+        """Produce ``item`` to the dead-letter topic and wait for the ack; True once acked."""
+        assert self._dead_letter_producer is not None and self._options.dead_letter_topic
+        message = item.message
+        outcome: list[KafkaError | None] = []
+        headers = list(message.headers() or []) + [
+            ("headrace.dlt.topic", item.topic.encode()),
+            ("headrace.dlt.partition", str(item.partition).encode()),
+            ("headrace.dlt.offset", str(item.offset).encode()),
+            ("headrace.dlt.attempts", str(attempts).encode()),
+            ("headrace.dlt.error", repr(error).encode()[:1024]),
+        ]
+        self._dead_letter_producer.produce(
+            self._options.dead_letter_topic, key=message.key(), value=message.value(),
+            headers=headers, on_delivery=lambda err, _msg: outcome.append(err))
+        while not outcome and not self._stopping.is_set():
+            self._dead_letter_producer.poll(0.1)
+        if outcome and outcome[0] is None:
+            with self._counter_lock:
+                self._dead_lettered_records += 1
+            return True
+        log.warning("dead-letter produce of %s-%d@%d failed: %s", item.topic, item.partition,
+                    item.offset, outcome[0] if outcome else "closing")
+        return False
+
+    # ---- metrics ----
+
+    def metrics(self) -> ConsumerMetrics:
+        buffered_records, buffered_bytes, in_flight = self._scheduler.totals()
+        with self._counter_lock:
+            return ConsumerMetrics(
+                buffered_records=buffered_records, buffered_bytes=buffered_bytes,
+                in_flight=in_flight, processed_records=self._processed_records,
+                failed_attempts=self._failed_attempts,
+                dead_lettered_records=self._dead_lettered_records, commits=self._commits,
+                partitions=self._scheduler.partition_metrics())

@@ -1,0 +1,159 @@
+"""At-least-once across SIGKILL and rebalances: real child processes against a real broker.
+
+Each seeded run SIGKILLs a consuming child at random moments while its handlers run with random
+durations and random failures, then lets a last child drain the topic. After every kill, every
+offset below the group's committed offset must be in the processed file (no commit skips an
+unprocessed record); at the end every record must have been processed at least once.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from .conftest import (
+    GROUP_SESSION_TIMEOUT_MS,
+    SCRATCH_DIR,
+    committed_offsets,
+    create_topic,
+    produce_records,
+)
+
+CHILD = Path(__file__).with_name("consumer_child.py")
+CRASH_RUNS = 50
+CRASH_RUNS_IN_PARALLEL = 5
+PARTITIONS = 3
+RECORDS_PER_RUN = 300
+KILLS_PER_RUN = 2
+KILL_AFTER_MAX_S = 2.5
+DRAIN_TIMEOUT_S = 60.0
+FILE_POLL_INTERVAL_S = 0.05
+COMMIT_POLL_INTERVAL_S = 0.2
+
+
+def _spawn(bootstrap: str, topic: str, group: str, processed: Path, seed: int,
+           *extra_args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), "--bootstrap", bootstrap, "--topic", topic, "--group", group,
+         "--processed", str(processed), "--seed", str(seed),
+         "--session-timeout-ms", str(GROUP_SESSION_TIMEOUT_MS), *extra_args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _processed(path: Path) -> set[tuple[int, int]]:
+    """(partition, offset) pairs in complete lines of the processed file."""
+    if not path.exists():
+        return set()
+    text = path.read_text()
+    lines = text.split("\n")[:-1]  # a SIGKILL may leave a partial last line
+    return {(int(partition), int(offset)) for partition, offset, _ in map(str.split, lines)}
+
+
+def _everything(records_per_partition: dict[int, int]) -> set[tuple[int, int]]:
+    return {(p, o) for p, count in records_per_partition.items() for o in range(count)}
+
+
+def _skipped_records(bootstrap, group, topic, processed_path) -> list[tuple[int, int]]:
+    committed = committed_offsets(bootstrap, group, topic, PARTITIONS)
+    processed = _processed(processed_path)
+    return [(p, o) for p, offset in committed.items() for o in range(max(offset, 0))
+            if (p, o) not in processed]
+
+
+def _pids(path: Path) -> set[str]:
+    return {line.split()[2] for line in path.read_text().splitlines()} if path.exists() else set()
+
+
+def _wait_all_processed(path: Path, expected: set[tuple[int, int]], child) -> None:
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while not expected <= _processed(path):
+        assert child.poll() is None, child.stderr.read().decode()
+        assert time.monotonic() < deadline, f"missing {sorted(expected - _processed(path))[:10]}"
+        time.sleep(FILE_POLL_INTERVAL_S)
+
+
+def _wait_committed(bootstrap, group, topic, expected: dict[int, int], child) -> None:
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while (committed := committed_offsets(bootstrap, group, topic, len(expected))) != expected:
+        assert child.poll() is None, child.stderr.read().decode()
+        assert time.monotonic() < deadline, f"committed {committed}, expected {expected}"
+        time.sleep(COMMIT_POLL_INTERVAL_S)
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """SIGTERM once the child has installed its handler ("started"); expect a clean exit."""
+    assert child.stdout.readline() == b"started\n", child.stderr.read().decode()
+    child.send_signal(signal.SIGTERM)
+    _, stderr = child.communicate(timeout=60)
+    assert child.returncode == 0, stderr.decode()
+
+
+def _crash_run(bootstrap: str, seed: int) -> list[str]:
+    """One seeded run; returns the violations found (empty when correct)."""
+    rng = random.Random(seed)
+    topic = create_topic(bootstrap, PARTITIONS, prefix=f"crash{seed}")
+    group = f"{topic}-group"
+    produce_records(bootstrap, topic, RECORDS_PER_RUN, PARTITIONS)
+    expected = _everything({p: RECORDS_PER_RUN // PARTITIONS for p in range(PARTITIONS)})
+    processed_path = SCRATCH_DIR / f"{topic}.processed"
+    violations = []
+    for kill in range(KILLS_PER_RUN):
+        child = _spawn(bootstrap, topic, group, processed_path, seed * 100 + kill)
+        time.sleep(rng.uniform(0.2, KILL_AFTER_MAX_S))
+        child.kill()
+        child.communicate()
+        skipped = _skipped_records(bootstrap, group, topic, processed_path)
+        if skipped:
+            violations.append(f"seed {seed} kill {kill}: committed past unprocessed {skipped[:5]}")
+    end_offsets = {p: RECORDS_PER_RUN // PARTITIONS for p in range(PARTITIONS)}
+    last = _spawn(bootstrap, topic, group, processed_path, seed * 100 + KILLS_PER_RUN)
+    _wait_committed(bootstrap, group, topic, end_offsets, last)
+    _stop(last)
+    lost = expected - _processed(processed_path)
+    if lost:
+        violations.append(f"seed {seed}: lost {sorted(lost)[:5]}")
+    if not violations:
+        processed_path.unlink()
+    return violations
+
+
+def test_sigkill_at_random_moments_loses_nothing(bootstrap):
+    SCRATCH_DIR.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(CRASH_RUNS_IN_PARALLEL) as pool:
+        results = list(pool.map(lambda seed: _crash_run(bootstrap, seed), range(CRASH_RUNS)))
+    violations = [violation for run in results for violation in run]
+    assert violations == []
+
+
+@pytest.mark.parametrize("assignment_strategy", ["range,roundrobin", "cooperative-sticky"])
+def test_three_processes_rebalancing_lose_nothing(bootstrap, assignment_strategy):
+    partitions, records = 6, 600
+    topic = create_topic(bootstrap, partitions, prefix="rebalance")
+    group = f"{topic}-group"
+    produce_records(bootstrap, topic, records, partitions)
+    processed_path = SCRATCH_DIR / f"{topic}.processed"
+    expected = _everything({p: records // partitions for p in range(partitions)})
+    children = [_spawn(bootstrap, topic, group, processed_path, seed, "--ordering", "partition",
+                       "--max-handler-ms", "40", "--assignment-strategy", assignment_strategy)
+                for seed in range(3)]
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while len(_pids(processed_path)) < 3:  # all three members own partitions and work
+        assert time.monotonic() < deadline, f"only {_pids(processed_path)} ever processed"
+        time.sleep(FILE_POLL_INTERVAL_S)
+    children[0].kill()  # a crashed member: its partitions move when its session expires
+    children[0].communicate()
+    _stop(children[1])  # a member leaving cleanly mid-stream: revoke, commit, release
+    _wait_committed(bootstrap, group, topic, {p: records // partitions for p in range(partitions)},
+                    children[2])
+    _stop(children[2])
+    assert _processed(processed_path) >= expected
+    assert committed_offsets(bootstrap, group, topic, partitions) == {
+        p: records // partitions for p in range(partitions)}
+    processed_path.unlink()

@@ -1,0 +1,222 @@
+"""ParallelConsumer against a real broker: ordering guarantees, retries, dead letters,
+liveness under long handlers, backpressure, async handlers, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+
+from confluent_kafka import Consumer
+from prometheus_client import CollectorRegistry, generate_latest
+
+from headrace.client import BufferLimits, ParallelConsumer, ParallelConsumerOptions
+from headrace.client.prometheus import ParallelConsumerCollector
+
+from .conftest import committed_offsets, consumer_config, create_topic, produce_records
+
+WAIT_TIMEOUT_S = 60.0
+
+
+class Recorder:
+    """Handler bookkeeping: concurrency per partition/key, start order, completion event."""
+
+    def __init__(self, expected_records: int, handler_s: float = 0.002) -> None:
+        self.lock = threading.Lock()
+        self.handler_s = handler_s
+        self.expected = expected_records
+        self.all_done = threading.Event()
+        self.in_flight_by_partition: Counter = Counter()
+        self.in_flight_by_key: Counter = Counter()
+        self.in_flight = 0
+        self.max_in_flight = self.max_per_partition = self.max_per_key = 0
+        self.starts_by_partition = defaultdict(list)
+        self.starts_by_key = defaultdict(list)
+        self.processed: Counter = Counter()
+
+    def begin(self, message) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.in_flight_by_partition[message.partition()] += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self.max_per_partition = max(self.max_per_partition,
+                                         self.in_flight_by_partition[message.partition()])
+            self.starts_by_partition[message.partition()].append(message.offset())
+            if message.key() is not None:
+                self.in_flight_by_key[message.key()] += 1
+                self.max_per_key = max(self.max_per_key, self.in_flight_by_key[message.key()])
+                self.starts_by_key[message.key()].append(message.offset())
+
+    def end(self, message) -> None:
+        with self.lock:
+            self.in_flight -= 1
+            self.in_flight_by_partition[message.partition()] -= 1
+            if message.key() is not None:
+                self.in_flight_by_key[message.key()] -= 1
+            self.processed[(message.partition(), message.offset())] += 1
+            if len(self.processed) >= self.expected:
+                self.all_done.set()
+
+    def __call__(self, message) -> None:
+        self.begin(message)
+        time.sleep(self.handler_s)
+        self.end(message)
+
+
+def _run(bootstrap, topic, handler, options, recorder, **config) -> ParallelConsumer:
+    group = f"{topic}-{uuid.uuid4().hex[:6]}"
+    consumer = ParallelConsumer(consumer_config(bootstrap, group, **config), [topic], handler,
+                                options)
+    with consumer:
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S), f"processed {len(recorder.processed)}"
+    assert consumer.failure is None
+    consumer.group = group
+    return consumer
+
+
+def _is_increasing(offsets: list[int]) -> bool:
+    return all(a < b for a, b in zip(offsets, offsets[1:], strict=False))
+
+
+def test_partition_ordering(bootstrap):
+    topic = create_topic(bootstrap, 3)
+    produce_records(bootstrap, topic, 240, 3)
+    recorder = Recorder(240)
+    consumer = _run(bootstrap, topic, recorder, ParallelConsumerOptions(
+        workers=8, ordering="partition"), recorder)
+    assert recorder.max_per_partition == 1
+    assert all(_is_increasing(starts) for starts in recorder.starts_by_partition.values())
+    assert recorder.max_in_flight > 1  # partitions ran side by side
+    assert committed_offsets(bootstrap, consumer.group, topic, 3) == {0: 80, 1: 80, 2: 80}
+
+
+def test_key_ordering(bootstrap):
+    topic = create_topic(bootstrap, 2)
+    produce_records(bootstrap, topic, 240, 2, keys=12)
+    recorder = Recorder(240)
+    _run(bootstrap, topic, recorder, ParallelConsumerOptions(workers=8, ordering="key"), recorder)
+    assert recorder.max_per_key == 1
+    assert all(_is_increasing(starts) for starts in recorder.starts_by_key.values())
+    assert recorder.max_per_partition > 1  # keys of one partition ran side by side
+
+
+def test_unordered_runs_one_partition_concurrently(bootstrap):
+    topic = create_topic(bootstrap, 1)
+    produce_records(bootstrap, topic, 200, 1)
+    recorder = Recorder(200, handler_s=0.01)
+    consumer = _run(bootstrap, topic, recorder, ParallelConsumerOptions(
+        workers=8, ordering="unordered"), recorder)
+    assert recorder.max_per_partition > 1
+    assert committed_offsets(bootstrap, consumer.group, topic, 1) == {0: 200}
+
+
+def test_async_handler(bootstrap):
+    topic = create_topic(bootstrap, 2)
+    produce_records(bootstrap, topic, 100, 2)
+    recorder = Recorder(100)
+
+    async def handler(message):
+        recorder.begin(message)
+        await asyncio.sleep(0.01)
+        recorder.end(message)
+
+    _run(bootstrap, topic, handler, ParallelConsumerOptions(workers=8, ordering="unordered"),
+         recorder)
+    assert recorder.max_in_flight > 1
+    assert set(recorder.processed.values()) == {1}
+
+
+def test_retries_then_dead_letter(bootstrap):
+    topic, dead_letters = create_topic(bootstrap, 2), create_topic(bootstrap, 1, prefix="dlt")
+    produce_records(bootstrap, topic, 60, 2)
+    recorder = Recorder(60, handler_s=0)
+    attempts: Counter = Counter()
+
+    def handler(message):
+        index = int(message.value())
+        with recorder.lock:
+            attempts[index] += 1
+            tries = attempts[index]
+        if index % 10 == 0 or (index % 3 == 0 and tries < 3):  # poison, or transiently failing
+            raise RuntimeError(f"record {index} attempt {tries}")
+        recorder(message)
+
+    options = ParallelConsumerOptions(workers=4, ordering="partition", retry_backoff_ms=1,
+                                      retry_backoff_max_ms=5, dead_letter_topic=dead_letters,
+                                      dead_letter_after_attempts=4)
+    recorder.expected = 54  # the six poison records end in the dead-letter topic instead
+    consumer = _run(bootstrap, topic, handler, options, recorder)
+    poison = {i for i in range(60) if i % 10 == 0}
+    assert {attempts[i] for i in poison} == {4}
+    assert {attempts[i] for i in range(60) if i % 3 == 0 and i not in poison} == {3}
+    assert consumer.metrics().dead_lettered_records == 6
+    assert committed_offsets(bootstrap, consumer.group, topic, 2) == {0: 30, 1: 30}
+    reader = Consumer(consumer_config(bootstrap, f"{dead_letters}-reader"))
+    reader.subscribe([dead_letters])
+    seen = {}
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while len(seen) < 6 and time.monotonic() < deadline:
+        for message in reader.consume(10, 0.5):
+            if message.error() is None:
+                seen[int(message.value())] = dict(message.headers())
+    reader.close()
+    assert set(seen) == poison
+    assert all(headers["headrace.dlt.attempts"] == b"4" for headers in seen.values())
+
+
+def test_long_handler_keeps_membership_and_buffers_stay_bounded(bootstrap):
+    topic = create_topic(bootstrap, 2)
+    produce_records(bootstrap, topic, 200, 2)
+    recorder = Recorder(200, handler_s=0.001)
+    max_poll_interval_ms, batch, per_partition = 2_000, 10, 5
+    observed_buffered, observed_paused = [], []
+    holder: list[ParallelConsumer] = []
+
+    def handler(message):
+        if message.offset() == 3:
+            time.sleep(max_poll_interval_ms * 1.5 / 1000)  # longer than max.poll.interval.ms
+        if holder:
+            snapshot = holder[0].metrics()
+            observed_buffered.extend(p.buffered_records for p in snapshot.partitions)
+            observed_paused.extend(p.paused for p in snapshot.partitions)
+        recorder(message)
+
+    options = ParallelConsumerOptions(
+        workers=2, ordering="partition", poll_batch_records=batch, revoke_timeout_ms=1_000,
+        buffer_limits=BufferLimits(max_buffered_records_per_partition=per_partition))
+    group = f"{topic}-live"
+    consumer = ParallelConsumer(consumer_config(bootstrap, group,
+                                                **{"max.poll.interval.ms": max_poll_interval_ms}),
+                                [topic], handler, options)
+    holder.append(consumer)
+    with consumer:
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S)
+    assert consumer.failure is None
+    assert set(recorder.processed.values()) == {1}  # no rejoin, so nothing was redelivered
+    assert max(observed_buffered) <= per_partition + batch
+    assert any(observed_paused)
+
+
+def test_metrics_and_prometheus(bootstrap):
+    topic = create_topic(bootstrap, 2)
+    produce_records(bootstrap, topic, 50, 2)
+    recorder = Recorder(50, handler_s=0)
+    consumer = ParallelConsumer(consumer_config(bootstrap, f"{topic}-m"), [topic], recorder,
+                                ParallelConsumerOptions(workers=2, commit_interval_ms=50))
+    registry = CollectorRegistry()
+    registry.register(ParallelConsumerCollector(consumer))
+    with consumer:
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S)
+        deadline = time.monotonic() + WAIT_TIMEOUT_S
+        while {p.committed_offset for p in consumer.metrics().partitions} != {25}:
+            assert time.monotonic() < deadline, consumer.metrics()
+            time.sleep(0.05)
+        snapshot = consumer.metrics()
+        exposition = generate_latest(registry).decode()
+    assert snapshot.processed_records == 50 and snapshot.in_flight == 0
+    assert {(p.partition, p.lag) for p in snapshot.partitions} == {(0, 0), (1, 0)}
+    assert f'headrace_parallel_consumer_committed_offset{{partition="0",topic="{topic}"}} 25.0' \
+        in exposition
+    assert "headrace_parallel_consumer_processed_records_total 50.0" in exposition
