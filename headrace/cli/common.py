@@ -96,7 +96,8 @@ def client_config(bootstrap: str, request_timeout_ms: int, **extra: Any) -> dict
     """librdkafka settings shared by every client the CLI creates."""
     return {
         "bootstrap.servers": bootstrap,
-        "socket.connection.setup.timeout.ms": request_timeout_ms,
+        # librdkafka refuses values below 1000 ms
+        "socket.connection.setup.timeout.ms": max(1000, request_timeout_ms),
         "logger": _SILENT_LOGGER,
         "error_cb": _ignore_client_error,
         **extra,

@@ -126,5 +126,5 @@ def test_group_consumer_commits_and_resumes(broker):
     run_ok("produce", topic, "-b", broker.bootstrap, stdin=b"g0\ng1\ng2\n")
     first = _consume(broker, topic, "--group", group, "--from-beginning", "-n", "2")
     assert first == b"g0\ng1\n"
-    rest = _consume(broker, topic, "--group", group, "--from-beginning", "--timeout-ms", "2000")
+    rest = _consume(broker, topic, "--group", group, "--from-beginning", "--timeout-ms", "8000")
     assert rest == b"g2\n"
