@@ -111,14 +111,16 @@ def consume(
         try:
             metadata = fetch_metadata(consumer, bootstrap_server, request_timeout_ms)
             partitions = _partitions_to_read(topic_partitions(metadata, topic), partition, topic)
+            reader = _Reader(consumer, message_format, len(partitions), exit_at_end)
             if group is None:
                 start = _start_position(from_beginning, offset, timestamp)
                 consumer.assign(_assignment(consumer, topic, partitions, start,
                                             request_timeout_ms))
+                reader.mark_assigned()
             else:
-                consumer.subscribe([topic])
-            reader = _Reader(consumer, message_format, len(partitions), exit_at_end)
-            reader.run(max_messages, timeout_ms)
+                consumer.subscribe([topic], on_assign=lambda _consumer, _partitions:
+                                   reader.mark_assigned())
+            reader.run(max_messages, timeout_ms, request_timeout_ms)
         finally:
             consumer.close()
         typer.echo(f"Processed a total of {reader.count} messages", err=True)
@@ -211,16 +213,25 @@ class _Reader:
         self.count = 0
         self.at_end: set[int] = set()
         self.out = sys.stdout.buffer
+        self.assigned_at_s: float | None = None
 
-    def run(self, max_messages: int | None, timeout_ms: int | None) -> None:
-        last_record_s = time.monotonic()
+    def mark_assigned(self) -> None:
+        """Partitions are ours (assign, or the group's first assignment): idleness counts
+        from here, so a slow group join is not mistaken for an idle topic."""
+        if self.assigned_at_s is None:
+            self.assigned_at_s = time.monotonic()
+
+    def run(self, max_messages: int | None, timeout_ms: int | None,
+            request_timeout_ms: int) -> None:
+        started_s = time.monotonic()
+        last_record_s: float | None = None
         try:
             while max_messages is None or self.count < max_messages:
                 message = self.consumer.poll(POLL_INTERVAL_S)
                 if message is None:
                     self.out.flush()
-                    if timeout_ms is not None and \
-                            (time.monotonic() - last_record_s) * 1000 >= timeout_ms:
+                    if self._idle_too_long(started_s, last_record_s, timeout_ms,
+                                           request_timeout_ms):
                         return
                     continue
                 if self._handle(message):
@@ -232,6 +243,17 @@ class _Reader:
             self._discard_output()
         finally:
             self._flush_quietly()
+
+    def _idle_too_long(self, started_s: float, last_record_s: float | None,
+                       timeout_ms: int | None, request_timeout_ms: int) -> bool:
+        now_s = time.monotonic()
+        if self.assigned_at_s is None:
+            if (now_s - started_s) * 1000 >= request_timeout_ms:
+                raise UserError(f"the group coordinator assigned no partitions within "
+                                f"{request_timeout_ms} ms")
+            return False
+        quiet_since_s = last_record_s if last_record_s is not None else self.assigned_at_s
+        return timeout_ms is not None and (now_s - quiet_since_s) * 1000 >= timeout_ms
 
     def _handle(self, message: Message) -> bool:
         """Print a record or note an event; True when reading should stop."""
