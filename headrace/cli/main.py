@@ -19,7 +19,7 @@ from headrace.errors import KafkaError
 
 PROCESS_START_MONOTONIC_S = time.monotonic()
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="headrace: a Kafka-compatible log")
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, help="headrace: a Kafka-compatible log")
 
 
 @app.callback()
