@@ -97,6 +97,7 @@ _SERVER_DEFS = (
     _dynamic("log.cleaner.backoff.ms", "long", "15000"),
     _dynamic("log.cleaner.dedupe.buffer.size", "long", "134217728"),
     _dynamic("log.cleaner.io.buffer.size", "int", "524288"),
+    _static("offset.metadata.max.bytes", "int", "4096"),
     _static("group.initial.rebalance.delay.ms", "int", "3000"),
     _static("group.min.session.timeout.ms", "int", "6000"),
     _static("group.max.session.timeout.ms", "int", "1800000"),

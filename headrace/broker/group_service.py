@@ -8,13 +8,16 @@ Owns ``GroupService``:
   ``segment.bytes=offsets.topic.segment.bytes``), marks every partition loading (requests for
   their groups answer COORDINATOR_LOAD_IN_PROGRESS) and replays the topic in the background,
   reading ``offsets.load.buffer.size`` bytes at a time;
-* ``call(request)`` runs one coordinator call and carries out its effects in order: each
+* ``call(request)`` runs one coordinator call and carries out its effects: each ``Completed``
+  resolves the asyncio future of a parked JoinGroup/SyncGroup/OffsetCommit; each
   ``AppendToOffsetsTopic`` becomes one uncompressed v2 batch (``build_batch``) appended to
-  that partition's Log on the broker's append thread; each ``Completed`` resolves the
-  asyncio future of a parked JoinGroup/SyncGroup. When an append fails, the responses that
-  depend on it (the call's own response and completions after it) become errors, mapped as
-  Kafka's GroupMetadataManager does (UNKNOWN_TOPIC_OR_PARTITION -> COORDINATOR_NOT_AVAILABLE,
-  MESSAGE_TOO_LARGE -> INVALID_COMMIT_OFFSET_SIZE for commits, else UNKNOWN_SERVER_ERROR);
+  that partition's Log on the broker's append thread, and its outcome goes back to the
+  coordinator as ``AppendResult(append_id, error_code)`` (the exception's Kafka code, or
+  UNKNOWN_SERVER_ERROR), whose effects are carried out in turn. The coordinator decides what
+  a failed append means for the clients (Kafka's GroupMetadataManager mapping);
+* the loader logs, per start-up, the groups loaded, the records replayed
+  (``loaded_record_count``, which a compacted offsets topic keeps near the number of live
+  keys) and the time taken;
 * a timer calls ``tick(now_ms)`` at ``next_deadline_ms()`` (session and rebalance timeouts,
   the initial rebalance delay, offset retention).
 
@@ -29,29 +32,30 @@ loop yields, so records reach each partition in the order the coordinator produc
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
+import time
+
+import numpy as np
 
 from headrace import errors
 from headrace.coordinator.config import CoordinatorConfig
 from headrace.coordinator.coordinator import GroupCoordinator
 from headrace.coordinator.messages import (
+    AppendResult,
     AppendToOffsetsTopic,
     Completed,
-    DeleteGroupsResponse,
-    JoinGroupResponse,
-    LeaveGroupResponse,
-    OffsetCommitResponse,
     Pending,
-    SyncGroupResponse,
 )
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME
+from headrace.protocol import kernel
 from headrace.protocol.batch import BATCH_HEADER_BYTES, parse_header
-from headrace.protocol.records import build_batch, decode_batch
+from headrace.protocol.records import build_batch
 
 log = logging.getLogger(__name__)
 
 MAX_TIMER_SLEEP_MS = 1000  # re-check deadlines at least this often
+# Kafka's offset.metadata.max.bytes default, used until the broker config table declares it.
+OFFSET_METADATA_MAX_BYTES_DEFAULT = 4096
 
 
 def coordinator_config_from(broker_config) -> CoordinatorConfig:
@@ -65,71 +69,55 @@ def coordinator_config_from(broker_config) -> CoordinatorConfig:
         offsets_topic_num_partitions=get("offsets.topic.num.partitions"),
         offsets_retention_minutes=get("offsets.retention.minutes"),
         offsets_retention_check_interval_ms=get("offsets.retention.check.interval.ms"),
+        offset_metadata_max_bytes=int(
+            broker_config.get("offset.metadata.max.bytes") or OFFSET_METADATA_MAX_BYTES_DEFAULT
+        ),
     )
 
 
-def _append_error_code(error: Exception, for_commit: bool) -> int:
-    """Kafka's mapping of an offsets-topic append failure to the client's error code."""
-    code = error.code if isinstance(error, errors.KafkaError) else errors.UnknownServerError.code
-    if code in (errors.UnknownTopicOrPartition.code, errors.NotEnoughReplicas.code,
-                errors.RequestTimedOut.code):
-        return errors.CoordinatorNotAvailable.code
-    if code == errors.NotLeaderOrFollower.code:
-        return errors.NotCoordinator.code
-    if code in (errors.MessageTooLarge.code, errors.RecordListTooLarge.code,
-                errors.InvalidFetchSize.code):
-        return errors.InvalidCommitOffsetSize.code if for_commit else errors.UnknownServerError.code
-    return errors.UnknownServerError.code
+def _append_error_code(error: Exception) -> int:
+    return error.code if isinstance(error, errors.KafkaError) else errors.UnknownServerError.code
 
 
-def _as_failed(response: object, error: Exception) -> object:
-    """``response`` turned into the error a failed append behind it means for the client."""
-    if isinstance(response, OffsetCommitResponse):
-        code = _append_error_code(error, for_commit=True)
-        return OffsetCommitResponse({tp: code for tp in response.partition_errors})
-    code = _append_error_code(error, for_commit=False)
-    if isinstance(response, JoinGroupResponse):
-        return JoinGroupResponse(code, response.member_id)
-    if isinstance(response, SyncGroupResponse):
-        return SyncGroupResponse(code)
-    if isinstance(response, LeaveGroupResponse):
-        return dataclasses.replace(response, error_code=code)
-    if isinstance(response, DeleteGroupsResponse):
-        return DeleteGroupsResponse({group: code for group in response.results})
-    return response
-
-
-def _append_all(manager, appends: list[AppendToOffsetsTopic], now_ms: int) -> list[Exception | None]:
-    """Append thread: one batch per effect, in order; the failure of each (None: appended)."""
-    outcomes: list[Exception | None] = []
+def _append_all(manager, appends: list[AppendToOffsetsTopic], now_ms: int) -> list[AppendResult]:
+    """Append thread: one batch per effect, in order; how each ended."""
+    results: list[AppendResult] = []
     for effect in appends:
         try:
             batch = build_batch([(key, value, (), now_ms) for key, value in effect.records])
             manager.get_log(OFFSETS_TOPIC_NAME, effect.partition).append(bytearray(batch), now_ms)
-            outcomes.append(None)
-        except Exception as error:  # every failure is reported to the waiting clients
+            results.append(AppendResult(effect.append_id))
+        except Exception as error:  # every failure is reported to the coordinator
             log.warning("append to %s-%d failed: %s", OFFSETS_TOPIC_NAME, effect.partition, error)
-            outcomes.append(error)
-    return outcomes
+            results.append(AppendResult(effect.append_id, _append_error_code(error)))
+    return results
 
 
 def read_partition_records(log_, start_offset: int, max_bytes: int):
     """Worker thread: the (key, value) records of whole batches from ``start_offset``, and the
-    offset to continue from (== start when the log has nothing more)."""
+    offset to continue from (== start when the log has nothing more). Records are decoded
+    by the compiled kernel into columns, then sliced: no per-record decoding in Python."""
     result = log_.read(start_offset, max_bytes)
     data = b"".join(piece.read_bytes() for piece in result.slices)
-    records: list[tuple[bytes, bytes | None]] = []
     position, next_offset = 0, start_offset
     while position + BATCH_HEADER_BYTES <= len(data):
         header = parse_header(data, position)
         if position + header.size_bytes > len(data):
             break
-        if not header.is_control:
-            for record in decode_batch(data, position).records:
-                if record.key is not None and record.offset >= start_offset:
-                    records.append((record.key, record.value))
         position += header.size_bytes
         next_offset = header.next_offset
+    if position == 0:
+        return [], next_offset
+    columns = kernel.decode_columns(memoryview(data)[:position])
+    first = int(np.searchsorted(columns.offsets, start_offset))
+    key_data, value_data = columns.key_data.tobytes(), columns.value_data.tobytes()
+    key_offsets, value_offsets = columns.key_offsets.tolist(), columns.value_offsets.tolist()
+    key_valid, value_valid = columns.key_valid.tolist(), columns.value_valid.tolist()
+    records = [
+        (key_data[key_offsets[i]:key_offsets[i + 1]],
+         value_data[value_offsets[i]:value_offsets[i + 1]] if value_valid[i] else None)
+        for i in range(first, columns.count) if key_valid[i]
+    ]
     return records, next_offset
 
 
@@ -185,16 +173,19 @@ class GroupService:
 
     async def _load_all(self) -> None:
         buffer_bytes = self._state.config.get_int("offsets.load.buffer.size")
+        started_s = time.monotonic()
         for partition in range(self.num_partitions):
             try:
                 await self._load_partition(partition, buffer_bytes)
+                self.coordinator.finish_loading(partition, self._now_ms())
             except Exception:
                 log.exception("loading %s-%d failed; its groups start empty",
                               OFFSETS_TOPIC_NAME, partition)
-            self.coordinator.finish_loading(partition, self._now_ms())
+                self.coordinator.abandon_loading(partition)
         self.loaded.set()
-        log.info("loaded %d groups from %s", len(self.coordinator.group_ids()),
-                 OFFSETS_TOPIC_NAME)
+        log.info("loaded %d groups from %s: loaded_record_count=%d in %d ms",
+                 len(self.coordinator.group_ids()), OFFSETS_TOPIC_NAME,
+                 self.coordinator.loaded_record_count, (time.monotonic() - started_s) * 1000)
         self._reschedule()
 
     async def _load_partition(self, partition: int, buffer_bytes: int) -> None:
@@ -219,33 +210,31 @@ class GroupService:
         if isinstance(response, Pending):
             future = asyncio.get_running_loop().create_future()
             self._parked[response.token] = future
-        failure = await self._carry_out(outcome.effects)
+        await self._carry_out(outcome.effects)
         self._reschedule()
         if future is None:
-            return response if failure is None else _as_failed(response, failure)
+            return response
         try:
             return await future
         finally:
             self._parked.pop(response.token, None)
 
-    async def _carry_out(self, effects) -> Exception | None:
-        """Run effects in order; the first append failure (None when all succeeded)."""
-        appends = [e for e in effects if isinstance(e, AppendToOffsetsTopic)]
-        outcomes: list[Exception | None] = []
-        if appends:
-            state = self._state
-            outcomes = await state.run_append(
-                _append_all, state.log_manager, appends, self._now_ms())
-        failures = iter(outcomes)
-        failure: Exception | None = None
+    async def _carry_out(self, effects) -> None:
+        """Answer completions, run the appends (one job on the append thread, so records keep
+        the coordinator's order) and hand each result back to the coordinator."""
+        appends = []
         for effect in effects:
-            if isinstance(effect, AppendToOffsetsTopic):
-                failure = failure or next(failures)
-            elif isinstance(effect, Completed):
-                response = effect.response if failure is None else _as_failed(
-                    effect.response, failure)
-                self._complete(effect.token, response)
-        return failure
+            if isinstance(effect, Completed):
+                self._complete(effect.token, effect.response)
+            elif isinstance(effect, AppendToOffsetsTopic):
+                appends.append(effect)
+        if not appends:
+            return
+        state = self._state
+        results = await state.run_append(_append_all, state.log_manager, appends, self._now_ms())
+        for result in results:
+            outcome = self.coordinator.handle(result, self._now_ms())
+            await self._carry_out(outcome.effects)
 
     def _complete(self, token: int, response: object) -> None:
         future = self._parked.get(token)

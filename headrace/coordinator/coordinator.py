@@ -8,11 +8,19 @@ the admin calls (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete) and loa
 back from the offsets topic.
 
 Every call takes ``now_ms`` and returns an ``Outcome``: the response (or ``Pending(token)``
-for a parked JoinGroup/SyncGroup) plus effects for the broker to carry out in order
-(``AppendToOffsetsTopic`` before the ``Completed`` responses that depend on it). Parked
-requests complete on later calls or on ``tick(now_ms)``; ``next_deadline_ms()`` says when the
-next timer falls due. A response always carries a ``headrace.errors`` code; calls never raise
-for a client's mistake.
+for a parked JoinGroup/SyncGroup/OffsetCommit) plus effects for the broker to carry out.
+Parked requests complete on later calls, on ``tick(now_ms)`` or on an ``AppendResult``;
+``next_deadline_ms()`` says when the next timer falls due. A response always carries a
+``headrace.errors`` code; calls never raise for a client's mistake.
+
+Durability before visibility (Kafka's GroupMetadataManager.storeOffsets / storeGroup): an
+OffsetCommit keeps its offsets pending (invisible to OffsetFetch) until its append succeeds,
+then moves them to the committed cache; a leader's SyncGroup assignment is applied (group
+Stable, members answered) only once its group record is appended. On a failed append the
+pending offsets are dropped, or the members get the error and the group rebalances; append
+errors are mapped to client errors as Kafka does (``commit_append_error_code``,
+``group_append_error_code``). Other appends (tombstones, Empty-group records) follow the
+state change, as in Kafka, and their results are not waited for.
 
 Not thread-safe: call from one thread (the broker's event loop).
 """
@@ -22,6 +30,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from headrace import errors
 from headrace.coordinator import store
@@ -32,6 +41,7 @@ from headrace.coordinator.messages import (
     NO_LEADER_EPOCH,
     NO_OFFSET,
     UNKNOWN_MEMBER_ID,
+    AppendResult,
     AppendToOffsetsTopic,
     Completed,
     DeleteGroupsRequest,
@@ -72,6 +82,54 @@ OFFSET_DELETE_SUBSCRIBED_ERROR = errors.GroupSubscribedToTopic
 
 _REBALANCE_STATES = (GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY)
 
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20  # Kafka's code; headrace.errors has no class for it
+_UNAVAILABLE_APPEND_CODES = frozenset(
+    {errors.UnknownTopicOrPartition.code, errors.NotEnoughReplicas.code,
+     NOT_ENOUGH_REPLICAS_AFTER_APPEND}
+)
+_NOT_LEADER_APPEND_CODES = frozenset({errors.NotLeaderOrFollower.code, errors.KafkaStorageError.code})
+_TOO_LARGE_APPEND_CODES = frozenset(
+    {errors.MessageTooLarge.code, errors.RecordListTooLarge.code, errors.InvalidFetchSize.code}
+)
+
+
+def commit_append_error_code(append_error_code: int) -> int:
+    """What an OffsetCommit answers when its append failed (GroupMetadataManager's mapping)."""
+    if append_error_code in _UNAVAILABLE_APPEND_CODES:
+        return errors.CoordinatorNotAvailable.code
+    if append_error_code in _NOT_LEADER_APPEND_CODES:
+        return errors.NotCoordinator.code
+    if append_error_code in _TOO_LARGE_APPEND_CODES:
+        return errors.InvalidCommitOffsetSize.code
+    if append_error_code == errors.RequestTimedOut.code:
+        return append_error_code
+    return errors.UnknownServerError.code
+
+
+def group_append_error_code(append_error_code: int) -> int:
+    """What SyncGroup members get when the group record's append failed (storeGroup)."""
+    if append_error_code in _UNAVAILABLE_APPEND_CODES:
+        return errors.CoordinatorNotAvailable.code
+    if append_error_code in _NOT_LEADER_APPEND_CODES:
+        return errors.NotCoordinator.code
+    if append_error_code == errors.RequestTimedOut.code:
+        return errors.RebalanceInProgress.code
+    return errors.UnknownServerError.code
+
+
+@dataclass(slots=True)
+class _CommitAwaitingAppend:
+    group: Group
+    token: int
+    partition_errors: dict[TopicPartition, int]
+
+
+@dataclass(slots=True)
+class _AssignmentAwaitingAppend:
+    group: Group
+    generation_id: int
+    assignments: dict[str, bytes]
+
 
 def random_member_id(client_id: str) -> str:
     """Kafka's member id: ``<client_id>-<uuid4>``."""
@@ -89,7 +147,10 @@ class GroupCoordinator:
         self._groups: dict[str, Group] = {}
         self._loading: dict[int, store.PartitionLoader] = {}
         self._tokens = itertools.count(1)
+        self._append_ids = itertools.count(1)
+        self._awaiting_append: dict[int, _CommitAwaitingAppend | _AssignmentAwaitingAppend] = {}
         self._next_retention_check_ms: int | None = None
+        self.loaded_record_count = 0  # records replayed from the offsets topic so far
 
     # --- lookup and validation -------------------------------------------------------------
 
@@ -125,9 +186,23 @@ class GroupCoordinator:
             raise errors.IllegalGeneration(f"generation {generation_id} != {group.generation_id}")
         return member
 
+    def _append(
+        self,
+        group_id: str,
+        records: tuple,
+        effects: list[Effect],
+        follow_up: _CommitAwaitingAppend | _AssignmentAwaitingAppend | None = None,
+    ) -> int:
+        """Queue an append to the group's offsets-topic partition; its ``AppendResult`` runs
+        ``follow_up`` (none: the result changes nothing)."""
+        append_id = next(self._append_ids)
+        effects.append(AppendToOffsetsTopic(self.partition_for(group_id), records, append_id))
+        if follow_up is not None:
+            self._awaiting_append[append_id] = follow_up
+        return append_id
+
     def _persist_group(self, group: Group, effects: list[Effect]) -> None:
-        partition = self.partition_for(group.group_id)
-        effects.append(AppendToOffsetsTopic(partition, (store.group_metadata_record(group),)))
+        self._append(group.group_id, (store.group_metadata_record(group),), effects)
 
     def _heartbeat_refreshed(self, member: Member, now_ms: int) -> None:
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
@@ -409,19 +484,50 @@ class GroupCoordinator:
         member.sync_token = next(self._tokens)
         token = member.sync_token
         if member.member_id == group.leader_id:
-            self._apply_leader_assignment(group, request, now_ms, effects)
+            self._store_leader_assignment(group, request, effects)
         return Pending(token)
 
-    def _apply_leader_assignment(
-        self, group: Group, request: SyncGroupRequest, now_ms: int, effects: list[Effect]
+    def _store_leader_assignment(
+        self, group: Group, request: SyncGroupRequest, effects: list[Effect]
     ) -> None:
+        """Append the group record with the leader's assignment; it is applied on success."""
+        assignments = {
+            member_id: bytes(request.assignments.get(member_id, b"")) for member_id in group.members
+        }
+        record = store.group_metadata_record(group, assignments)
+        follow_up = _AssignmentAwaitingAppend(group, group.generation_id, assignments)
+        self._append(group.group_id, (record,), effects, follow_up)
+
+    def _on_assignment_appended(
+        self, waiting: _AssignmentAwaitingAppend, error_code: int, now_ms: int,
+        effects: list[Effect],
+    ) -> None:
+        group = waiting.group
+        if (
+            self._groups.get(group.group_id) is not group
+            or not group.is_in(GroupState.COMPLETING_REBALANCE)
+            or group.generation_id != waiting.generation_id
+        ):
+            return  # the group moved on while the append was in flight (Kafka: do nothing)
+        if error_code != NO_ERROR:
+            self._propagate_assignment_error(group, group_append_error_code(error_code), effects)
+            self._maybe_prepare_rebalance(group, now_ms, effects)
+            return
         for member in group.members.values():
-            member.assignment = bytes(request.assignments.get(member.member_id, b""))
-        self._persist_group(group, effects)
+            member.assignment = waiting.assignments.get(member.member_id, b"")
         group.transition_to(GroupState.STABLE, now_ms)
         for member in group.members.values():
             if member.sync_token is not None:
                 effects.append(Completed(member.sync_token, self._sync_response(group, member)))
+                member.sync_token = None
+
+    def _propagate_assignment_error(
+        self, group: Group, client_error_code: int, effects: list[Effect]
+    ) -> None:
+        for member in group.members.values():
+            member.assignment = b""
+            if member.sync_token is not None:
+                effects.append(Completed(member.sync_token, SyncGroupResponse(client_error_code)))
                 member.sync_token = None
 
     def _sync_response(self, group: Group, member: Member) -> SyncGroupResponse:
@@ -551,23 +657,72 @@ class GroupCoordinator:
         except errors.KafkaError as error:
             return Outcome(OffsetCommitResponse({tp: error.code for tp in request.offsets}))
         partition_errors: dict[TopicPartition, int] = {}
-        records = []
+        pending: dict[TopicPartition, CommittedOffset] = {}
         for tp, offset in request.offsets.items():
             if len(offset.metadata.encode("utf-8")) > self._config.offset_metadata_max_bytes:
                 partition_errors[tp] = errors.OffsetMetadataTooLarge.code
                 continue
             timestamp_ms = offset.commit_timestamp_ms if offset.commit_timestamp_ms >= 0 else now_ms
-            committed = CommittedOffset(
+            pending[tp] = CommittedOffset(
                 offset.offset, offset.leader_epoch, offset.metadata, timestamp_ms
             )
-            group.offsets[tp] = committed
-            records.append(store.offset_commit_record(group.group_id, tp, committed))
             partition_errors[tp] = NO_ERROR
+        if not pending:
+            return Outcome(OffsetCommitResponse(partition_errors))
         self._groups.setdefault(group.group_id, group)
-        effects = ()
-        if records:
-            effects = (AppendToOffsetsTopic(self.partition_for(group.group_id), tuple(records)),)
-        return Outcome(OffsetCommitResponse(partition_errors), effects)
+        records = tuple(
+            store.offset_commit_record(group.group_id, tp, committed)
+            for tp, committed in pending.items()
+        )
+        token = next(self._tokens)
+        effects: list[Effect] = []
+        follow_up = _CommitAwaitingAppend(group, token, partition_errors)
+        append_id = self._append(group.group_id, records, effects, follow_up)
+        group.pending_offset_commits[append_id] = pending
+        return Outcome(Pending(token), tuple(effects))
+
+    def _on_commit_appended(
+        self, append_id: int, waiting: _CommitAwaitingAppend, error_code: int, now_ms: int,
+        effects: list[Effect],
+    ) -> None:
+        group = waiting.group
+        pending = group.pending_offset_commits.pop(append_id, {})
+        partition_errors = dict(waiting.partition_errors)
+        if error_code == NO_ERROR:
+            if self._groups.get(group.group_id) is group:
+                group.offsets.update(pending)
+        else:
+            client_error_code = commit_append_error_code(error_code)
+            for tp, code in partition_errors.items():
+                if code == NO_ERROR:
+                    partition_errors[tp] = client_error_code
+            self._drop_if_unused(group, now_ms)
+        effects.append(Completed(waiting.token, OffsetCommitResponse(partition_errors)))
+
+    def _drop_if_unused(self, group: Group, now_ms: int) -> None:
+        """A group that only a failed commit created leaves the cache, nothing having been
+        written for it (Kafka's cleanup would remove it at the next retention check)."""
+        if (
+            self._groups.get(group.group_id) is group
+            and group.is_in(GroupState.EMPTY)
+            and group.protocol_type is None
+            and not group.has_offsets()
+            and not group.pending_members
+        ):
+            group.transition_to(GroupState.DEAD, now_ms)
+            del self._groups[group.group_id]
+
+    # --- append results ------------------------------------------------------------------------
+
+    def append_completed(self, result: AppendResult, now_ms: int) -> Outcome:
+        """Apply or roll back what waited on an append; answers parked requests as effects."""
+        waiting = self._awaiting_append.pop(result.append_id, None)
+        effects: list[Effect] = []
+        if isinstance(waiting, _CommitAwaitingAppend):
+            self._on_commit_appended(result.append_id, waiting, result.error_code, now_ms, effects)
+        elif isinstance(waiting, _AssignmentAwaitingAppend):
+            self._on_assignment_appended(waiting, result.error_code, now_ms, effects)
+        return Outcome(None, tuple(effects))
 
     def _group_for_commit(self, request: OffsetCommitRequest, now_ms: int) -> Group:
         self._check_available(request.group_id, require_non_empty_id=False)
@@ -620,12 +775,12 @@ class GroupCoordinator:
                 partition_errors[tp] = OFFSET_DELETE_SUBSCRIBED_ERROR.code
                 continue
             partition_errors[tp] = NO_ERROR
-            if group.offsets.pop(tp, None) is not None:
+            if group.remove_offset(tp) is not None:
                 tombstones.append(store.offset_tombstone(group.group_id, tp))
-        effects = ()
+        effects: list[Effect] = []
         if tombstones:
-            effects = (AppendToOffsetsTopic(self.partition_for(group.group_id), tuple(tombstones)),)
-        return Outcome(OffsetDeleteResponse(NO_ERROR, partition_errors), effects)
+            self._append(group.group_id, tuple(tombstones), effects)
+        return Outcome(OffsetDeleteResponse(NO_ERROR, partition_errors), tuple(effects))
 
     def _topics_blocking_offset_delete(self, group: Group) -> set[str] | None:
         """Topics whose offsets may not be deleted; None means all of them."""
@@ -642,15 +797,18 @@ class GroupCoordinator:
                 continue
             records = []
             for tp in store.expired_offsets(group, now_ms, retention_ms):
-                del group.offsets[tp]
+                group.remove_offset(tp)
                 records.append(store.offset_tombstone(group.group_id, tp))
-            if group.is_in(GroupState.EMPTY) and not group.offsets and not group.pending_members:
+            if (
+                group.is_in(GroupState.EMPTY)
+                and not group.has_offsets()
+                and not group.pending_members
+            ):
                 group.transition_to(GroupState.DEAD, now_ms)
                 del self._groups[group.group_id]
                 records.append(store.group_tombstone(group.group_id))
             if records:
-                partition = self.partition_for(group.group_id)
-                effects.append(AppendToOffsetsTopic(partition, tuple(records)))
+                self._append(group.group_id, tuple(records), effects)
 
     # --- admin -------------------------------------------------------------------------------
 
@@ -716,7 +874,7 @@ class GroupCoordinator:
         del self._groups[group_id]
         records = [store.offset_tombstone(group_id, tp) for tp in group.offsets]
         records.append(store.group_tombstone(group_id))
-        effects.append(AppendToOffsetsTopic(self.partition_for(group_id), tuple(records)))
+        self._append(group_id, tuple(records), effects)
 
     # --- dispatch ------------------------------------------------------------------------------
 
@@ -738,19 +896,28 @@ class GroupCoordinator:
             del self._groups[group_id]
         self._loading[partition] = store.PartitionLoader()
 
+    def abandon_loading(self, partition: int) -> None:
+        """Give up a failed load: the partition is available again without any of its groups."""
+        self._loading.pop(partition, None)
+
     def load_partition(self, partition: int, records: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Replay records of an offsets-topic partition in log order; may be called repeatedly
-        with successive chunks. Raises CorruptMessage for a record it cannot decode."""
+        with successive chunks (they are decoded in ``finish_loading``)."""
         self.begin_loading(partition)
         self._loading[partition].apply(records)
 
-    def finish_loading(self, partition: int, now_ms: int) -> None:
-        """Make the loaded groups live; members' session timers start at ``now_ms``."""
+    def finish_loading(self, partition: int, now_ms: int) -> int:
+        """Make the loaded groups live; members' session timers start at ``now_ms``. Returns
+        the number of records the partition's load replayed (also added to
+        ``loaded_record_count``). Raises CorruptMessage for a record it cannot decode; the
+        partition is then available again without any of its groups."""
         loader = self._loading.pop(partition, None)
         if loader is None:
-            return
+            return 0
+        self.loaded_record_count += loader.record_count
         for group in loader.build_groups(now_ms):
             self._groups[group.group_id] = group
+        return loader.record_count
 
 
 def _update_member(member: Member, request: JoinGroupRequest, now_ms: int) -> None:
@@ -801,4 +968,5 @@ _HANDLERS: dict[type, Callable[[GroupCoordinator, object, int], Outcome]] = {
     ListGroupsRequest: GroupCoordinator.list_groups,
     DescribeGroupsRequest: GroupCoordinator.describe_groups,
     DeleteGroupsRequest: GroupCoordinator.delete_groups,
+    AppendResult: GroupCoordinator.append_completed,
 }

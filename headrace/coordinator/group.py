@@ -94,6 +94,10 @@ class Group:
     static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     pending_members: dict[str, int] = field(default_factory=dict)  # member id -> deadline ms
     offsets: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
+    # Commits appended but not yet acknowledged by the log, by append id; invisible to fetches.
+    pending_offset_commits: dict[int, dict[TopicPartition, CommittedOffset]] = field(
+        default_factory=dict
+    )
     join_deadline_ms: int | None = None
     initial_delay_remaining_ms: int | None = None  # set while in the initial join delay
     new_member_added: bool = False
@@ -108,6 +112,17 @@ class Group:
 
     def is_in(self, *states: GroupState) -> bool:
         return self.state in states
+
+    def has_offsets(self) -> bool:
+        """Committed or pending offsets (Kafka's GroupMetadata.hasOffsets)."""
+        return bool(self.offsets) or any(self.pending_offset_commits.values())
+
+    def remove_offset(self, tp: TopicPartition) -> CommittedOffset | None:
+        """Forget a committed offset and any pending commit of it, so a commit still in flight
+        cannot resurrect what a later tombstone deleted."""
+        for pending in self.pending_offset_commits.values():
+            pending.pop(tp, None)
+        return self.offsets.pop(tp, None)
 
     def add_member(self, member: Member) -> None:
         if not self.members:

@@ -6,11 +6,15 @@ wire codes taken from ``headrace.errors`` classes (0 = NONE).
 
 Effects are what the broker must carry out, in order, after each call:
 
-* ``AppendToOffsetsTopic(partition, records)``: append (key, value) records to that
-  ``__consumer_offsets`` partition; a None value is a tombstone.
+* ``AppendToOffsetsTopic(partition, records, append_id)``: append (key, value) records to that
+  ``__consumer_offsets`` partition; a None value is a tombstone. When the append has finished
+  the broker reports it back with ``handle(AppendResult(append_id, error_code))``: state that
+  must not be visible before it is durable (committed offsets, a SyncGroup's assignment) is
+  applied, or rolled back, only then, and the requests waiting on it are answered through
+  the ``Completed`` effects of that call (Kafka's GroupMetadataManager append callbacks).
 * ``Completed(token, response)``: answer a request parked earlier (the call returned
-  ``Pending(token)``), e.g. a JoinGroup that waited for the rebalance or a follower's SyncGroup
-  that waited for the leader's assignment.
+  ``Pending(token)``), e.g. a JoinGroup that waited for the rebalance, a follower's SyncGroup
+  that waited for the leader's assignment, or an OffsetCommit that waited for its append.
 
 Immutable values; thread-safe.
 """
@@ -37,6 +41,16 @@ Protocols = tuple[tuple[str, bytes], ...]
 class AppendToOffsetsTopic:
     partition: int
     records: tuple[tuple[bytes, bytes | None], ...]
+    append_id: int  # reported back in AppendResult
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Input: how the append of ``AppendToOffsetsTopic(append_id=...)`` ended. ``error_code``
+    is the log's Kafka error code (0: appended); the coordinator maps it to what clients see."""
+
+    append_id: int
+    error_code: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +63,7 @@ class Pending:
 @dataclass(frozen=True, slots=True)
 class Completed:
     token: int
-    response: JoinGroupResponse | SyncGroupResponse
+    response: JoinGroupResponse | SyncGroupResponse | OffsetCommitResponse
 
 
 Effect = AppendToOffsetsTopic | Completed

@@ -10,7 +10,7 @@ Not thread-safe: ``PartitionLoader`` accumulates state; use one per loading part
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from headrace.coordinator.group import CommittedOffset, Group, GroupState, Member
 from headrace.coordinator.messages import TopicPartition
@@ -45,7 +45,9 @@ def offset_tombstone(group_id: str, tp: TopicPartition) -> Record:
     return encode_offset_commit_key(OffsetCommitKey(group_id, tp[0], tp[1])), None
 
 
-def group_metadata_record(group: Group) -> Record:
+def group_metadata_record(group: Group, assignments: Mapping[str, bytes] | None = None) -> Record:
+    """The group's metadata record; ``assignments`` (member id -> bytes) replaces the members'
+    current assignments in the record without touching the group (a SyncGroup not yet stored)."""
     members = tuple(
         MemberMetadataRecord(
             member.member_id,
@@ -55,7 +57,7 @@ def group_metadata_record(group: Group) -> Record:
             member.rebalance_timeout_ms,
             member.session_timeout_ms,
             member.metadata_for(group.protocol_name),
-            member.assignment,
+            member.assignment if assignments is None else assignments.get(member.member_id, b""),
         )
         for member in group.members.values()
     )
@@ -134,31 +136,43 @@ def group_from_record(group_id: str, value: GroupMetadataValue, now_ms: int) -> 
 
 
 class PartitionLoader:
-    """Replays one ``__consumer_offsets`` partition in log order."""
+    """Replays one ``__consumer_offsets`` partition in log order. Replay keeps only the latest
+    value bytes per key bytes (a dictionary update per chunk); the survivors are decoded once,
+    in ``build_groups``, so a topic of many overwritten commits costs little per record."""
 
     def __init__(self) -> None:
-        self._group_values: dict[str, GroupMetadataValue | None] = {}
-        self._offset_values: dict[str, dict[TopicPartition, OffsetCommitValue | None]] = {}
+        self._latest: dict[bytes, bytes | None] = {}
+        self.record_count = 0  # records replayed so far, tombstones included
 
     def apply(self, records: Iterable[Record]) -> None:
-        for key_bytes, value_bytes in records:
+        records = list(records)
+        self._latest.update(records)
+        self.record_count += len(records)
+
+    def _decoded(self):
+        group_values: dict[str, GroupMetadataValue | None] = {}
+        offset_values: dict[str, dict[TopicPartition, OffsetCommitValue | None]] = {}
+        for key_bytes, value_bytes in self._latest.items():
             key = decode_key(key_bytes)
             if isinstance(key, OffsetCommitKey):
                 value = None if value_bytes is None else decode_offset_commit_value(value_bytes)
-                self._offset_values.setdefault(key.group_id, {})[(key.topic, key.partition)] = value
+                offset_values.setdefault(key.group_id, {})[(key.topic, key.partition)] = value
             else:
                 decoded = None if value_bytes is None else decode_group_metadata_value(value_bytes)
-                self._group_values[key.group_id] = decoded
+                group_values[key.group_id] = decoded
+        return group_values, offset_values
 
     def build_groups(self, now_ms: int) -> list[Group]:
+        """The groups replayed. Raises CorruptMessage for a record it cannot decode."""
+        group_values, offset_values = self._decoded()
         groups = []
-        for group_id in self._group_values.keys() | self._offset_values.keys():
+        for group_id in group_values.keys() | offset_values.keys():
             offsets = {
                 tp: CommittedOffset(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp_ms)
-                for tp, v in self._offset_values.get(group_id, {}).items()
+                for tp, v in offset_values.get(group_id, {}).items()
                 if v is not None
             }
-            value = self._group_values.get(group_id)
+            value = group_values.get(group_id)
             if value is None and not offsets:
                 continue
             if value is None:

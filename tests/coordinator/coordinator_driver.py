@@ -1,7 +1,9 @@
 """Test helpers: drives a GroupCoordinator the way the broker will: requests in, effects carried out.
 
 ``Driver`` keeps an injected clock (``now_ms``), records every completed parked response by
-token and every record appended to ``__consumer_offsets`` (in order, per partition).
+token and every record handed to ``__consumer_offsets`` (in order, per partition). Appends are
+acknowledged as successful right away unless ``hold_appends`` is set; then they wait in
+``in_flight`` until ``finish_appends(error_code)`` reports them, as a slow or failing log would.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import itertools
 from headrace.coordinator.config import CoordinatorConfig
 from headrace.coordinator.coordinator import GroupCoordinator
 from headrace.coordinator.messages import (
+    AppendResult,
     AppendToOffsetsTopic,
     Completed,
     HeartbeatRequest,
@@ -43,6 +46,8 @@ class Driver:
         self.now_ms = 0
         self.completed: dict[int, object] = {}
         self.appended: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        self.hold_appends = False
+        self.in_flight: list[AppendToOffsetsTopic] = []
 
     def carry_out(self, effects) -> None:
         for effect in effects:
@@ -52,6 +57,17 @@ class Driver:
             else:
                 assert isinstance(effect, AppendToOffsetsTopic)
                 self.appended.setdefault(effect.partition, []).extend(effect.records)
+                self.in_flight.append(effect)
+        if not self.hold_appends:
+            self.finish_appends()
+
+    def finish_appends(self, error_code: int = 0) -> None:
+        """Report every in-flight append as ended with ``error_code`` (0: appended)."""
+        while self.in_flight:
+            effect = self.in_flight.pop(0)
+            outcome = self.coordinator.handle(AppendResult(effect.append_id, error_code), self.now_ms)
+            assert outcome.response is None
+            self.carry_out(outcome.effects)
 
     def call(self, request) -> object:
         outcome: Outcome = self.coordinator.handle(request, self.now_ms)
@@ -102,7 +118,8 @@ class Driver:
         return first.member_id, self.join(member_id=first.member_id, client_id=client_id, **kwargs)
 
     def sync(self, member_id, generation_id, assignments=None, group=GROUP, instance_id=None):
-        return self.call(
+        """The response, or ``Pending`` while the request is still parked."""
+        response = self.call(
             SyncGroupRequest(
                 group_id=group,
                 member_id=member_id,
@@ -111,6 +128,7 @@ class Driver:
                 group_instance_id=instance_id,
             )
         )
+        return self.result(response) or response
 
     def heartbeat(self, member_id, generation_id, group=GROUP, instance_id=None) -> int:
         request = HeartbeatRequest(group, member_id, generation_id, instance_id)
@@ -124,7 +142,7 @@ class Driver:
             member_id=member_id,
             group_instance_id=instance_id,
         )
-        return self.call(request).partition_errors
+        return self.result(self.call(request)).partition_errors
 
 
 def form_group(driver, count, topics=("orders",)):

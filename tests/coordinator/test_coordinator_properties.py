@@ -1,5 +1,7 @@
-"""Property: random interleavings of join / sync / heartbeat / leave / commit / time never give
-a partition to two consumers in one generation, and every answer carries a defined error code."""
+"""Property: random interleavings of join / sync / heartbeat / leave / commit / time, with
+offsets-topic appends that stall, succeed or fail, never give a partition to two consumers in
+one generation, never show a committed offset before its commit was acknowledged, and every
+answer carries a defined error code."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from headrace.coordinator.messages import (
     MemberIdentity,
     OffsetAndMetadata,
     OffsetCommitRequest,
+    OffsetFetchRequest,
     Pending,
 )
 from headrace.protocol.assignors import (
@@ -51,6 +54,8 @@ class Simulation:
         self.driver = Driver()
         self.consumers = [SimulatedConsumer(i) for i in range(CLIENTS)]
         self.owner_by_generation_partition: dict[tuple[int, tuple[str, int]], int] = {}
+        self.parked_commits: dict[int, tuple[str, int]] = {}  # token -> partition
+        self.acknowledged_commits: set[tuple[str, int]] = set()
 
     def check_code(self, code: int) -> None:
         assert code in DEFINED_CODES, code
@@ -85,6 +90,19 @@ class Simulation:
                 self.on_join(consumer, completed.pop(token))
             for token in [t for t in consumer.parked_syncs if t in completed]:
                 self.on_sync(consumer, consumer.parked_syncs.pop(token), completed.pop(token))
+        for token in [t for t in self.parked_commits if t in completed]:
+            self.on_commit(self.parked_commits.pop(token), completed.pop(token))
+
+    def on_commit(self, tp: tuple[str, int], response) -> None:
+        code = response.partition_errors[tp]
+        self.check_code(code)
+        if code == 0:
+            self.acknowledged_commits.add(tp)
+
+    def check_fetch_shows_only_acknowledged_commits(self) -> None:
+        fetched = self.driver.call(OffsetFetchRequest(GROUP))
+        assert fetched.error_code == 0
+        assert set(fetched.offsets) <= self.acknowledged_commits
 
     def join(self, consumer: SimulatedConsumer) -> None:
         response = self.driver.join(
@@ -140,11 +158,29 @@ class Simulation:
             consumer.member_id,
             consumer.instance_id,
         )
-        for code in self.driver.call(request).partition_errors.values():
-            self.check_code(code)
+        response = self.driver.call(request)
+        tp = ("orders", consumer.index)
+        if isinstance(response, Pending):
+            self.parked_commits[response.token] = tp
+        else:
+            self.on_commit(tp, response)
+
+    def stall_appends(self, consumer: SimulatedConsumer) -> None:
+        self.driver.hold_appends = True
+
+    def release_appends(self, consumer: SimulatedConsumer) -> None:
+        self.driver.hold_appends = False
+        self.driver.finish_appends()
+
+    def fail_appends(self, consumer: SimulatedConsumer) -> None:
+        self.driver.hold_appends = False
+        self.driver.finish_appends(errors.NotLeaderOrFollower.code)
 
 
-ACTIONS = ["join", "sync", "heartbeat", "leave", "commit", "wait"]
+ACTIONS = [
+    "join", "sync", "heartbeat", "leave", "commit", "wait",
+    "stall_appends", "release_appends", "fail_appends",
+]
 steps = st.lists(
     st.tuples(st.sampled_from(ACTIONS), st.integers(0, CLIENTS - 1), st.integers(1, 15_000)),
     max_size=80,
@@ -162,3 +198,4 @@ def test_no_partition_has_two_owners_in_a_generation(script):
         else:
             getattr(simulation, action)(consumer)
         simulation.collect_completions()
+        simulation.check_fetch_shows_only_acknowledged_commits()

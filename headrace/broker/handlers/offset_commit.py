@@ -1,27 +1,44 @@
-"""OffsetCommit (key 8), versions 2-9: commit consumed offsets with metadata strings.
+"""OffsetCommit (key 8), versions 2-10: commit consumed offsets with metadata strings.
 
 Members of a group commit with their generation and member id (checked by the coordinator:
 ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID);
-consumers using assign() commit with generation -1 and an empty member id. Commits are
-appended to ``__consumer_offsets`` before the answer. v2-4's retention_time is ignored, as
-in Kafka 2.1+ (offsets.retention.minutes applies). v6+ leader epochs; v7+ group.instance.id.
-Event loop thread.
+consumers using assign() commit with generation -1 and an empty member id. The answer waits
+for the append to ``__consumer_offsets``; a failed append answers Kafka's mapped error
+(INVALID_COMMIT_OFFSET_SIZE for a batch over the offsets topic's max.message.bytes,
+COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR...). v2-4's retention_time is ignored, as in
+Kafka 2.1+ (offsets.retention.minutes applies). v6+ leader epochs; v7+ group.instance.id;
+v9+ names the generation ``generation_id_or_member_epoch`` (KIP-848; a classic group reads it
+as the generation); v10+ names topics by id: an id this broker does not know answers
+UNKNOWN_TOPIC_ID for its partitions. Event loop thread.
 """
 
 from __future__ import annotations
 
 from headrace.coordinator.messages import OffsetAndMetadata, OffsetCommitRequest
+from headrace.errors import UnknownTopicId
 
 API_KEY = 8
 MIN_VERSION = 2
-MAX_VERSION = 9
+MAX_VERSION = 10
+
+TOPIC_ID_VERSION = 10
 
 
-def _to_coordinator(request) -> OffsetCommitRequest:
+def _topic_names(ctx, request) -> list[str | None]:
+    """Each request topic's name (None: an unknown topic id)."""
+    if ctx.api_version < TOPIC_ID_VERSION:
+        return [topic.name for topic in request.topics]
+    names_by_id = {info.topic_id: name for name, info in ctx.broker.log_manager.topics().items()}
+    return [names_by_id.get(topic.topic_id) for topic in request.topics]
+
+
+def _to_coordinator(request, names: list[str | None]) -> OffsetCommitRequest:
     offsets = {}
-    for topic in request.topics:
+    for topic, name in zip(request.topics, names, strict=True):
+        if name is None:
+            continue
         for p in topic.partitions:
-            offsets[(topic.name, p.partition_index)] = OffsetAndMetadata(
+            offsets[(name, p.partition_index)] = OffsetAndMetadata(
                 offset=p.committed_offset,
                 leader_epoch=getattr(p, "committed_leader_epoch", -1),
                 metadata=p.committed_metadata or "",
@@ -36,15 +53,18 @@ def _to_coordinator(request) -> OffsetCommitRequest:
 
 
 async def handle(ctx, request):
-    response = await ctx.broker.groups.call(_to_coordinator(request))
+    names = _topic_names(ctx, request)
+    response = await ctx.broker.groups.call(_to_coordinator(request, names))
     errors = response.partition_errors
-    return ctx.respond({
-        "throttle_time": 0,
-        "topics": [
-            {"name": topic.name,
-             "partitions": [{"partition_index": p.partition_index,
-                             "error_code": errors.get((topic.name, p.partition_index), 0)}
-                            for p in topic.partitions]}
-            for topic in request.topics
-        ],
-    })
+    topics = []
+    for topic, name in zip(request.topics, names, strict=True):
+        partitions = [
+            {"partition_index": p.partition_index,
+             "error_code": UnknownTopicId.code if name is None
+             else errors.get((name, p.partition_index), 0)}
+            for p in topic.partitions
+        ]
+        named = {"topic_id": topic.topic_id} if ctx.api_version >= TOPIC_ID_VERSION else {
+            "name": name}
+        topics.append({**named, "partitions": partitions})
+    return ctx.respond({"throttle_time": 0, "topics": topics})
