@@ -1,15 +1,22 @@
-"""Cleaner benchmark: distinct keys per 128 MiB pass, cleaning MB/s against a plain sequential
-read + write of the same bytes on the same disk in the same run, and peak RSS growth.
+"""Cleaner benchmark: distinct keys per 128 MiB pass, and cleaning MB/s against a plain
+sequential read + write of the same bytes on the same disk in the same run (median of 3).
 
-    .venv/bin/python bench/cleaner.py --megabytes 2048 --keys 2000000 --dir /tmp/cleaner/bench
+One log is generated (bench/cleaner_workload.py: 36-byte keys, 100-byte values, every key
+written ``--versions`` times in permuted order), then for each of ``--runs`` rounds it is
+copied afresh, the copy's closed segments are read and written once plainly (fsynced), and
+the copy is cleaned with a 128 MiB dedupe buffer; the figure is the median ratio of plain
+seconds to cleaning seconds.
+
+    .venv/bin/python bench/cleaner.py --megabytes 512 --records-per-batch 100
+    .venv/bin/python bench/cleaner.py --megabytes 512 --records-per-batch 1
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -17,21 +24,20 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from headrace.protocol.records import build_batch  # noqa: E402
+from cleaner_workload import NOW_MS, BatchBuilder, permuted_ids  # noqa: E402
+
 from headrace.storage.cleaner import Cleaner  # noqa: E402
 from headrace.storage.config import LogConfig  # noqa: E402
 from headrace.storage.fs import RealFileSystem  # noqa: E402
 from headrace.storage.log import Log  # noqa: E402
 from headrace.storage.offset_map import OffsetMap  # noqa: E402
 
-NOW_MS = 1_700_000_000_000
-RECORDS_PER_BATCH = 1
+KEY_BYTES = 36
 VALUE_BYTES = 100
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+PERMUTATION_MULTIPLIER = 2_654_435_761  # prime: coprime to any key count below it
+CONFIG = LogConfig(cleanup_policy=("compact",), segment_bytes=256 * 1024 * 1024)
 
 
 def keys_per_pass() -> int:
@@ -42,19 +48,25 @@ def keys_per_pass() -> int:
     return offset_map.put(hashes[:, 0], hashes[:, 1], np.arange(n, dtype=np.int64))
 
 
-def write_log(path: Path, megabytes: int, keys: int) -> Log:
-    config = LogConfig(cleanup_policy=("compact",), segment_bytes=256 * 1024 * 1024)
-    log = Log("bench", 0, path, config, RealFileSystem(), NOW_MS)
-    rng = np.random.default_rng(2)
-    value = b"x" * VALUE_BYTES
-    while log.size_bytes < megabytes * 1024 * 1024:
-        chunk = bytearray()
-        for key in rng.integers(0, keys, 2000).tolist():
-            chunk += build_batch([(b"key-%d" % key, value, [], NOW_MS)])
-        log.append(chunk, NOW_MS)
+def open_log(path: Path) -> Log:
+    return Log("bench", 0, path, CONFIG, RealFileSystem(), NOW_MS, recovery_point=0)
+
+
+def write_log(path: Path, megabytes: int, versions: int, records_per_batch: int) -> int:
+    """Write ``versions`` rounds over as many keys as fill ``megabytes``; returns the keys."""
+    builder = BatchBuilder(records_per_batch, KEY_BYTES, VALUE_BYTES)
+    record_bytes = len(builder.build(np.zeros(records_per_batch, np.int64), 0)) \
+        / records_per_batch
+    keys = int(megabytes * 1024 * 1024 / record_bytes / versions)
+    log = open_log(path)
+    for version in range(versions):
+        for start in range(0, keys, records_per_batch):
+            ids = permuted_ids(start, min(records_per_batch, keys - start), keys,
+                               PERMUTATION_MULTIPLIER + version)
+            log.append(builder.build(ids, version), NOW_MS)
     log.roll(NOW_MS)
-    log.flush()
-    return log
+    log.close()
+    return keys
 
 
 def plain_copy_secs(log: Log, target: Path) -> float:
@@ -68,32 +80,52 @@ def plain_copy_secs(log: Log, target: Path) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--megabytes", type=int, default=512)
-    parser.add_argument("--keys", type=int, default=1_000_000)
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/cleaner/bench"))
-    args = parser.parse_args()
-    shutil.rmtree(args.dir, ignore_errors=True)
-    args.dir.mkdir(parents=True)
-    started = time.perf_counter()
-    print(f"distinct keys in one 128 MiB pass: {keys_per_pass():,} "
-          f"({time.perf_counter() - started:.1f} s)")
-    log = write_log(args.dir / "bench-0", args.megabytes, args.keys)
-    size_mb = log.size_bytes / 1024 / 1024
-    copy_secs = plain_copy_secs(log, args.dir / "plain-copy")
-    os.remove(args.dir / "plain-copy")
+def one_round(source: Path, work: Path) -> tuple[float, float, float, object]:
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(source, work)
+    log = open_log(work / "bench-0")
+    size_mb = sum(s.size_bytes for s in log.segments[:-1]) / 2**20
+    copy_secs = plain_copy_secs(log, work / "plain-copy")
+    os.remove(work / "plain-copy")
     cleaner = Cleaner(OffsetMap())
-    rss_before = peak_rss_mb()
     started = time.perf_counter()
     stats = cleaner.clean(log, 0, NOW_MS)
     clean_secs = time.perf_counter() - started
-    print(f"log {size_mb:.0f} MB, {args.keys:,} keys: plain read+write {size_mb / copy_secs:.0f} "
-          f"MB/s, cleaning {size_mb / clean_secs:.0f} MB/s, ratio {copy_secs / clean_secs:.2f}")
-    print(f"size {stats.start_size_bytes / 2**20:.0f} -> {stats.end_size_bytes / 2**20:.0f} MB, "
-          f"passes {stats.passes}, buffer utilisation {100 * stats.max_buffer_utilization:.1f}%, "
-          f"peak RSS growth during cleaning {peak_rss_mb() - rss_before:.0f} MB")
     log.close()
+    return size_mb, copy_secs, clean_secs, stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--megabytes", type=int, default=512)
+    parser.add_argument("--versions", type=int, default=2)
+    parser.add_argument("--records-per-batch", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/cleaner/bench"))
+    parser.add_argument("--skip-capacity", action="store_true")
+    args = parser.parse_args()
+    shutil.rmtree(args.dir, ignore_errors=True)
+    args.dir.mkdir(parents=True)
+    if not args.skip_capacity:
+        started = time.perf_counter()
+        print(f"distinct keys in one 128 MiB pass: {keys_per_pass():,} "
+              f"({time.perf_counter() - started:.1f} s)")
+    started = time.perf_counter()
+    keys = write_log(args.dir / "source" / "bench-0", args.megabytes, args.versions,
+                     args.records_per_batch)
+    print(f"generated {keys:,} keys x {args.versions} versions, {args.records_per_batch} "
+          f"records a batch in {time.perf_counter() - started:.1f} s")
+    ratios = []
+    for run in range(args.runs):
+        size_mb, copy_secs, clean_secs, stats = one_round(args.dir / "source",
+                                                          args.dir / "work")
+        ratios.append(copy_secs / clean_secs)
+        print(f"run {run + 1}: {size_mb:.0f} MB: plain read+write {size_mb / copy_secs:.0f} "
+              f"MB/s, cleaning {size_mb / clean_secs:.0f} MB/s, ratio {ratios[-1]:.2f}; "
+              f"{stats.start_size_bytes / 2**20:.0f} -> {stats.end_size_bytes / 2**20:.0f} MB, "
+              f"passes {stats.passes}, buffer utilisation "
+              f"{100 * stats.max_buffer_utilization:.1f}%")
+    print(f"median ratio cleaning / plain read+write: {statistics.median(ratios):.2f}")
     shutil.rmtree(args.dir, ignore_errors=True)
 
 

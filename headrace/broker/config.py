@@ -97,6 +97,8 @@ _SERVER_DEFS = (
     _dynamic("log.cleaner.backoff.ms", "long", "15000"),
     _dynamic("log.cleaner.dedupe.buffer.size", "long", "134217728"),
     _dynamic("log.cleaner.io.buffer.size", "int", "524288"),
+    _dynamic("log.cleaner.io.buffer.load.factor", "double", "0.9"),
+    _dynamic("log.cleaner.io.max.bytes.per.second", "double", "1.7976931348623157E308"),
     _static("offset.metadata.max.bytes", "int", "4096"),
     _static("group.initial.rebalance.delay.ms", "int", "3000"),
     _static("group.min.session.timeout.ms", "int", "6000"),

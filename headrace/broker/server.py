@@ -3,28 +3,39 @@
 Owns ``Broker`` (composition root: config -> LogManager -> BrokerState -> asyncio server) and
 ``run_broker`` (the blocking entry point used by ``headrace broker``).
 
-Event loop: the default asyncio selector loop with ``asyncio.Protocol`` connections. Its
-``loop.sendfile`` is native zero-copy ``os.sendfile``; uvloop's raises NotImplementedError
-and falls back to reading through Python (see bench/broker_loop.py for the measurement).
+Event loop: the default asyncio selector loop with ``asyncio.Protocol`` connections, chosen
+by measurement (bench/broker_loop.py and kbench, BENCHMARKS.md). The Protocol API beats
+streams on the default loop (streams: 0.9-1.3x the CPU per small request, far slower
+sendfile). uvloop costs ~0.35x the CPU per small round trip, but its ``loop.sendfile`` raises
+NotImplementedError, so fetched records must be pread and written through Python; in kbench
+runs it used a little less broker CPU per GB but had worse paced-produce p99 latency, and the
+small-request saving is small next to produce/fetch work. The default loop keeps zero-copy
+``os.sendfile``. ``HEADRACE_EVENT_LOOP=uvloop`` (environment) runs the broker on uvloop to
+repeat the comparison; any other value than ``asyncio``/``uvloop`` is a configuration error.
 
 Start-up: load every log (recovering after an unclean shutdown), bind, then log the time
 from process start to serving. Maintenance (``LogManager.maintenance(now_ms)``: time-based
 flush, rolls, retention, checkpoints) runs every ``MAINTENANCE_INTERVAL_MS`` on the append
-thread, so it never runs concurrently with an append. Idle connections are closed after
-``connections.max.idle.ms``. SIGTERM/SIGINT: stop accepting, let in-flight requests finish
-(up to ``SHUTDOWN_GRACE_MS``), close connections, then ``LogManager.shutdown()``.
+thread, so it never runs concurrently with an append. The log cleaner (``CleanerService``)
+starts after the group coordinator has created ``__consumer_offsets``. Idle connections are
+closed after ``connections.max.idle.ms``. SIGTERM/SIGINT: stop accepting, let in-flight
+requests finish (up to ``SHUTDOWN_GRACE_MS``), close connections, stop the cleaner threads
+(cleanings abort at their next chunk), then ``LogManager.shutdown()``.
 
-Everything runs on one event-loop thread, plus the single append thread of BrokerState.
+Everything runs on one event-loop thread, plus the single append thread of BrokerState and
+the ``log.cleaner.threads`` cleaner threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from pathlib import Path
 
+from headrace.broker.cleaner_service import CleanerService
 from headrace.broker.config import BrokerConfig
 from headrace.broker.connection import KafkaConnection
 from headrace.broker.group_service import GroupService
@@ -34,6 +45,7 @@ from headrace.broker.state import (
     ProducerIdAllocator,
     load_or_create_cluster_id,
 )
+from headrace.errors import InvalidConfig
 from headrace.storage.clock import SystemClock
 from headrace.storage.manager import LogManager
 
@@ -42,6 +54,9 @@ log = logging.getLogger(__name__)
 MAINTENANCE_INTERVAL_MS = 1000
 SHUTDOWN_GRACE_MS = 5000
 LISTEN_BACKLOG = 1024
+EVENT_LOOP_ENVIRONMENT_VARIABLE = "HEADRACE_EVENT_LOOP"
+EVENT_LOOPS = ("asyncio", "uvloop")
+DEFAULT_EVENT_LOOP = "asyncio"
 
 
 class Broker:
@@ -76,6 +91,8 @@ class Broker:
         )
         self.state.groups = GroupService(self.state)
         await self.state.groups.start()
+        self.state.cleaner = CleanerService(config, log_manager, self.clock)
+        await asyncio.get_running_loop().run_in_executor(None, self.state.cleaner.start)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: KafkaConnection(self.state, self.connections),
@@ -128,6 +145,8 @@ class Broker:
         if state is not None:
             if state.groups is not None:
                 await state.groups.stop()
+            if state.cleaner is not None:
+                await asyncio.get_running_loop().run_in_executor(None, state.cleaner.stop)
             await asyncio.get_running_loop().run_in_executor(
                 state.append_executor, state.log_manager.shutdown
             )
@@ -157,6 +176,16 @@ async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:
 def run_broker(
     properties_file: Path | None, overrides: list[str], process_start_monotonic_s: float
 ) -> None:
-    """Blocking: run a broker until SIGTERM/SIGINT."""
+    """Blocking: run a broker until SIGTERM/SIGINT, on the event loop ``HEADRACE_EVENT_LOOP``
+    names (``EVENT_LOOPS``; default ``DEFAULT_EVENT_LOOP``)."""
     config = BrokerConfig.load(properties_file, overrides=overrides)
-    asyncio.run(serve(config, process_start_monotonic_s))
+    loop_name = os.environ.get(EVENT_LOOP_ENVIRONMENT_VARIABLE, DEFAULT_EVENT_LOOP)
+    if loop_name not in EVENT_LOOPS:
+        raise InvalidConfig(
+            f"{EVENT_LOOP_ENVIRONMENT_VARIABLE}={loop_name}: expected one of {EVENT_LOOPS}")
+    if loop_name == "uvloop":
+        import uvloop
+
+        uvloop.run(serve(config, process_start_monotonic_s))
+    else:
+        asyncio.run(serve(config, process_start_monotonic_s))

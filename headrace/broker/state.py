@@ -128,7 +128,13 @@ class AppendHub:
                     del self._waiters[key]
 
     def notify(self, key: tuple[str, int]) -> None:
-        """Thread-safe: schedule waking every waiter of ``key`` on the event loop."""
+        """Thread-safe: schedule waking every waiter of ``key`` on the event loop.
+
+        Appends to a partition nobody waits on cost no loop wake-up. That check cannot lose
+        a wake-up: a fetch registers its event before re-reading the log, so an append it
+        misses in that read finds the registration here (``in`` on a dict is atomic)."""
+        if key not in self._waiters:
+            return
         try:
             self._loop.call_soon_threadsafe(self._wake, key)
         except RuntimeError:  # the loop is closed: the broker is shutting down
@@ -151,6 +157,7 @@ class BrokerState:
     producer_ids: ProducerIdAllocator
     appended: AppendHub
     groups: Any = None  # headrace.broker.group_service.GroupService, set by the server
+    cleaner: Any = None  # headrace.broker.cleaner_service.CleanerService, set by the server
     append_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="headrace-append")
     )

@@ -52,10 +52,11 @@ def broker(
 
 def _register_client_commands() -> None:
     """The client commands (topics, produce, consume, ...) live in their own modules."""
-    from headrace.cli import client_commands, groups
+    from headrace.cli import cleaner, client_commands, groups
 
     client_commands.register(app)
     app.add_typer(groups.app, name="groups")
+    app.add_typer(cleaner.app, name="cleaner")
 
 
 _register_client_commands()

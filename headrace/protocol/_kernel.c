@@ -977,6 +977,653 @@ static PyObject *py_offset_map_get(PyObject *self, PyObject *args)
     return result;
 }
 
+/* ------------------------------------------------------------------ produce validation */
+/* validate_batches: the storage append path's one call per produce request. Walks the whole
+ * v2 batches of a buffer, checks each one's structure and CRC-32C and returns a compact
+ * summary per batch; the CRC runs three interleaved hardware streams (the crc32 instruction
+ * has a latency of three cycles and a throughput of one), combined with precomputed
+ * "shift through N zero bytes" tables, about three times a single stream's speed. */
+
+#define CRC_LONG_STRIDE_BYTES 4096
+#define CRC_SHORT_STRIDE_BYTES 256
+#define VALIDATE_GIL_RELEASE_MIN_BYTES (256 * 1024)
+
+static uint32_t crc32c_shift_long[4][256];
+static uint32_t crc32c_shift_short[4][256];
+
+/* table[k][v] = the raw CRC register after feeding `zero_bytes` zero bytes to a register
+ * holding v << 8k: the operator is linear, so four lookups shift any register. */
+static void crc32c_build_shift_table(uint32_t table[4][256], size_t zero_bytes)
+{
+    static const uint8_t zeros[CRC_LONG_STRIDE_BYTES];
+    uint32_t basis[32];
+    for (int bit = 0; bit < 32; bit++)
+        basis[bit] = crc32c_update(1u << bit, zeros, zero_bytes);
+    for (int byte = 0; byte < 4; byte++)
+        for (uint32_t value = 0; value < 256; value++) {
+            uint32_t shifted = 0;
+            for (int bit = 0; bit < 8; bit++)
+                if (value >> bit & 1)
+                    shifted ^= basis[byte * 8 + bit];
+            table[byte][value] = shifted;
+        }
+}
+
+static uint32_t crc32c_shift(uint32_t table[4][256], uint32_t crc)
+{
+    return table[0][crc & 0xff] ^ table[1][crc >> 8 & 0xff] ^ table[2][crc >> 16 & 0xff] ^
+           table[3][crc >> 24];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Raw CRC of 3 * stride bytes at p from register crc, as three interleaved streams. */
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_three_streams(uint32_t crc, const uint8_t *p, size_t stride, uint32_t table[4][256])
+{
+    uint64_t first = crc, second = 0, third = 0;
+    for (size_t i = 0; i < stride; i += 8) {
+        uint64_t a, b, c;
+        memcpy(&a, p + i, 8);
+        memcpy(&b, p + stride + i, 8);
+        memcpy(&c, p + 2 * stride + i, 8);
+        first = __builtin_ia32_crc32di(first, a);
+        second = __builtin_ia32_crc32di(second, b);
+        third = __builtin_ia32_crc32di(third, c);
+    }
+    uint32_t joined = crc32c_shift(table, (uint32_t)first) ^ (uint32_t)second;
+    return crc32c_shift(table, joined) ^ (uint32_t)third;
+}
+
+static uint32_t crc32c_interleaved(uint32_t crc, const uint8_t *p, size_t n)
+{
+    for (; n >= 3 * CRC_LONG_STRIDE_BYTES; p += 3 * CRC_LONG_STRIDE_BYTES,
+                                           n -= 3 * CRC_LONG_STRIDE_BYTES)
+        crc = crc32c_three_streams(crc, p, CRC_LONG_STRIDE_BYTES, crc32c_shift_long);
+    for (; n >= 3 * CRC_SHORT_STRIDE_BYTES; p += 3 * CRC_SHORT_STRIDE_BYTES,
+                                            n -= 3 * CRC_SHORT_STRIDE_BYTES)
+        crc = crc32c_three_streams(crc, p, CRC_SHORT_STRIDE_BYTES, crc32c_shift_short);
+    return crc32c_sse42(crc, p, n);
+}
+#endif
+
+static uint32_t (*crc32c_fast_update)(uint32_t, const uint8_t *, size_t) = crc32c_portable;
+
+static void validate_init(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (crc32c_update == crc32c_sse42) {
+        crc32c_build_shift_table(crc32c_shift_long, CRC_LONG_STRIDE_BYTES);
+        crc32c_build_shift_table(crc32c_shift_short, CRC_SHORT_STRIDE_BYTES);
+        crc32c_fast_update = crc32c_interleaved;
+        return;
+    }
+#endif
+    crc32c_fast_update = crc32c_update;
+}
+
+/* What the append path needs of one batch (returned as a tuple of its fields in order). */
+#define BATCH_SUMMARY_FIELDS 8
+typedef struct {
+    int64_t position, size_bytes, base_timestamp, max_timestamp, producer_id;
+    int32_t attributes, last_offset_delta, records_count;
+} BatchSummary;
+
+/* Check the batch at pos (whole, magic 2, plausible length, CRC-32C) and summarise it. */
+static int validate_one(const uint8_t *buf, size_t len, size_t pos, BatchSummary *s, Failure *f)
+{
+    const uint8_t *p = buf + pos;
+    if (len - pos < BATCH_HEADER_BYTES)
+        return fail(f, FAIL_CORRUPT, "record batch header truncated at byte %lld",
+                    (long long)pos);
+    int32_t batch_length = (int32_t)be32(p + 8);
+    if (p[16] != CURRENT_MAGIC)
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld has magic %d, expected 2",
+                    (long long)pos, (int)(int8_t)p[16]);
+    if (batch_length < BATCH_HEADER_BYTES - LOG_OVERHEAD_BYTES)
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld has length %d", (long long)pos,
+                    (int)batch_length);
+    size_t size_bytes = (size_t)batch_length + LOG_OVERHEAD_BYTES;
+    if (size_bytes > len - pos)
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld overruns the buffer",
+                    (long long)pos);
+    uint32_t crc = ~crc32c_fast_update(~0u, p + CRC_COVERED_FROM, size_bytes - CRC_COVERED_FROM);
+    if (crc != be32(p + 17))
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld fails its CRC-32C check",
+                    (long long)pos);
+    s->position = (int64_t)pos;
+    s->size_bytes = (int64_t)size_bytes;
+    s->attributes = (int16_t)(p[21] << 8 | p[22]);
+    s->last_offset_delta = (int32_t)be32(p + 23);
+    s->base_timestamp = (int64_t)be64(p + 27);
+    s->max_timestamp = (int64_t)be64(p + 35);
+    s->producer_id = (int64_t)be64(p + 43);
+    s->records_count = (int32_t)be32(p + 57);
+    return 0;
+}
+
+/* Validate every batch of buf into summaries (malloc'd, *count of them). */
+static int validate_all(const uint8_t *buf, size_t len, BatchSummary **out, size_t *count,
+                        Failure *f)
+{
+    Buf summaries = {NULL, 0, 0};
+    for (size_t pos = 0; pos < len;) {
+        BatchSummary s;
+        if (validate_one(buf, len, pos, &s, f) < 0) {
+            free(summaries.data);
+            return -1;
+        }
+        if (buf_put(&summaries, &s, sizeof s) < 0) {
+            free(summaries.data);
+            return fail_no_memory(f);
+        }
+        pos += (size_t)s.size_bytes;
+    }
+    *out = (BatchSummary *)summaries.data;
+    *count = summaries.len / sizeof(BatchSummary);
+    return 0;
+}
+
+static PyObject *summaries_to_tuple(const BatchSummary *summaries, size_t count)
+{
+    PyObject *result = PyTuple_New((Py_ssize_t)count);
+    for (size_t i = 0; result != NULL && i < count; i++) {
+        const BatchSummary *s = &summaries[i];
+        const int64_t fields[BATCH_SUMMARY_FIELDS] = {
+            s->position, s->size_bytes, s->attributes, s->last_offset_delta,
+            s->base_timestamp, s->max_timestamp, s->producer_id, s->records_count};
+        PyObject *item = PyTuple_New(BATCH_SUMMARY_FIELDS);
+        for (int field = 0; item != NULL && field < BATCH_SUMMARY_FIELDS; field++) {
+            PyObject *value = PyLong_FromLongLong((long long)fields[field]);
+            if (value == NULL)
+                Py_CLEAR(item);
+            else
+                PyTuple_SET_ITEM(item, field, value);
+        }
+        if (item == NULL)
+            Py_CLEAR(result);
+        else
+            PyTuple_SET_ITEM(result, (Py_ssize_t)i, item);
+    }
+    return result;
+}
+
+static PyObject *py_validate_batches(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer view;
+    BatchSummary *summaries = NULL;
+    size_t count = 0;
+    Failure failure = {FAIL_NONE, ""};
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int status;
+    if (view.len >= VALIDATE_GIL_RELEASE_MIN_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        status = validate_all(view.buf, (size_t)view.len, &summaries, &count, &failure);
+        Py_END_ALLOW_THREADS
+    } else {
+        status = validate_all(view.buf, (size_t)view.len, &summaries, &count, &failure);
+    }
+    PyBuffer_Release(&view);
+    if (status < 0)
+        return raise_failure(&failure);
+    PyObject *result = summaries_to_tuple(summaries, count);
+    free(summaries);
+    return result;
+}
+
+static PyObject *py_crc32c_interleaved(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc = ~crc32c_fast_update(~0u, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+/* ---- the log cleaner's passes over whole batches -------------------------------------
+ * Both passes identify a record of the dirty section [first_offset, end_offset) by its
+ * ordinal: the count of keyed, non-control records of this pass's hash range (h2 >> 32 in
+ * [range_low, range_high)) that precede it in the dirty section. Pass 1 maps key -> latest
+ * ordinal (so one pass covers 2**26 of its own records, whatever the offset span); pass 2
+ * walks the same records in the same order, counting ordinals again, and keeps a record iff
+ * it has a key and is outside the range, or its key is unmapped, or its ordinal is the
+ * mapped one -- unless it is a tombstone whose batch's delete horizon has passed. */
+
+#define ATTR_DELETE_HORIZON 0x40
+#define PRODUCER_ID_AT 43
+
+typedef struct {
+    uint64_t *fps;
+    uint32_t *words;
+    uint64_t capacity;
+    int64_t first_offset, end_offset; /* the dirty section */
+    uint64_t range_low, range_high;   /* of h2 >> 32 */
+    int64_t next_ordinal;             /* of the next dirty in-range record */
+} PassScope;
+
+/* 1 if the key's h2 places it in this pass's hash range. */
+static int pass_in_range(const PassScope *s, const uint64_t hash[2])
+{
+    uint64_t value = hash[1] >> 32;
+    return value >= s->range_low && value < s->range_high;
+}
+
+static int pass_is_dirty(const PassScope *s, int64_t offset)
+{
+    return offset >= s->first_offset && offset < s->end_offset;
+}
+
+/* ---- pass 1: key -> latest ordinal */
+
+typedef struct {
+    PassScope scope;
+    int64_t room; /* new keys the map may still take */
+    int64_t added, records_read;
+    int full;
+} MapBuild;
+
+static int visit_map_build(void *state, const Batch *b, const Record *r, Failure *f)
+{
+    (void)f;
+    MapBuild *m = state;
+    m->records_read++;
+    if (r->key.len < 0 || !pass_is_dirty(&m->scope, record_offset(b, r)))
+        return 0;
+    uint64_t hash[2];
+    murmur3_x64_128(r->key.data, (size_t)r->key.len, 0, hash);
+    if (!pass_in_range(&m->scope, hash))
+        return 0;
+    int64_t ordinal = m->scope.next_ordinal++;
+    if (ordinal > (int64_t)OFFSET_MAP_DELTA_MASK || m->added >= m->room ||
+        !offset_map_put_one(m->scope.fps, m->scope.words, m->scope.capacity,
+                            offset_map_fingerprint(hash[0]),
+                            offset_map_home(hash[1], m->scope.capacity), (uint32_t)ordinal,
+                            &m->added)) {
+        m->full = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- pass 2: filter batches */
+
+typedef struct {
+    const uint8_t *start; /* the record's length varint */
+    const uint8_t *tail;  /* first byte after its timestamp delta */
+    const uint8_t *end;
+    int64_t timestamp; /* base timestamp + delta, as stored */
+    uint8_t attributes;
+} KeptRecord;
+
+typedef struct {
+    PassScope scope;
+    int64_t now_ms, new_horizon_ms;
+    const int64_t *protected_last_offsets; /* sorted: producers' last batches */
+    Py_ssize_t protected_count;
+    Buf out;             /* the cleaned bytes, except compressed batches to rebuild */
+    Buf pending;         /* int64 quadruples: position in out, start, end in pending_batches,
+                            codec */
+    Buf pending_batches; /* header + uncompressed records of each compressed batch to rebuild */
+    Buf kept;            /* KeptRecord of the batch at hand */
+    int64_t records_read, records_kept;
+} BatchFilter;
+
+static int is_protected(const BatchFilter *bf, int64_t last_offset)
+{
+    Py_ssize_t low = 0, high = bf->protected_count;
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        if (bf->protected_last_offsets[middle] < last_offset)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < bf->protected_count && bf->protected_last_offsets[low] == last_offset;
+}
+
+static int record_is_kept(BatchFilter *bf, const Batch *b, const Record *r)
+{
+    if (r->key.len < 0)
+        return 0;
+    uint64_t hash[2];
+    murmur3_x64_128(r->key.data, (size_t)r->key.len, 0, hash);
+    if (!pass_in_range(&bf->scope, hash))
+        return 1;
+    int64_t offset = record_offset(b, r);
+    int dirty = pass_is_dirty(&bf->scope, offset);
+    int64_t ordinal = dirty ? bf->scope.next_ordinal++ : -1;
+    if (offset >= bf->scope.end_offset)
+        return 1; /* past the cleanable end: untouched */
+    int expired_tombstone = r->value.len < 0 && (b->attributes & ATTR_DELETE_HORIZON) &&
+                            b->base_timestamp <= bf->now_ms;
+    if (expired_tombstone)
+        return 0;
+    int64_t mapped = offset_map_get_one(bf->scope.fps, bf->scope.words, bf->scope.capacity,
+                                        offset_map_fingerprint(hash[0]),
+                                        offset_map_home(hash[1], bf->scope.capacity));
+    return mapped < 0 || (dirty && ordinal >= mapped);
+}
+
+/* Where the record's bytes after its timestamp delta start (the record is valid). */
+static const uint8_t *record_tail(const uint8_t *start, const uint8_t *end, uint8_t *attributes)
+{
+    Cursor c = {start, end};
+    int32_t length;
+    int64_t timestamp_delta;
+    read_varint(&c, &length);
+    *attributes = *c.p++;
+    read_varlong(&c, &timestamp_delta);
+    return c.p;
+}
+
+typedef struct {
+    int32_t kept, tombstones_kept, total;
+    int64_t first_timestamp, max_timestamp;
+} BatchTally;
+
+static int filter_records(BatchFilter *bf, const Batch *b, Cursor records, BatchTally *t,
+                          Failure *f)
+{
+    bf->kept.len = 0;
+    for (int32_t i = 0; i < b->records_count; i++) {
+        const uint8_t *start = records.p;
+        Record r;
+        if (read_record(&records, &r))
+            return fail(f, FAIL_CORRUPT, "record %d of the batch at byte %lld is malformed", (int)i,
+                        (long long)b->position);
+        t->total++;
+        if (!record_is_kept(bf, b, &r))
+            continue;
+        KeptRecord k = {start, NULL, records.p,
+                        (int64_t)((uint64_t)b->base_timestamp + (uint64_t)r.timestamp_delta), 0};
+        k.tail = record_tail(start, records.p, &k.attributes);
+        if (t->kept == 0 || k.timestamp > t->max_timestamp)
+            t->max_timestamp = k.timestamp;
+        if (t->kept == 0)
+            t->first_timestamp = k.timestamp;
+        t->kept++;
+        t->tombstones_kept += r.value.len < 0;
+        if (buf_put(&bf->kept, &k, sizeof k))
+            return fail_no_memory(f);
+    }
+    if (records.p != records.end)
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld has %lld bytes after its records",
+                    (long long)b->position, (long long)(records.end - records.p));
+    return 0;
+}
+
+static void put_be16_at(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+
+static void put_be32_at(uint8_t *p, uint32_t v)
+{
+    for (int i = 3; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+static void put_be64_at(uint8_t *p, uint64_t v)
+{
+    put_be32_at(p, (uint32_t)(v >> 32));
+    put_be32_at(p + 4, (uint32_t)v);
+}
+
+static int put_uvarint(Buf *b, uint64_t v)
+{
+    uint8_t bytes[10];
+    int n = 0;
+    for (; v >= 0x80; v >>= 7)
+        bytes[n++] = (uint8_t)(v | 0x80);
+    bytes[n++] = (uint8_t)v;
+    return buf_put(b, bytes, (size_t)n);
+}
+
+static size_t uvarint_bytes(uint64_t v)
+{
+    size_t n = 1;
+    for (; v >= 0x80; v >>= 7)
+        n++;
+    return n;
+}
+
+static uint64_t zigzag64(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
+
+/* Fields a rebuilt batch header takes (the rest is copied from the original). */
+typedef struct {
+    int16_t attributes;
+    int64_t base_timestamp, max_timestamp;
+    int32_t records_count;
+} NewHeader;
+
+/* Append the batch header with `h` and the kept records, their timestamp deltas rebased on
+ * h->base_timestamp; the CRC is filled in unless the records are still to be compressed. */
+static int write_batch(Buf *dst, const uint8_t *raw_header, const NewHeader *h,
+                       const KeptRecord *kept, int32_t kept_count, int seal, Failure *f)
+{
+    size_t start = dst->len;
+    if (buf_put(dst, raw_header, BATCH_HEADER_BYTES))
+        return fail_no_memory(f);
+    for (int32_t i = 0; i < kept_count; i++) {
+        const KeptRecord *k = &kept[i];
+        uint64_t delta =
+            zigzag64((int64_t)((uint64_t)k->timestamp - (uint64_t)h->base_timestamp));
+        size_t body_bytes = 1 + uvarint_bytes(delta) + (size_t)(k->end - k->tail);
+        if (body_bytes > INT32_MAX)
+            return fail(f, FAIL_TOO_LARGE, "a rebuilt record exceeds %d bytes", INT32_MAX);
+        if (put_uvarint(dst, (uint64_t)body_bytes << 1) || put_u8(dst, k->attributes) ||
+            put_uvarint(dst, delta) || buf_put(dst, k->tail, (size_t)(k->end - k->tail)))
+            return fail_no_memory(f);
+    }
+    size_t batch_length = dst->len - start - LOG_OVERHEAD_BYTES;
+    if (batch_length > INT32_MAX)
+        return fail(f, FAIL_TOO_LARGE, "a rebuilt batch exceeds %d bytes", INT32_MAX);
+    uint8_t *p = dst->data + start;
+    put_be32_at(p + 8, (uint32_t)batch_length);
+    put_be16_at(p + 21, (uint16_t)h->attributes);
+    put_be64_at(p + 27, (uint64_t)h->base_timestamp);
+    put_be64_at(p + 35, (uint64_t)h->max_timestamp);
+    put_be32_at(p + 57, (uint32_t)h->records_count);
+    if (seal)
+        put_be32_at(p + 17, crc32c(p + CRC_COVERED_FROM, dst->len - start - CRC_COVERED_FROM));
+    return 0;
+}
+
+/* A batch that keeps some records: same base offset, last offset delta, producer fields and
+ * codec (Kafka's buildRetainedRecordsInto); base timestamp = the delete horizon if one is
+ * due, else the first kept record's timestamp. Compressed ones go to `pending`. */
+static int rebuild_batch(BatchFilter *bf, const uint8_t *raw, const Batch *b, const BatchTally *t,
+                         Failure *f)
+{
+    NewHeader h = {b->attributes, t->first_timestamp, t->max_timestamp, t->kept};
+    if (b->attributes & ATTR_DELETE_HORIZON) {
+        h.base_timestamp = b->base_timestamp;
+    } else if (t->tombstones_kept) {
+        h.attributes |= ATTR_DELETE_HORIZON;
+        h.base_timestamp = bf->new_horizon_ms;
+    }
+    if (b->attributes & ATTR_LOG_APPEND_TIME)
+        h.max_timestamp = b->max_timestamp;
+    const KeptRecord *kept = (const KeptRecord *)bf->kept.data;
+    int codec = b->attributes & ATTR_COMPRESSION_MASK;
+    if (!codec)
+        return write_batch(&bf->out, raw, &h, kept, t->kept, 1, f);
+    int64_t entry[4] = {(int64_t)bf->out.len, (int64_t)bf->pending_batches.len, 0, codec};
+    if (write_batch(&bf->pending_batches, raw, &h, kept, t->kept, 0, f))
+        return -1;
+    entry[2] = (int64_t)bf->pending_batches.len;
+    return buf_put(&bf->pending, entry, sizeof entry) ? fail_no_memory(f) : 0;
+}
+
+static int filter_batch(BatchFilter *bf, const uint8_t *raw, const Batch *b, Cursor records,
+                        Failure *f)
+{
+    BatchTally t = {0, 0, 0, 0, 0};
+    if (filter_records(bf, b, records, &t, f))
+        return -1;
+    bf->records_read += t.total;
+    bf->records_kept += t.kept;
+    int has_horizon = (b->attributes & ATTR_DELETE_HORIZON) != 0;
+    if (t.kept == t.total && (t.tombstones_kept == 0 || has_horizon))
+        return buf_put(&bf->out, raw, b->size_bytes) ? fail_no_memory(f) : 0;
+    if (t.kept > 0)
+        return rebuild_batch(bf, raw, b, &t, f);
+    int64_t producer_id = (int64_t)be64(raw + PRODUCER_ID_AT);
+    if (producer_id >= 0 && is_protected(bf, batch_next_offset(b) - 1)) {
+        /* the producer's last batch stays, empty, so its state survives */
+        NewHeader h = {(int16_t)(b->attributes & ~ATTR_COMPRESSION_MASK), b->base_timestamp,
+                       b->max_timestamp, 0};
+        return write_batch(&bf->out, raw, &h, NULL, 0, 1, f);
+    }
+    return 0;
+}
+
+static int filter_batches(const Input *in, BatchFilter *bf, Failure *f)
+{
+    Batch b = {0};
+    int status;
+    size_t pos = 0;
+    Py_ssize_t section = 0;
+    while ((status = next_batch(in->buf, in->len, &pos, &b, f)) == 1) {
+        const uint8_t *raw = in->buf + b.position;
+        if (b.attributes & ATTR_CONTROL) {
+            if (buf_put(&bf->out, raw, b.size_bytes))
+                return fail_no_memory(f);
+            continue;
+        }
+        Cursor records = {raw + BATCH_HEADER_BYTES, in->buf + pos};
+        if (b.attributes & ATTR_COMPRESSION_MASK) {
+            if (section >= in->section_count)
+                return fail(f, FAIL_USAGE, "%lld decompressed sections given, more needed",
+                            (long long)in->section_count);
+            records.p = in->sections[section].buf;
+            records.end = records.p + in->sections[section].len;
+            section++;
+        }
+        if (filter_batch(bf, raw, &b, records, f))
+            return -1;
+    }
+    if (status == 0 && section != in->section_count)
+        return fail(f, FAIL_USAGE, "%lld decompressed sections given, %lld used",
+                    (long long)in->section_count, (long long)section);
+    return status;
+}
+
+/* ---- Python glue of the cleaner passes */
+
+typedef struct {
+    Held held;
+    Py_buffer fps, words, protected_last_offsets;
+} CleanerArgs;
+
+static void release_cleaner_args(CleanerArgs *a)
+{
+    Py_buffer *all[] = {&a->fps, &a->words, &a->protected_last_offsets};
+    for (int i = 0; i < 3; i++)
+        if (all[i]->obj != NULL)
+            PyBuffer_Release(all[i]);
+    release_held(&a->held);
+}
+
+/* Hold the record buffer, its sections and the map's writable tables; fill the scope. */
+static int hold_cleaner_args(CleanerArgs *a, PyObject *buf, PyObject *sections, PyObject *fps,
+                             PyObject *words, PassScope *scope)
+{
+    int table_flags = PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE;
+    if (hold(buf, sections, &a->held) || PyObject_GetBuffer(fps, &a->fps, table_flags) < 0 ||
+        PyObject_GetBuffer(words, &a->words, table_flags) < 0)
+        return -1;
+    Py_ssize_t capacity = a->fps.len / 8;
+    if (capacity < 1 || capacity > 0xffffffffLL || a->words.len != capacity * 4) {
+        PyErr_SetString(PyExc_ValueError, "offset map: mismatched table sizes");
+        return -1;
+    }
+    if (scope->range_low > scope->range_high || scope->next_ordinal < 0) {
+        PyErr_SetString(PyExc_ValueError, "cleaner pass: empty hash range or negative ordinal");
+        return -1;
+    }
+    scope->fps = a->fps.buf;
+    scope->words = a->words.buf;
+    scope->capacity = (uint64_t)capacity;
+    return 0;
+}
+
+static PyObject *py_map_batches(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *buf, *sections, *fps, *words;
+    long long room, first, end, ordinal;
+    unsigned long long low, high;
+    CleanerArgs held;
+    MapBuild build;
+    Failure failure = {FAIL_NONE, ""};
+    memset(&held, 0, sizeof held);
+    memset(&build, 0, sizeof build);
+    if (!PyArg_ParseTuple(args, "OOOOLLLKKL", &buf, &sections, &fps, &words, &room, &first, &end,
+                          &low, &high, &ordinal))
+        return NULL;
+    build.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
+    build.room = room;
+    if (hold_cleaner_args(&held, buf, sections, fps, words, &build.scope)) {
+        release_cleaner_args(&held);
+        return NULL;
+    }
+    Input in = input_of(&held.held, 1);
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = walk_records(&in, visit_map_build, &build, &failure);
+    Py_END_ALLOW_THREADS
+    release_cleaner_args(&held);
+    if (status < 0)
+        return raise_failure(&failure);
+    return Py_BuildValue("LLLi", (long long)build.records_read,
+                         (long long)build.scope.next_ordinal, (long long)build.added, build.full);
+}
+
+static PyObject *py_filter_batches(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *buf, *sections, *fps, *words, *protected_offsets;
+    long long first, end, ordinal, now_ms, horizon_ms;
+    unsigned long long low, high;
+    CleanerArgs held;
+    BatchFilter bf;
+    Failure failure = {FAIL_NONE, ""};
+    memset(&held, 0, sizeof held);
+    memset(&bf, 0, sizeof bf);
+    if (!PyArg_ParseTuple(args, "OOOOLLKKLLLO", &buf, &sections, &fps, &words, &first, &end, &low,
+                          &high, &ordinal, &now_ms, &horizon_ms, &protected_offsets))
+        return NULL;
+    bf.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
+    bf.now_ms = now_ms;
+    bf.new_horizon_ms = horizon_ms;
+    if (hold_cleaner_args(&held, buf, sections, fps, words, &bf.scope) ||
+        PyObject_GetBuffer(protected_offsets, &held.protected_last_offsets,
+                           PyBUF_C_CONTIGUOUS) < 0) {
+        release_cleaner_args(&held);
+        return NULL;
+    }
+    bf.protected_last_offsets = held.protected_last_offsets.buf;
+    bf.protected_count = held.protected_last_offsets.len / 8;
+    Input in = input_of(&held.held, 1);
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = filter_batches(&in, &bf, &failure);
+    Py_END_ALLOW_THREADS
+    release_cleaner_args(&held);
+    free(bf.kept.data);
+    Buf outputs[3] = {bf.out, bf.pending, bf.pending_batches};
+    if (status < 0) {
+        free_bufs(outputs, 3);
+        return raise_failure(&failure);
+    }
+    PyObject *buffers = bufs_to_tuple(outputs, 3);
+    if (buffers == NULL)
+        return NULL;
+    return Py_BuildValue("NLLL", buffers, (long long)bf.records_read, (long long)bf.records_kept,
+                         (long long)bf.scope.next_ordinal);
+}
+
 static PyMethodDef kernel_methods[] = {
     {"scan", py_scan, METH_VARARGS,
      "scan(buf, skip_control, verify_crc) -> (record_count, next_offset, bytes_consumed, "
@@ -997,6 +1644,22 @@ static PyMethodDef kernel_methods[] = {
     {"offset_map_get", py_offset_map_get, METH_VARARGS,
      "offset_map_get(fingerprints, words, h1, h2, offsets, base_offset, 0) -> int64 bytes: "
      "the mapped offset of each key or -1 (offsets unused)."},
+    {"map_batches", py_map_batches, METH_VARARGS,
+     "map_batches(buf, sections, fingerprints, words, room, first_offset, end_offset, "
+     "range_low, range_high, first_ordinal) -> (records_read, next_ordinal, new_keys, full): "
+     "the cleaner's pass 1 -- map each dirty in-range key to its latest ordinal."},
+    {"filter_batches", py_filter_batches, METH_VARARGS,
+     "filter_batches(buf, sections, fingerprints, words, first_offset, end_offset, range_low, "
+     "range_high, first_ordinal, now_ms, new_horizon_ms, protected_last_offsets) -> ((out, "
+     "pending, pending_batches), records_read, records_kept, next_ordinal): the cleaner's "
+     "pass 2; pending holds int64 (out position, start, end, codec) of compressed batches to "
+     "recompress and seal."},
+    {"validate_batches", py_validate_batches, METH_O,
+     "validate_batches(buf) -> tuple of (position, size_bytes, attributes, last_offset_delta, "
+     "base_timestamp, max_timestamp, producer_id, records_count) per v2 batch; raises "
+     "CorruptMessage unless buf is whole batches with magic 2 and valid CRC-32C."},
+    {"crc32c", py_crc32c_interleaved, METH_O,
+     "crc32c(buf) -> CRC-32C of buf (three interleaved hardware streams where available)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1014,6 +1677,7 @@ PyMODINIT_FUNC PyInit__kernel(void)
     if (__builtin_cpu_supports("sse4.2"))
         crc32c_update = crc32c_sse42;
 #endif
+    validate_init();
     if (PyType_Ready(&OwnedBufferType) < 0)
         return NULL;
     PyObject *errors = PyImport_ImportModule("headrace.errors");

@@ -1,6 +1,7 @@
 """The compiled record kernel's Python face: whole-buffer record scans into numpy arrays.
 
-Owns the per-record work shared by the log cleaner (key hashes), produce validation
+Owns the per-record work shared by the log cleaner (key hashes, both passes: ``map_batches``
+fills the offset map, ``filter_batches`` writes the kept records), produce validation
 (keyless records on compacted topics), dump-log and the Spark data source (columns). The
 loops live in C (``_kernel.c``, built by ``pip install``); this module checks arguments,
 decompresses compressed record sections (one ``compression.decompress`` call per batch)
@@ -22,16 +23,24 @@ Thread-safety: pure functions; the C loops release the GIL, so threads decode in
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import numpy as np
+from crc32c import crc32c as _crc32c
 
 from headrace.errors import CorruptMessage
 from headrace.protocol import _kernel
-from headrace.protocol.batch import BATCH_HEADER_BYTES
-from headrace.protocol.compression import CODEC_NAMES, decompress
+from headrace.protocol.batch import (
+    ATTRIBUTES_OFFSET,
+    BATCH_HEADER_BYTES,
+    CRC_OFFSET,
+    LOG_OVERHEAD_BYTES,
+)
+from headrace.protocol.compression import CODEC_NAMES, compress, decompress
 
 NO_OFFSET = -1
+LENGTH_OFFSET = 8  # batch_length in the batch header
 CREATE_TIME = 0
 LOG_APPEND_TIME = 1
 
@@ -158,6 +167,119 @@ def murmur3_x64_128(data: BufferLike, seed: int = 0) -> tuple[int, int]:
     return _kernel.murmur3_x64_128(data, seed)
 
 
+@dataclass(frozen=True, slots=True)
+class PassScope:
+    """The records one log-cleaner pass owns: keyed records of non-control batches with an
+    offset in the dirty section ``[first_offset, end_offset)`` and ``h2 >> 32`` (the second
+    word of the key's MurmurHash3) in ``[range_low, range_high)``. The pass numbers them
+    0, 1, 2, ... in log order: their ordinals, which the offset map stores (so one pass
+    addresses 2**26 of its own records whatever the offset span)."""
+
+    first_offset: int
+    end_offset: int
+    range_low: int
+    range_high: int
+
+
+@dataclass(frozen=True, slots=True)
+class MapBuild:
+    """What ``map_batches`` did: records walked, the ordinal after the last one numbered,
+    keys new to the map, and whether it stopped because the map is full (room, slot reach
+    or the 2**26 ordinal field)."""
+
+    records_read: int
+    next_ordinal: int
+    new_keys: int
+    full: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FilteredBatches:
+    """The cleaned bytes of one buffer of whole batches (``filter_batches``)."""
+
+    data: BufferLike  # has len()
+    records_read: int  # records of non-control batches
+    records_kept: int
+    next_ordinal: int
+
+
+def map_batches(
+    buf: BufferLike, fingerprints: np.ndarray, words: np.ndarray, scope: PassScope,
+    first_ordinal: int, room_keys: int, *, verify_crc: bool = True
+) -> MapBuild:
+    """The cleaner's pass 1 over the whole batches of ``buf``: put each record of ``scope``
+    into the offset-map tables (``headrace.storage.offset_map``) as key hash -> its ordinal,
+    the latest winning, numbering from ``first_ordinal``; stops when ``room_keys`` new keys
+    were added or the map cannot take the next one (``full``)."""
+    with _byte_view(buf) as view:
+        scan = _scan(view, True, verify_crc, decompress_sections=True)
+        records_read, next_ordinal, new_keys, full = _kernel.map_batches(
+            view, scan.sections, fingerprints, words, room_keys, scope.first_offset,
+            scope.end_offset, scope.range_low, scope.range_high, first_ordinal)
+    return MapBuild(records_read, next_ordinal, new_keys, bool(full))
+
+
+def filter_batches(
+    buf: BufferLike, fingerprints: np.ndarray, words: np.ndarray, scope: PassScope,
+    first_ordinal: int, now_ms: int, new_delete_horizon_ms: int,
+    protected_last_offsets: np.ndarray, *, verify_crc: bool = True
+) -> FilteredBatches:
+    """The cleaner's pass 2 over the whole batches of ``buf`` (numbering ``scope``'s records
+    from ``first_ordinal`` as ``map_batches`` did). A record is kept iff it has a key and is
+    outside the hash range, or its key is not in the map, or it is in the dirty section with
+    the mapped ordinal -- except a tombstone whose batch's delete horizon is <= ``now_ms``.
+
+    Per batch: control batches and batches keeping every record (and needing no new delete
+    horizon) are copied byte for byte; a batch keeping none disappears, unless its last
+    offset is in the sorted ``protected_last_offsets`` (a producer's last batch), which stays
+    as an empty batch; any other batch is rebuilt with the same base offset, last offset
+    delta, producer fields and codec (Kafka's ``buildRetainedRecordsInto``): kept records
+    are copied with their timestamp delta rebased on the new base timestamp -- the delete
+    horizon (KIP-534, ``new_delete_horizon_ms`` when the batch keeps tombstones and has none
+    yet) or else the first kept record's timestamp."""
+    protected = np.ascontiguousarray(protected_last_offsets, np.int64)
+    with _byte_view(buf) as view:
+        scan = _scan(view, True, verify_crc, decompress_sections=True)
+        (out, pending, pending_batches), read, kept, next_ordinal = _kernel.filter_batches(
+            view, scan.sections, fingerprints, words, scope.first_offset, scope.end_offset,
+            scope.range_low, scope.range_high, first_ordinal, now_ms, new_delete_horizon_ms,
+            protected)
+    return FilteredBatches(_insert_compressed(out, pending, pending_batches), read, kept,
+                           next_ordinal)
+
+
+def whole_batches_bytes(buf: BufferLike) -> int:
+    """Bytes of the whole batches at the start of ``buf`` (headers only, no CRC check)."""
+    with _byte_view(buf) as view:
+        return _scan(view, False, False, decompress_sections=False).bytes_consumed
+
+
+def _insert_compressed(out: BufferLike, pending: BufferLike, pending_batches: BufferLike
+                       ) -> BufferLike:
+    """``out`` with each pending batch compressed, sealed and inserted at its position."""
+    entries = np.frombuffer(pending, np.int64).reshape(-1, 4).tolist()
+    view = memoryview(out)
+    if not entries:
+        return view
+    batches = memoryview(pending_batches)
+    pieces: list[BufferLike] = []
+    previous = 0
+    for position, start, end, codec in entries:
+        pieces += (view[previous:position], _seal_compressed(batches[start:end], codec))
+        previous = position
+    pieces.append(view[previous:])
+    return b"".join(pieces)
+
+
+def _seal_compressed(batch: memoryview, codec: int) -> bytearray:
+    """Compress the records after the batch header and fix its length and CRC-32C."""
+    sealed = bytearray(batch[:BATCH_HEADER_BYTES])
+    sealed += compress(codec, batch[BATCH_HEADER_BYTES:])
+    struct.pack_into(">i", sealed, LENGTH_OFFSET, len(sealed) - LOG_OVERHEAD_BYTES)
+    struct.pack_into(">I", sealed, CRC_OFFSET, _crc32c(memoryview(sealed)[ATTRIBUTES_OFFSET:]))
+    return sealed
+
+
 def _byte_view(buf: BufferLike) -> memoryview:
     """A flat unsigned-byte view of ``buf``; rejects non-contiguous buffers."""
     try:
@@ -191,3 +313,19 @@ def _decompress_records(view: memoryview, start: int, end: int, codec: int) -> b
             f"record batch at byte {start - BATCH_HEADER_BYTES} uses unknown codec {codec}"
         )
     return decompress(codec, view[start:end])
+
+
+def validate_batches(buf: BufferLike) -> tuple[tuple[int, int, int, int, int, int, int, int], ...]:
+    """Check that ``buf`` is whole v2 batches (magic 2, plausible length, valid CRC-32C) and
+    summarise each: ``(position, size_bytes, attributes, last_offset_delta, base_timestamp,
+    max_timestamp, producer_id, records_count)``. Raises CorruptMessage naming the byte
+    position of the first bad batch; an empty buffer gives ``()``. One C call per request:
+    the storage append path's integrity check. It releases the GIL only for buffers of
+    256 KiB or more: re-taking it can cost a thread switch interval."""
+    return _kernel.validate_batches(buf)
+
+
+def crc32c(buf: BufferLike) -> int:
+    """CRC-32C of ``buf`` as ``validate_batches`` computes it (three interleaved hardware
+    streams where the CPU has SSE 4.2)."""
+    return _kernel.crc32c(buf)

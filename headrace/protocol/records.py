@@ -287,6 +287,44 @@ def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordBat
     record count or offset deltas disagreeing with the header, trailing bytes), and
     UnsupportedCompressionType on codec ids 5-7.
     """
+    header, section = _checked_records_section(buf, pos)
+    return RecordBatch(header, tuple(_decode_records(section, header)))
+
+
+def recompress_batch(buf: bytes | bytearray | memoryview, pos: int, codec: int) -> bytes:
+    """The v2 batch at ``pos`` rebuilt with ``codec`` (Kafka's broker-side recompression
+    for a topic's ``compression.type``): every header field kept -- offsets, timestamps,
+    producer id/epoch/sequence, transactional, control and timestamp-type bits -- except the
+    codec bits, the length and the CRC; the records section is the same bytes, recompressed.
+
+    The input is checked as ``decode_batch`` checks it (CRC, decompression, every record),
+    so a malformed batch raises CorruptMessage rather than leaving with a fresh valid CRC.
+    """
+    codecs.codec_name(codec)  # UnsupportedCompressionType for an unknown codec id
+    header, section = _checked_records_section(buf, pos)
+    for _ in _decode_records(section, header):
+        pass
+    attributes = (header.attributes & ~COMPRESSION_MASK) | codec
+    header_fields = (
+        header.base_offset,
+        header.partition_leader_epoch,
+        attributes,
+        header.last_offset_delta,
+        header.base_timestamp,
+        header.max_timestamp,
+        header.producer_id,
+        header.producer_epoch,
+        header.base_sequence,
+        header.records_count,
+    )
+    return _seal_batch(header_fields, codecs.compress(codec, section))
+
+
+def _checked_records_section(
+    buf: bytes | bytearray | memoryview, pos: int
+) -> tuple[BatchHeader, bytes | memoryview]:
+    """Header and (decompressed) records section of the batch at ``pos``, after the
+    structural and CRC checks."""
     header = parse_header(buf, pos)
     end = pos + header.size_bytes
     if end > len(buf):
@@ -300,7 +338,7 @@ def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordBat
     section: bytes | memoryview = memoryview(buf)[pos + BATCH_HEADER_BYTES : end]
     if header.compression != codecs.NONE:
         section = codecs.decompress(header.compression, section)
-    return RecordBatch(header, tuple(_decode_records(section, header)))
+    return header, section
 
 
 def _decode_records(section: bytes | memoryview, header: BatchHeader) -> Iterator[Record]:

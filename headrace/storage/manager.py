@@ -19,7 +19,8 @@ On-disk layout of each data directory (Kafka's, plus one headrace file)::
                                                 the topic's config overrides, key=value lines
 
 Thread-safety: mutating calls (create/delete/alter/maintenance/shutdown) are serialized by one
-lock; ``get_log``/``topic``/``topics`` read dictionaries that are replaced, not mutated, so they
+lock (deleting a topic first waits for a cleaning of its partitions to stop, see
+``Log.stop_cleaning``); ``get_log``/``topic``/``topics`` read dictionaries that are replaced, not mutated, so they
 are safe from any thread.
 """
 
@@ -268,6 +269,7 @@ class LogManager:
             logs = dict(self._logs)
             for partition in range(info.partitions):
                 log = logs.pop((name, partition))
+                log.stop_cleaning()  # before the rename: no cleaner may write into the old path
                 log_dir = self._log_dir_of.pop((name, partition))
                 target = log_dir / f"{name}-{partition}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
                 self.fs.rename(log.dir, target)

@@ -7,7 +7,12 @@ columns in that one buffer:
     fingerprints uint64[capacity]   h1, the first word of the key's MurmurHash3 x64 128
                                     (0 = empty slot; an h1 of 0 is stored as 1)
     words        uint32[capacity]   displacement (6 bits, 0..63) << 26 | offset - base_offset
-                                    (26 bits: one pass covers at most 2**26 offsets)
+                                    (26 bits: one pass addresses at most 2**26 values)
+
+The cleaner stores ordinals rather than offsets (``put_batches``, base 0): the n-th record of
+its pass (keyed, in the dirty section and the pass's hash range) is ordinal n, so a pass
+covers 2**26 of its own records whatever the offset span; more make the map count as full
+and the cleaner splits the hash range, as it does for too many keys.
 
 ``capacity = buffer_bytes // 12`` slots, filled to at most ``log.cleaner.io.buffer.load.factor``
 (0.9). Home slot = ``((h2 & 0xffffffff) * capacity) >> 32`` (h2 = the hash's second word). An
@@ -37,11 +42,12 @@ from __future__ import annotations
 import numpy as np
 
 from headrace.protocol import _kernel
+from headrace.protocol.kernel import BufferLike, MapBuild, PassScope, map_batches
 
 SLOT_BYTES = 12
 DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * 1024 * 1024
 DEFAULT_LOAD_FACTOR = 0.9
-MAX_OFFSET_SPAN = 1 << 26  # offsets a pass can address (the 26-bit delta)
+MAX_OFFSET_SPAN = 1 << 26  # values (offsets or ordinals) a pass can address: the 26-bit delta
 HASH_RANGE_VALUES = 1 << 32  # hash ranges partition h2 >> 32
 NOT_FOUND = -1
 
@@ -96,6 +102,24 @@ class OffsetMap:
         if taken:
             self.latest_offset = max(self.latest_offset, int(offsets[taken - 1]))
         return taken
+
+    def put_batches(self, buf: BufferLike, scope: PassScope, first_ordinal: int) -> MapBuild:
+        """Map each record of ``scope`` in the whole batches of ``buf`` to its ordinal
+        (numbered from ``first_ordinal``; the map must have been cleared with base 0)."""
+        build = map_batches(buf, self._fingerprints, self._words, scope, first_ordinal,
+                            self.max_entries - self.size)
+        self.size += build.new_keys
+        return build
+
+    @property
+    def fingerprints(self) -> np.ndarray:
+        """The slot fingerprints (for the kernel's lookups)."""
+        return self._fingerprints
+
+    @property
+    def words(self) -> np.ndarray:
+        """The slot words: displacement << 26 | value - base_offset."""
+        return self._words
 
     def get(self, hash_hi: np.ndarray, hash_lo: np.ndarray) -> np.ndarray:
         """The mapped offset of each key, ``NOT_FOUND`` (-1) where absent."""

@@ -1,8 +1,9 @@
 """One log segment: ``<base>.log`` with its ``<base>.index`` and ``<base>.timeindex``.
 
 File names are the segment's base offset as 20 zero-padded digits, as in Kafka. The ``.log``
-file holds v2 record batches byte-for-byte as received (only the base offset rewritten, and
-LogAppendTime stamped when configured). Index formats: see ``headrace.storage.index``; an
+file holds v2 record batches byte-for-byte as received (only the base offset rewritten,
+LogAppendTime stamped when configured, and the batch recompressed when the topic's
+compression.type names another codec). Index formats: see ``headrace.storage.index``; an
 offset index entry maps a batch's *last* offset to the batch's position, as Kafka writes it.
 
 Owns: appending batches and maintaining the indexes (one entry per ``index.interval.bytes``),
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,23 +119,25 @@ class LogSegment:
         (size_bytes, last_offset, max_timestamp_ms, position within data)."""
         start = self.size_bytes
         self.fs.write(self.fd, data)
-        for size_bytes, last_offset, max_timestamp_ms, relative_position in batches:
-            self._index_batch(start + relative_position, size_bytes, last_offset, max_timestamp_ms)
+        self._index_batches(start, batches)
         self.size_bytes = start + len(data)
         self.last_modified_ms = now_ms
 
-    def _index_batch(self, position: int, size_bytes: int, last_offset: int,
-                     max_timestamp_ms: int) -> None:
+    def _index_batches(self, start: int, batches: Sequence[tuple[int, int, int, int]]) -> None:
+        """Track timestamps and add index entries (one per index.interval.bytes) for batches
+        written at ``start`` + their relative positions. Runs for every appended batch."""
         if self.first_batch_timestamp_ms is None:
-            self.first_batch_timestamp_ms = max_timestamp_ms
-        if max_timestamp_ms > self.max_timestamp_ms:
-            self.max_timestamp_ms = max_timestamp_ms
-            self.offset_of_max_timestamp = last_offset
-        if self.bytes_since_last_index_entry > self.index_interval_bytes:
-            self.offset_index.append(last_offset, position)
-            self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
-            self.bytes_since_last_index_entry = 0
-        self.bytes_since_last_index_entry += size_bytes
+            self.first_batch_timestamp_ms = batches[0][2]
+        interval_bytes = self.index_interval_bytes
+        for size_bytes, last_offset, max_timestamp_ms, relative_position in batches:
+            if max_timestamp_ms > self.max_timestamp_ms:
+                self.max_timestamp_ms = max_timestamp_ms
+                self.offset_of_max_timestamp = last_offset
+            if self.bytes_since_last_index_entry > interval_bytes:
+                self.offset_index.append(last_offset, start + relative_position)
+                self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+                self.bytes_since_last_index_entry = 0
+            self.bytes_since_last_index_entry += size_bytes
 
     def can_hold(self, size_bytes: int, last_offset: int, segment_bytes: int) -> bool:
         """False when appending would need a roll: the log, an index, or the relative
@@ -341,8 +345,8 @@ class LogSegment:
                 batch = memoryview(chunk)[pos : pos + header.size_bytes]
             if not crc_is_valid(batch, 0, header):
                 return pos, next_offset, True
-            self._index_batch(chunk_start + pos, header.size_bytes, header.last_offset,
-                              header.max_timestamp)
+            self._index_batches(chunk_start + pos, ((header.size_bytes, header.last_offset,
+                                                     header.max_timestamp, 0),))
             if on_batch is not None:
                 on_batch(header)
             next_offset = header.next_offset

@@ -1,10 +1,16 @@
-"""batch.py: v2 header parsing, CRC checks and in-place patching, on batches from build_batch."""
+"""batch.py: v2 header parsing, CRC checks and in-place patching, on batches from build_batch;
+and the compiled append-path check (kernel.validate_batches, kernel.crc32c)."""
 
+import os
 import struct
 
+import crc32c
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headrace.errors import CorruptMessage
+from headrace.protocol import kernel
 from headrace.protocol.batch import (
     BATCH_HEADER_BYTES,
     TIMESTAMP_TYPE_BIT,
@@ -119,3 +125,57 @@ def test_set_log_append_time_sets_the_bit_and_keeps_the_crc_valid():
     assert crc_is_valid(buf, 0, header)
     assert compute_crc(buf, 0, header.size_bytes) == header.crc
     assert {record.timestamp_ms for record in decode_batch(buf).records} == {5_555}
+
+
+# ---- the compiled append-path check: kernel.validate_batches and its CRC-32C
+
+
+def test_kernel_crc32c_matches_the_reference_library_at_every_stride_boundary():
+    lengths = [0, 1, 7, 8, 9, 255, 767, 768, 769, 3 * 4096 - 1, 3 * 4096, 3 * 4096 + 1,
+               3 * 4096 + 3 * 256 + 5, 100_000, 1 << 20]
+    for length in lengths:
+        data = os.urandom(length)
+        assert kernel.crc32c(data) == crc32c.crc32c(data), length
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=40_000), st.integers(0, 7))
+def test_kernel_crc32c_matches_the_reference_library_on_any_input(data, skip):
+    view = memoryview(data)[min(skip, len(data)):]  # unaligned starts
+    assert kernel.crc32c(view) == crc32c.crc32c(view)
+
+
+def test_validate_batches_summarises_every_batch_as_parse_header_reads_it():
+    first = _batch(base_offset=5, producer_id=77, producer_epoch=3, base_sequence=9)
+    second = _batch(count=5, compression=GZIP, transactional=True)
+    buf = bytearray(first + second)
+    summaries = kernel.validate_batches(buf)
+    assert len(summaries) == 2
+    for (position, header), summary in zip(iter_headers(buf), summaries, strict=True):
+        assert summary == (position, header.size_bytes, header.attributes,
+                           header.last_offset_delta, header.base_timestamp,
+                           header.max_timestamp, header.producer_id, header.records_count)
+    assert kernel.validate_batches(b"") == ()
+
+
+def test_validate_batches_checks_buffers_above_the_gil_release_threshold():
+    big = _batch(count=1)
+    buf = bytearray(big * (300_000 // len(big) + 1))  # above the GIL-release threshold
+    assert len(kernel.validate_batches(buf)) == len(buf) // len(big)
+    buf[-1] ^= 1
+    with pytest.raises(CorruptMessage, match=f"byte {len(buf) - len(big)} fails its CRC-32C"):
+        kernel.validate_batches(buf)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b[:-1], "overruns the buffer"),
+    (lambda b: b[:40], "header truncated"),
+    (lambda b: b[:16] + b"\x01" + b[17:], "has magic 1"),
+    (lambda b: b[:8] + struct.pack(">i", 20) + b[12:], "has length 20"),
+    (lambda b: b[:-1] + bytes([b[-1] ^ 0x40]), "fails its CRC-32C check"),
+])
+def test_validate_batches_rejects_each_kind_of_damage_naming_the_batch(damage, message):
+    good = _batch()
+    with pytest.raises(CorruptMessage, match=message) as raised:
+        kernel.validate_batches(good + damage(_batch()))
+    assert f"at byte {len(good)}" in str(raised.value)

@@ -252,6 +252,8 @@ def logs(draw) -> tuple[bytes, list[Batch]]:
 
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CLEANER_PROPERTY = settings(max_examples=60, deadline=None, derandomize=True,
+                            suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---------------------------------------------------------------- agreement
@@ -549,3 +551,186 @@ def test_seeded_fuzz_loop():
         except CorruptMessage:
             corrupt += 1
     assert corrupt > 0  # the mutations do reach the record parser's checks
+
+
+# ---------------------------------------------------------------- the cleaner's passes
+
+DELETE_HORIZON_BIT = 0x40
+FULL_RANGE = (0, 1 << 32)
+cleaner_keys = st.sampled_from([None, b"", b"a", b"b", b"c", b"d" * 20])
+cleaner_values = st.one_of(st.none(), st.binary(max_size=12))
+
+
+@st.composite
+def cleaner_logs(draw) -> bytes:
+    """Batches over a handful of keys (duplicates, tombstones, null keys), some with a
+    delete horizon already stamped, some control batches, every codec."""
+    out, offset = [], draw(st.integers(0, 2**40))
+    for _ in range(draw(st.integers(1, 6))):
+        count = draw(st.integers(0, 6))
+        records = [Rec(i, draw(st.integers(-500, 500)), draw(cleaner_keys), draw(cleaner_values),
+                       draw(header_lists)) for i in range(count)]
+        horizon = draw(st.booleans()) and draw(st.booleans())
+        out.append(Batch(offset, records, codec=draw(st.sampled_from(CODECS)),
+                         control=draw(st.integers(0, 9)) == 0,
+                         log_append_time=draw(st.booleans()),
+                         base_timestamp=draw(st.integers(1000, 3000)),
+                         max_timestamp=draw(st.integers(1000, 3000)),
+                         attributes_extra=DELETE_HORIZON_BIT if horizon else 0))
+        offset += max(count, 1) + draw(st.integers(0, 3))
+    return b"".join(map(encode_batch, out))
+
+
+def raw_batches(buf: bytes):
+    """(header fields, raw bytes, [(offset, raw timestamp, key, value, headers)])."""
+    pos = 0
+    while pos < len(buf):
+        base_offset, length = struct.unpack_from(">qi", buf, pos)
+        fields = struct.unpack_from(">hiqqqhii", buf, pos + 21)
+        attrs, _, base_ts, _, _, _, _, count = fields
+        raw, records = buf[pos : pos + 12 + length], buf[pos + 61 : pos + 12 + length]
+        pos += 12 + length
+        if attrs & CONTROL_BIT:
+            yield (base_offset, fields), raw, []
+            continue
+        if attrs & 7:
+            records = compression.decompress(attrs & 7, records)
+        parsed = [(d.offset, d.timestamp_ms, d.key, d.value, d.headers)  # stored timestamps
+                  for d in reference_records(records, count, base_offset, attrs & ~8, base_ts, 0)]
+        yield (base_offset, fields), raw, parsed
+
+
+def reference_clean(buf, scope, now_ms, horizon_ms, protected=()):
+    """The cleaner's two passes, the slow obvious way: (latest ordinal per key, batches out
+    as (header fields, records section uncompressed))."""
+    def in_scope(offset, key):
+        value = kernel.murmur3_x64_128(key)[1] >> 32
+        return scope.range_low <= value < scope.range_high, \
+            scope.first_offset <= offset < scope.end_offset
+
+    latest, ordinal = {}, 0
+    for (_, fields), _, records in raw_batches(buf):
+        if fields[0] & CONTROL_BIT:
+            continue
+        for offset, _, key, _, _ in records:
+            if key is not None and all(in_scope(offset, key)):
+                latest[key], ordinal = ordinal, ordinal + 1
+    out, ordinal = [], 0
+    for (base_offset, fields), raw, records in raw_batches(buf):
+        attrs, last_delta, base_ts, max_ts, pid, epoch, seq, _ = fields
+        if attrs & CONTROL_BIT:
+            out.append(((base_offset, fields), raw[61:]))
+            continue
+        kept = []
+        for offset, ts, key, value, headers in records:
+            if key is None:
+                continue
+            in_range, dirty = in_scope(offset, key)
+            mine = ordinal if dirty and in_range else None
+            ordinal += mine is not None
+            expired = value is None and attrs & DELETE_HORIZON_BIT and base_ts <= now_ms
+            if not in_range or offset >= scope.end_offset or (
+                    not expired and (key not in latest or latest[key] == mine)):
+                kept.append((offset, ts, key, value, headers))
+        tombstones = any(value is None for _, _, _, value, _ in kept)
+        if len(kept) == len(records) and (not tombstones or attrs & DELETE_HORIZON_BIT):
+            out.append(((base_offset, fields), None))
+        elif kept:
+            new_attrs, new_base = attrs, kept[0][1]
+            if attrs & DELETE_HORIZON_BIT:
+                new_base = base_ts
+            elif tombstones:
+                new_attrs, new_base = attrs | DELETE_HORIZON_BIT, horizon_ms
+            new_max = max_ts if attrs & 8 else max(ts for _, ts, _, _, _ in kept)
+            section = b"".join(encode_record(Rec(o - base_offset, ts - new_base, k, v, h))
+                               for o, ts, k, v, h in kept)
+            out.append(((base_offset, (new_attrs, last_delta, new_base, new_max, pid, epoch, seq,
+                                       len(kept))), section))
+        elif base_offset + last_delta in protected:
+            out.append(((base_offset, (attrs & ~7, last_delta, base_ts, max_ts, pid, epoch, seq,
+                                       0)), b""))
+    return latest, out
+
+
+def kernel_clean(buf, scope, now_ms, horizon_ms, slots=64):
+    fingerprints, words = np.zeros(slots, np.uint64), np.zeros(slots, np.uint32)
+    build = kernel.map_batches(buf, fingerprints, words, scope, 0, slots)
+    filtered = kernel.filter_batches(buf, fingerprints, words, scope, 0, now_ms, horizon_ms,
+                                     np.empty(0, np.int64))
+    return build, filtered
+
+
+def sections_of(buf: bytes):
+    """(header fields, uncompressed records section) per batch of a kernel output."""
+    out = []
+    for (base_offset, fields), raw, _ in raw_batches(buf):
+        section = raw[61:]
+        if fields[0] & 7 and not fields[0] & CONTROL_BIT:
+            section = compression.decompress(fields[0] & 7, section)
+        out.append(((base_offset, fields), section))
+    return out
+
+
+@CLEANER_PROPERTY
+@given(cleaner_logs(), st.sampled_from([FULL_RANGE, (0, 1 << 31), (1 << 31, 1 << 32)]),
+       st.integers(0, 4000), st.data())
+def test_cleaner_passes_match_the_reference(buf, hash_range, now_ms, data):
+    offsets = [o for _, _, records in raw_batches(buf) for o, *_ in records] or [0]
+    first = data.draw(st.integers(min(offsets), max(offsets) + 1))
+    end = data.draw(st.integers(first, max(offsets) + 2))
+    scope = kernel.PassScope(first, end, *hash_range)
+    latest, expected = reference_clean(buf, scope, now_ms, now_ms + 777)
+    build, filtered = kernel_clean(buf, scope, now_ms, now_ms + 777)
+    assert not build.full and build.new_keys == len(latest)
+    assert build.next_ordinal == filtered.next_ordinal
+    got = sections_of(bytes(filtered.data))
+    original = {h[0]: section for h, section in sections_of(buf)}
+    assert len(got) == len(expected)
+    for (header, section), (want_header, want_section) in zip(got, expected, strict=True):
+        assert header == want_header
+        assert section == (original[header[0]] if want_section is None else want_section)
+    kernel.decode_columns(bytes(filtered.data))  # every CRC-32C holds
+
+
+def with_producer_id(batch: bytes, producer_id: int) -> bytes:
+    patched = bytearray(batch)
+    struct.pack_into(">q", patched, 43, producer_id)
+    struct.pack_into(">I", patched, 17, crc32c.crc32c(bytes(patched[21:])))
+    return bytes(patched)
+
+
+def test_emptied_producer_batch_stays_only_if_it_is_the_producers_last():
+    older = with_producer_id(encode_batch(Batch(10, [Rec(0, 0, b"k", b"1")])), 7)
+    newer = encode_batch(Batch(11, [Rec(0, 0, b"k", b"2")]))
+    buf = older + newer
+    scope = kernel.PassScope(0, 100, *FULL_RANGE)
+    fingerprints, words = np.zeros(16, np.uint64), np.zeros(16, np.uint32)
+    kernel.map_batches(buf, fingerprints, words, scope, 0, 16)
+    for protected, batches_out in (([], [11]), ([10], [10, 11])):
+        filtered = kernel.filter_batches(buf, fingerprints, words, scope, 0, 0, 0,
+                                         np.asarray(protected, np.int64))
+        headers = [h for h, _, _ in raw_batches(bytes(filtered.data))]
+        assert [base for base, _ in headers] == batches_out
+        assert [fields[-1] for _, fields in headers] == [0, 1][-len(batches_out):]
+
+
+def test_map_batches_reports_full_when_the_room_runs_out():
+    buf = encode_batch(Batch(0, [Rec(i, 0, b"key-%d" % i, b"v") for i in range(8)]))
+    fingerprints, words = np.zeros(64, np.uint64), np.zeros(64, np.uint32)
+    build = kernel.map_batches(buf, fingerprints, words, kernel.PassScope(0, 8, *FULL_RANGE),
+                               0, 5)
+    assert build.full and build.new_keys == 5 and build.records_read == 6
+
+
+@CLEANER_PROPERTY
+@given(cleaner_logs(), st.data())
+def test_cleaner_passes_reject_damage_without_crashing(buf, data):
+    position = data.draw(st.integers(0, len(buf) - 1))
+    damaged = bytearray(buf)
+    damaged[position] ^= 1 << data.draw(st.integers(0, 7))
+    scope = kernel.PassScope(0, 2**41, *FULL_RANGE)
+    try:
+        _, filtered = kernel_clean(bytes(damaged), scope, 0, 0)
+    except CorruptMessage:
+        return
+    kernel.decode_columns(bytes(filtered.data))  # what it writes is whole and CRC-valid

@@ -1,0 +1,193 @@
+"""Produce p99 latency while the log cleaner runs in the broker, against idle (goal <= 2x).
+
+Each of ``--runs`` rounds:
+
+1. a broker with ``log.cleaner.enable=false`` gets ``--megabytes`` of keyed updates to the
+   compacted topic ``dirty`` (``--keys`` distinct keys, ``--value-bytes`` values; the dirty
+   section grows each round); it restarts (still without cleaner) and a paced producer (confluent-kafka, acks=1, linger.ms=0,
+   ``--rate`` msgs/s of ``--record-bytes`` records) writes to the plain topic ``latency``
+   for ``--seconds``: the idle p99;
+2. the broker restarts with the cleaner enabled (``log.cleaner.backoff.ms=100``) on the same
+   data and the same paced producer runs from start-up until the broker logs the cleaning's
+   summary line (at most ``--max-cleaning-seconds``): the cleaning p99, over exactly the
+   cleaning.
+
+Prints each round's p99s, the medians of the rounds and the ratio cleaning / idle.
+
+    .venv/bin/python bench/cleaner_produce_latency.py --megabytes 300 --runs 3
+
+Scratch data under /tmp/cleaner-bench (or ``--scratch``); brokers bind 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+REPO = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT_S = 60.0
+SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Broker:
+    def __init__(self, data_dir: Path, port: int, overrides: dict[str, str]) -> None:
+        command = [sys.executable, "-m", "headrace.cli.main", "broker",
+                   "--override", f"listeners=PLAINTEXT://127.0.0.1:{port}",
+                   "--override", f"log.dirs={data_dir}"]
+        for key, value in overrides.items():
+            command += ["--override", f"{key}={value}"]
+        self.log_path = data_dir.parent / "broker.log"
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                                            cwd=REPO)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("broker did not start")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(120)
+
+
+def fill(bootstrap: str, megabytes: int, keys: int, value_bytes: int, round_number: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+                         "batch.size": 1_000_000, "queue.buffering.max.kbytes": 512 * 1024})
+    value = b"v" * value_bytes
+    records = megabytes * 1024 * 1024 // (value_bytes + 40)
+    for sequence in range(records):
+        key = b"key-%012d" % ((sequence * 7919 + round_number) % keys)
+        while True:
+            try:
+                producer.produce("dirty", key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(300) == 0
+
+
+def paced_p99_ms(bootstrap: str, rate: int, seconds: float, record_bytes: int,
+                 until=lambda: False) -> tuple[float, float]:
+    """(p99 ms, window s) of a paced producer running ``seconds`` or until ``until()``."""
+    latencies_ms: list[float] = []
+
+    def delivered(error, _message, sent_s):
+        if error is None:
+            latencies_ms.append((time.perf_counter() - sent_s) * 1000)
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "1"})
+    payload = b"x" * record_bytes
+    producer.produce("latency", value=b"warm-up")
+    producer.flush(10)
+    interval_s = 1.0 / rate
+    start = time.perf_counter()
+    sequence = 0
+    while sequence < rate * seconds and not (sequence % 50 == 0 and until()):
+        due = start + sequence * interval_s
+        sequence += 1
+        while (now := time.perf_counter()) < due:
+            producer.poll(min(due - now, 0.001))
+        sent = time.perf_counter()
+        producer.produce("latency", value=payload,
+                         on_delivery=lambda e, m, s=sent: delivered(e, m, s))
+        producer.poll(0)
+    window_s = time.perf_counter() - start
+    producer.flush(30)
+    latencies_ms.sort()
+    return latencies_ms[int(0.99 * (len(latencies_ms) - 1))], window_s
+
+
+def create_topics(bootstrap: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([
+        NewTopic("dirty", 1, 1, config={"cleanup.policy": "compact",
+                                        "segment.bytes": str(SEGMENT_BYTES)}),
+        NewTopic("latency", 1, 1),
+    ])
+    for future in futures.values():
+        future.result(30)
+
+
+def cleaning_done(broker_log: Path) -> bool:
+    """True once the broker logged the summary line of a cleaning of ``dirty``."""
+    return "cleaned log dirty-0" in broker_log.read_text(errors="replace")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--megabytes", type=int, default=300)
+    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--value-bytes", type=int, default=1000)
+    parser.add_argument("--rate", type=int, default=250)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--record-bytes", type=int, default=100)
+    parser.add_argument("--max-cleaning-seconds", type=float, default=120.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/cleaner-bench"))
+    parser.add_argument("--override", action="append", default=[],
+                        help="extra broker key=value for the cleaning broker")
+    args = parser.parse_args()
+    shutil.rmtree(args.scratch, ignore_errors=True)
+    data_dir = args.scratch / "data"
+    data_dir.mkdir(parents=True)
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    base = {"log.cleaner.backoff.ms": "100", "offsets.topic.num.partitions": "1"}
+    extra = dict(item.split("=", 1) for item in args.override)
+    idle, cleaning = [], []
+    for round_number in range(args.runs):
+        broker = Broker(data_dir, port, {**base, "log.cleaner.enable": "false"})
+        if round_number == 0:
+            create_topics(bootstrap)
+        fill(bootstrap, args.megabytes, args.keys, args.value_bytes, round_number)
+        broker.stop()  # both windows start on a freshly started broker
+        broker = Broker(data_dir, port, {**base, "log.cleaner.enable": "false"})
+        idle_p99, idle_s = paced_p99_ms(bootstrap, args.rate, args.seconds, args.record_bytes)
+        idle.append(idle_p99)
+        broker.stop()
+        broker.log_path.write_text("")
+        broker = Broker(data_dir, port, {**base, "log.cleaner.enable": "true", **extra})
+        cleaning_p99, cleaning_s = paced_p99_ms(
+            bootstrap, args.rate, args.max_cleaning_seconds, args.record_bytes,
+            until=lambda log_path=broker.log_path: cleaning_done(log_path))
+        cleaning.append(cleaning_p99)
+        finished = cleaning_done(broker.log_path)
+        broker.stop()
+        print(json.dumps({"round": round_number, "idle_p99_ms": round(idle_p99, 2),
+                          "idle_window_s": round(idle_s, 1),
+                          "cleaning_p99_ms": round(cleaning_p99, 2),
+                          "cleaning_window_s": round(cleaning_s, 1),
+                          "cleaning_finished_in_window": finished}), flush=True)
+    idle_median, cleaning_median = statistics.median(idle), statistics.median(cleaning)
+    print(json.dumps({"dirty_megabytes_per_round": args.megabytes, "rate": args.rate,
+                      "idle_p99_ms_median": round(idle_median, 2),
+                      "cleaning_p99_ms_median": round(cleaning_median, 2),
+                      "ratio": round(cleaning_median / idle_median, 2), "goal": "<= 2.0",
+                      "cpus": os.cpu_count()}))
+    shutil.rmtree(args.scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Append validation and broker-side recompression (compression.type) on a real log on disk.
+
+Every test appends through ``Log.append`` and reads the stored batches back from the segment
+files (``Log.read`` slices), decoding them with ``headrace.protocol.records``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import crc32c
+import pytest
+
+from headrace.errors import CorruptMessage, InvalidRecord, MessageTooLarge
+from headrace.protocol import compression as codecs
+from headrace.protocol.batch import (
+    ATTRIBUTES_OFFSET,
+    BATCH_HEADER_BYTES,
+    CRC_OFFSET,
+    TRANSACTIONAL_BIT,
+    parse_header,
+)
+from headrace.protocol.records import Header, build_batch, decode_batch, recompress_batch
+from headrace.storage.config import LogConfig
+from headrace.storage.fs import RealFileSystem
+from headrace.storage.log import Log
+from tests.storage.helpers import read_all
+
+NOW_MS = 1_700_000_000_000
+TARGETS = {"uncompressed": codecs.NONE, "gzip": codecs.GZIP, "snappy": codecs.SNAPPY,
+           "lz4": codecs.LZ4, "zstd": codecs.ZSTD}
+SOURCES = [codecs.NONE, codecs.GZIP, codecs.ZSTD]
+
+
+def _records(count: int = 12) -> list[tuple]:
+    records = []
+    for i in range(count):
+        key = None if i % 5 == 2 else f"key-{i}".encode()
+        value = None if i % 7 == 4 else f"value-{i}-".encode() * (i + 3)
+        headers = [Header("trace", f"{i}".encode()), Header("null", None)] if i % 2 else []
+        records.append((key, value, headers, NOW_MS - 1000 + 37 * i))
+    return records
+
+
+def _open(scratch, **overrides) -> Log:
+    config = LogConfig(**overrides)
+    return Log("topic", 0, scratch / "topic-0", config, RealFileSystem(), NOW_MS,
+               clean_shutdown=True)
+
+
+def _stored(log: Log):
+    return [decode_batch(data) for _, data in read_all(log)]
+
+
+def _contents(batch) -> list[tuple]:
+    return [(r.offset - batch.header.base_offset, r.timestamp_ms, r.key, r.value, r.headers)
+            for r in batch.records]
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+@pytest.mark.parametrize("source", SOURCES)
+def test_batches_are_stored_in_the_topic_codec_with_identical_records(scratch, source, target):
+    log = _open(scratch, compression_type=target)
+    sent = build_batch(_records(), compression=source, producer_id=7, producer_epoch=2,
+                       base_sequence=0)
+    log.append(bytearray(build_batch(_records(3))), NOW_MS)  # offsets 0..2 first
+    result = log.append(bytearray(sent), NOW_MS)
+    stored = _stored(log)[-1]
+    original = decode_batch(sent)
+    assert result.base_offset == stored.header.base_offset == 3
+    assert stored.header.compression == TARGETS[target]
+    assert _contents(stored) == _contents(original)
+    for field in ("last_offset_delta", "base_timestamp", "max_timestamp", "producer_id",
+                  "producer_epoch", "base_sequence", "records_count", "partition_leader_epoch"):
+        assert getattr(stored.header, field) == getattr(original.header, field), field
+    log.close()
+
+
+def test_producer_compression_type_stores_the_batch_byte_for_byte(scratch):
+    log = _open(scratch, compression_type="producer")
+    sent = build_batch(_records(), compression=codecs.GZIP)
+    log.append(bytearray(build_batch(_records(2))), NOW_MS)
+    log.append(bytearray(sent), NOW_MS)
+    _, stored = read_all(log)[-1]
+    assert stored[8:] == sent[8:]  # all but the assigned base offset
+    assert struct.unpack_from(">q", stored)[0] == 2
+    log.close()
+
+
+def test_a_batch_already_in_the_topic_codec_is_not_rebuilt(scratch):
+    log = _open(scratch, compression_type="zstd")
+    sent = build_batch(_records(), compression=codecs.ZSTD)
+    log.append(bytearray(sent), NOW_MS)
+    assert read_all(log)[0][1] == sent
+    log.close()
+
+
+def test_recompression_leaves_the_callers_buffer_alone_and_survives_a_restart(scratch):
+    log = _open(scratch, compression_type="lz4")
+    sent = bytearray(build_batch(_records()))
+    untouched = bytes(sent)
+    log.append(bytearray(build_batch(_records(4))), NOW_MS)
+    log.append(sent, NOW_MS)
+    assert sent == untouched
+    log.close()
+    reopened = _open(scratch, compression_type="lz4")
+    stored = _stored(reopened)[-1]
+    assert stored.header.compression == codecs.LZ4 and stored.header.base_offset == 4
+    assert _contents(stored) == _contents(decode_batch(untouched))
+    reopened.close()
+
+
+def test_mixed_request_recompresses_each_batch_and_assigns_consecutive_offsets(scratch):
+    log = _open(scratch, compression_type="snappy")
+    batches = [build_batch(_records(3), compression=codec) for codec in SOURCES]
+    log.append(bytearray(b"".join(batches)), NOW_MS)
+    stored = _stored(log)
+    assert [b.header.base_offset for b in stored] == [0, 3, 6]
+    assert {b.header.compression for b in stored} == {codecs.SNAPPY}
+    assert [_contents(b) for b in stored] == [_contents(decode_batch(b)) for b in batches]
+    log.close()
+
+
+def test_idempotent_retry_of_a_recompressed_batch_is_a_duplicate(scratch):
+    log = _open(scratch, compression_type="gzip")
+    sent = build_batch(_records(4), producer_id=11, producer_epoch=0, base_sequence=0,
+                       transactional=True)
+    first = log.append(bytearray(sent), NOW_MS)
+    retry = log.append(bytearray(sent), NOW_MS)
+    assert retry.duplicate and (retry.base_offset, retry.last_offset) == (0, 3)
+    assert not first.duplicate and log.log_end_offset == 4
+    stored = _stored(log)
+    assert len(stored) == 1 and stored[0].header.attributes & TRANSACTIONAL_BIT
+    log.close()
+
+
+def test_log_append_time_is_stamped_on_the_recompressed_batch(scratch):
+    log = _open(scratch, compression_type="zstd", message_timestamp_type="LogAppendTime")
+    result = log.append(bytearray(build_batch(_records(5))), NOW_MS + 9)
+    stored = _stored(log)[0]
+    assert result.log_append_time_ms == NOW_MS + 9
+    assert stored.header.compression == codecs.ZSTD and stored.header.is_log_append_time
+    assert {r.timestamp_ms for r in stored.records} == {NOW_MS + 9}
+    log.close()
+
+
+def test_control_batches_are_stored_as_written(scratch):
+    log = _open(scratch, compression_type="zstd")
+    marker = build_batch([(b"\x00\x00\x00\x00", b"\x00\x00\x00\x00\x00\x00", [], NOW_MS)],
+                         producer_id=5, producer_epoch=0, transactional=True, control=True)
+    log.append(bytearray(marker), NOW_MS)
+    assert read_all(log)[0][1] == marker
+    log.close()
+
+
+def test_a_recompressed_batch_larger_than_max_message_bytes_is_rejected(scratch):
+    incompressible = [(None, os.urandom(4000), [], NOW_MS)]
+    sent = build_batch(incompressible)
+    log = _open(scratch, compression_type="gzip", max_message_bytes=len(sent))
+    with pytest.raises(MessageTooLarge):
+        log.append(bytearray(sent), NOW_MS)
+    assert log.log_end_offset == 0 and log.size_bytes == 0
+    log.close()
+
+
+def _with_fresh_crc(batch: bytearray) -> bytearray:
+    struct.pack_into(">I", batch, CRC_OFFSET, crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+    return batch
+
+
+def test_recompression_rejects_a_compressed_section_that_does_not_decode(scratch):
+    log = _open(scratch, compression_type="zstd")
+    damaged = bytearray(build_batch(_records(), compression=codecs.GZIP))
+    damaged[BATCH_HEADER_BYTES + 20 : BATCH_HEADER_BYTES + 40] = bytes(20)
+    with pytest.raises(CorruptMessage):
+        log.append(_with_fresh_crc(damaged), NOW_MS)
+    assert log.log_end_offset == 0
+    log.close()
+
+
+def test_recompression_rejects_records_disagreeing_with_the_header(scratch):
+    short = bytearray(build_batch(_records(3)))
+    struct.pack_into(">i", short, 57, 4)  # records_count 4, but 3 records...
+    struct.pack_into(">i", short, 23, 3)  # ...and a matching last offset delta
+    with pytest.raises(CorruptMessage):
+        recompress_batch(_with_fresh_crc(short), 0, codecs.ZSTD)
+    log = _open(scratch, compression_type="zstd")
+    with pytest.raises(CorruptMessage):
+        log.append(short, NOW_MS)
+    log.close()
+
+
+def test_recompress_batch_keeps_every_header_field_but_codec_length_and_crc():
+    sent = build_batch(_records(), compression=codecs.LZ4, producer_id=3, producer_epoch=4,
+                       base_sequence=17, transactional=True, partition_leader_epoch=9,
+                       base_offset=1234)
+    rebuilt = recompress_batch(sent, 0, codecs.GZIP)
+    before, after = parse_header(sent), parse_header(rebuilt)
+    assert after.compression == codecs.GZIP
+    assert after.attributes & ~0x07 == before.attributes & ~0x07
+    assert (after.base_offset, after.partition_leader_epoch, after.last_offset_delta,
+            after.base_timestamp, after.max_timestamp, after.producer_id, after.producer_epoch,
+            after.base_sequence, after.records_count) == (
+        before.base_offset, before.partition_leader_epoch, before.last_offset_delta,
+        before.base_timestamp, before.max_timestamp, before.producer_id, before.producer_epoch,
+        before.base_sequence, before.records_count)
+    assert decode_batch(rebuilt).records == decode_batch(sent).records
+
+
+def test_append_still_rejects_bad_record_counts_and_damaged_batches(scratch):
+    log = _open(scratch)
+    counted = bytearray(build_batch(_records(3)))
+    struct.pack_into(">i", counted, 57, 5)
+    with pytest.raises(InvalidRecord):
+        log.append(_with_fresh_crc(counted), NOW_MS)
+    damaged = bytearray(build_batch(_records(3)))
+    damaged[-1] ^= 0xFF
+    with pytest.raises(CorruptMessage, match="CRC-32C"):
+        log.append(damaged, NOW_MS)
+    with pytest.raises(CorruptMessage, match="overruns"):
+        log.append(bytearray(build_batch(_records(3)))[:-1], NOW_MS)
+    assert log.log_end_offset == 0
+    log.close()
