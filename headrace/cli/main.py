@@ -57,6 +57,8 @@ def _register_client_commands() -> None:
     client_commands.register(app)
     app.add_typer(groups.app, name="groups")
     app.add_typer(cleaner.app, name="cleaner")
+    from headrace.cli.spark import app as spark_app
+    app.add_typer(spark_app, name="spark")
 
 
 _register_client_commands()

@@ -1,206 +1,257 @@
 """Executor side of the Spark source: one offset range read into Arrow record batches.
 
-Owns: ``read_range``, which assigns a confluent-kafka Consumer to one topic-partition at the
-range's first offset, consumes until the range is covered, and yields ``pyarrow.RecordBatch``es
-of at most ``records_per_arrow_batch`` rows in the source's column layout.
+Owns: ``read_range``, which reads one topic-partition's range with the raw Fetch client of
+``headrace.spark.wire_fetch``, decodes each response's record batches into columns with the
+compiled record kernel (``headrace.protocol.kernel.decode_columns``: CRC-checked,
+decompressed, control batches skipped) and yields ``pyarrow.RecordBatch``es of at most
+``records_per_arrow_batch`` rows built from the kernel's buffers -- no Python object per record.
+The next Fetch is sent before a response is decoded, so the broker works while we decode.
 
 Range semantics (Spark's KafkaDataConsumer):
+- Batches may start before the range: records outside [from, until) are trimmed.
 - Offsets missing inside the range (compaction, transaction markers) are normal gaps.
 - A range that starts below the log start offset (retention, DeleteRecords), whose topic no
   longer exists, or whose end lies beyond the end of the log (truncation, a recreated topic) is
   data loss: with failOnDataLoss it raises ``OffsetOutOfRange`` / ``UnknownTopicOrPartition``,
-  otherwise the missing part is skipped with a warning.
-- No progress for ``poll_timeout_ms`` raises ``RequestTimedOut``.
+  otherwise the missing part is skipped with a warning. The end of the log is reached when a
+  fetch at or beyond the high watermark returns no batch.
+- Timestamps: LogAppendTime batches give every record the batch's max timestamp.
+- No progress for ``poll_timeout_ms`` raises ``RequestTimedOut``; retriable errors (leader
+  moved, connection lost) reconnect through Metadata until then.
 
-The consumer never commits offsets and joins no group (assign, not subscribe). Each call owns
-its consumer; nothing is shared between calls, so concurrent tasks are safe.
+Nothing is committed and no group is joined. Each call owns its client; nothing is shared
+between calls, so concurrent tasks are safe.
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
-from confluent_kafka import (
-    TIMESTAMP_CREATE_TIME,
-    TIMESTAMP_LOG_APPEND_TIME,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
 
-from headrace.errors import RequestTimedOut, UnknownTopicOrPartition
-from headrace.spark.columns import (
-    ARROW_HEADER_TYPE,
-    ARROW_TIMESTAMP_TYPE,
-    CREATE_TIME,
-    LOG_APPEND_TIME,
-    MICROS_PER_MILLI,
-    NO_TIMESTAMP_TYPE,
-    source_arrow_schema,
+from headrace.errors import (
+    KafkaError,
+    OffsetOutOfRange,
+    RequestTimedOut,
+    UnknownTopicOrPartition,
+    error_for_code,
 )
+from headrace.protocol.batch import BATCH_HEADER_BYTES
+from headrace.protocol.kernel import RecordColumns, decode_columns
+from headrace.spark.columns import record_columns_to_arrow
 from headrace.spark.offsets import OffsetRange, report_data_loss
 from headrace.spark.options import SourceOptions
+from headrace.spark.wire_fetch import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    NO_ERROR,
+    FetchClientConfig,
+    FetchedPartition,
+    PartitionFetchClient,
+)
+from headrace.storage.clock import Clock, SystemClock
 
-MESSAGES_PER_CONSUME_CALL = 10_000
-CONSUME_WAIT_S = 0.5
-WATERMARK_TIMEOUT_S = 30.0
-EXECUTOR_GROUP_ID = "spark-kafka-source-headrace-executor"
-_SPARK_TIMESTAMP_TYPE = {
-    TIMESTAMP_CREATE_TIME: CREATE_TIME,
-    TIMESTAMP_LOG_APPEND_TIME: LOG_APPEND_TIME,
-}
-# Throughput settings the user can still override with kafka.* options.
-_CONSUMER_DEFAULTS = {
-    "fetch.wait.max.ms": "100",
-    "fetch.max.bytes": str(64 * 1024 * 1024),
-    "max.partition.fetch.bytes": str(16 * 1024 * 1024),
-    "queued.max.messages.kbytes": str(256 * 1024),
-}
-
-
-def consumer_config(options: SourceOptions) -> dict[str, str]:
-    config = dict(_CONSUMER_DEFAULTS)
-    config["group.id"] = EXECUTOR_GROUP_ID
-    config.update(options.client_dict())
-    config.update({
-        "enable.auto.commit": "false",
-        "enable.partition.eof": "true",
-        "auto.offset.reset": "error",
-    })
-    return config
+RETRY_BACKOFF_MS = 100  # Kafka's retry.backoff.ms
+ARROW_BATCH_MAX_BYTES = 4 * 1024 * 1024  # keys + values per Arrow batch handed to Spark
+LOG_OVERHEAD_BYTES = 12  # base offset + batch length
+_BATCH_PREFIX = struct.Struct(">qi")  # base offset, batch length
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_LAST_OFFSET_DELTA_POSITION = 23
 
 
-def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
-    consumer = Consumer(consumer_config(options))
+def read_range(options: SourceOptions, offset_range: OffsetRange,
+               clock: Clock | None = None) -> Iterator[pa.RecordBatch]:
+    reader = _RangeReader(options, offset_range, clock or SystemClock())
     try:
-        first_offset = _first_readable_offset(consumer, options, offset_range)
-        if first_offset is None or first_offset >= offset_range.until_offset:
-            return
-        consumer.assign([TopicPartition(offset_range.topic, offset_range.partition,
-                                        first_offset)])
-        yield from _consume_batches(consumer, options, offset_range)
+        yield from reader.batches()
     finally:
-        consumer.close()
+        reader.client.close()
 
 
-def _first_readable_offset(
-    consumer: Consumer, options: SourceOptions, offset_range: OffsetRange
-) -> int | None:
-    """The range's first offset, moved up to the log start if retention removed records."""
-    topic_partition = TopicPartition(offset_range.topic, offset_range.partition)
-    try:
-        log_start, _ = consumer.get_watermark_offsets(topic_partition,
-                                                      timeout=WATERMARK_TIMEOUT_S)
-    except KafkaException as error:
-        report_data_loss(
-            f"Cannot fetch {offset_range.topic}-{offset_range.partition} "
-            f"[{offset_range.from_offset}, {offset_range.until_offset}): {error}",
-            options.fail_on_data_loss, UnknownTopicOrPartition)
-        return None
-    if offset_range.from_offset < log_start:
-        report_data_loss(
-            f"Cannot fetch offset {offset_range.from_offset} of {offset_range.topic}-"
-            f"{offset_range.partition}: the log starts at {log_start}",
-            options.fail_on_data_loss)
-        return log_start
-    return offset_range.from_offset
+def next_fetch_offset(records: memoryview, position: int,
+                      until_offset: int | None = None) -> tuple[int, int]:
+    """(offset after the last whole batch or ``position`` if none, bytes of those batches),
+    from the batch headers alone; batches starting at or after ``until_offset`` are left out
+    (so a short range does not decode a whole large response)."""
+    consumed = 0
+    next_offset = position
+    while len(records) - consumed >= BATCH_HEADER_BYTES:
+        base_offset, batch_length = _BATCH_PREFIX.unpack_from(records, consumed)
+        batch_end = consumed + LOG_OVERHEAD_BYTES + batch_length
+        if batch_end > len(records) or (until_offset is not None and consumed
+                                         and base_offset >= until_offset):
+            break
+        (delta,) = _LAST_OFFSET_DELTA.unpack_from(records, consumed + _LAST_OFFSET_DELTA_POSITION)
+        next_offset = base_offset + delta + 1
+        consumed = batch_end
+    return next_offset, consumed
 
 
-class _ColumnBuffers:
-    """Column lists for one Arrow batch of records from one topic-partition."""
-
-    def __init__(self, include_headers: bool) -> None:
-        self.include_headers = include_headers
-        self.clear()
-
-    def clear(self) -> None:
-        self.keys: list = []
-        self.values: list = []
-        self.offsets: list = []
-        self.timestamps_us: list = []
-        self.timestamp_types: list = []
-        self.headers: list = []
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def append(self, message) -> None:
-        timestamp_type, timestamp_ms = message.timestamp()
-        self.keys.append(message.key())
-        self.values.append(message.value())
-        self.offsets.append(message.offset())
-        self.timestamps_us.append(timestamp_ms * MICROS_PER_MILLI)
-        self.timestamp_types.append(_SPARK_TIMESTAMP_TYPE.get(timestamp_type, NO_TIMESTAMP_TYPE))
-        if self.include_headers:
-            self.headers.append([{"key": key, "value": value}
-                                 for key, value in (message.headers() or ())])
-
-    def to_batch(self, offset_range: OffsetRange) -> pa.RecordBatch:
-        count = len(self.offsets)
-        columns = [
-            pa.array(self.keys, pa.binary()),
-            pa.array(self.values, pa.binary()),
-            pa.repeat(pa.scalar(offset_range.topic, pa.string()), count),
-            pa.repeat(pa.scalar(offset_range.partition, pa.int32()), count),
-            pa.array(self.offsets, pa.int64()),
-            pa.array(self.timestamps_us, pa.int64()).cast(ARROW_TIMESTAMP_TYPE),
-            pa.array(self.timestamp_types, pa.int32()),
-        ]
-        if self.include_headers:
-            columns.append(pa.array(self.headers, ARROW_HEADER_TYPE))
-        return pa.RecordBatch.from_arrays(
-            columns, schema=source_arrow_schema(self.include_headers))
+def arrow_chunks(columns: RecordColumns, start: int, stop: int, max_records: int,
+                 max_bytes: int = ARROW_BATCH_MAX_BYTES) -> Iterator[tuple[int, int]]:
+    """Record index ranges covering [start, stop), each at most ``max_records`` records and,
+    unless one record alone is larger, ``max_bytes`` of keys and values."""
+    record_bytes_before = columns.key_offsets.astype(np.int64) + columns.value_offsets
+    while start < stop:
+        limit = record_bytes_before[start] + max_bytes
+        by_bytes = int(np.searchsorted(record_bytes_before, limit, "right")) - 1
+        chunk_stop = min(stop, start + max_records, max(by_bytes, start + 1))
+        yield start, chunk_stop
+        start = chunk_stop
 
 
-def _consume_batches(
-    consumer: Consumer, options: SourceOptions, offset_range: OffsetRange
-) -> Iterator[pa.RecordBatch]:
-    buffers = _ColumnBuffers(options.include_headers)
-    last_progress_s = time.monotonic()
-    done = False
-    while not done:
-        messages = consumer.consume(MESSAGES_PER_CONSUME_CALL, CONSUME_WAIT_S)
-        if messages:
-            last_progress_s = time.monotonic()
-        for message in messages:
-            done = _handle_message(message, buffers, options, offset_range)
-            if done:
-                break
-            if len(buffers) >= options.records_per_arrow_batch:
-                yield buffers.to_batch(offset_range)
-                buffers.clear()
-        if not done and time.monotonic() - last_progress_s > options.poll_timeout_ms / 1000:
-            raise RequestTimedOut(
-                f"no records for {offset_range.topic}-{offset_range.partition} at or after "
-                f"offset {offset_range.from_offset} within {options.poll_timeout_ms} ms")
-    if len(buffers):
-        yield buffers.to_batch(offset_range)
+def _first_batch_bytes(records: memoryview) -> int:
+    _, batch_length = _BATCH_PREFIX.unpack_from(records, 0)
+    return LOG_OVERHEAD_BYTES + batch_length
 
 
-def _handle_message(message, buffers: _ColumnBuffers, options: SourceOptions,
-                    offset_range: OffsetRange) -> bool:
-    """Add one consumed message; True once the range is covered."""
-    error = message.error()
-    if error is not None:
-        if error.code() == KafkaError._PARTITION_EOF:
-            return _end_of_log_reached(message.offset(), options, offset_range)
-        raise KafkaException(error)
-    offset = message.offset()
-    if offset >= offset_range.until_offset:
+class _RangeReader:
+    """The fetch loop of one range; ``position`` is the next offset wanted."""
+
+    def __init__(self, options: SourceOptions, offset_range: OffsetRange, clock: Clock) -> None:
+        self.options = options
+        self.range = offset_range
+        self.clock = clock
+        self.client = PartitionFetchClient(
+            FetchClientConfig.from_client_options(options.client_dict()),
+            offset_range.topic, offset_range.partition)
+        self.position = offset_range.from_offset
+        self.last_progress_ms = clock.monotonic_ms()
+        self.in_flight_offset: int | None = None
+
+    @property
+    def _name(self) -> str:
+        return f"{self.range.topic}-{self.range.partition}"
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        while self.position < self.range.until_offset:
+            response = self._fetch()
+            if response is None:
+                return
+            if response.error_code != NO_ERROR:
+                if not self._handle_error(response.error_code):
+                    return
+                continue
+            next_offset, whole_bytes = next_fetch_offset(response.records, self.position,
+                                                        self.range.until_offset)
+            if whole_bytes == 0:
+                if not self._handle_empty(response):
+                    return
+                continue
+            start_position = self.position
+            self._advance(next_offset)
+            yield from self._arrow_batches(response.records[:whole_bytes], start_position)
+
+    def _fetch(self) -> FetchedPartition | None:
+        """The response for ``position`` (the one in flight if it asked for it); None when
+        the partition is unknown and that loss is tolerated."""
+        while True:
+            try:
+                if self.in_flight_offset != self.position:
+                    self._discard_in_flight()
+                    self.client.send_fetch(self.position)
+                self.in_flight_offset = None
+                return self.client.receive_fetch()
+            except UnknownTopicOrPartition as error:
+                self._data_loss_unknown(error)
+                return None
+            except (OSError, KafkaError) as error:
+                if isinstance(error, KafkaError) and not error.retriable:
+                    raise
+                self._reconnect(error)
+
+    def _discard_in_flight(self) -> None:
+        if self.in_flight_offset is not None:
+            self.in_flight_offset = None
+            self.client.receive_fetch()
+
+    def _advance(self, next_offset: int) -> None:
+        """Move past the whole batches just received and pipeline the next Fetch."""
+        self.position = next_offset
+        self.last_progress_ms = self.clock.monotonic_ms()
+        if next_offset < self.range.until_offset:
+            try:
+                self.client.send_fetch(next_offset)
+                self.in_flight_offset = next_offset
+            except OSError:
+                self.in_flight_offset = None  # _fetch reconnects
+
+    def _arrow_batches(self, records: memoryview, start_position: int
+                       ) -> Iterator[pa.RecordBatch]:
+        columns = decode_columns(records)
+        start = int(np.searchsorted(columns.offsets, start_position, "left"))
+        stop = int(np.searchsorted(columns.offsets, self.range.until_offset, "left"))
+        for chunk_start, chunk_stop in arrow_chunks(columns, start, stop,
+                                                    self.options.records_per_arrow_batch):
+            yield record_columns_to_arrow(columns, self.range.topic, self.range.partition,
+                                          self.options.include_headers, chunk_start, chunk_stop)
+
+    def _handle_empty(self, response: FetchedPartition) -> bool:
+        """No whole batch: the end of the log, a batch too large, or nothing yet.
+        False once the range is finished."""
+        if len(response.records):
+            self.client.grow_partition_fetch_bytes(_first_batch_bytes(response.records))
+            return True
+        if self.position >= response.high_watermark >= 0:
+            self._data_loss_at_log_end(self.position)
+            return False
+        self._check_timeout()
         return True
-    buffers.append(message)
-    return offset == offset_range.until_offset - 1
 
+    def _handle_error(self, error_code: int) -> bool:
+        """React to a partition error; False once the range is finished."""
+        if error_code == OffsetOutOfRange.code:
+            return self._out_of_range()
+        if error_code == UnknownTopicOrPartition.code:
+            self._data_loss_unknown(UnknownTopicOrPartition(f"Fetch for {self._name}"))
+            return False
+        error = error_for_code(error_code, f"Fetch for {self._name} at offset {self.position}")
+        if not error.retriable:
+            raise error
+        self._reconnect(error)
+        return True
 
-def _end_of_log_reached(log_end_offset: int, options: SourceOptions,
-                        offset_range: OffsetRange) -> bool:
-    """At the end of the log: the range is covered, or its tail no longer exists."""
-    if log_end_offset < offset_range.until_offset:
+    def _out_of_range(self) -> bool:
+        log_start = self.client.list_offset(EARLIEST_TIMESTAMP)
+        if self.position < log_start:
+            report_data_loss(
+                f"Cannot fetch offset {self.position} of {self._name}: the log starts at "
+                f"{log_start}", self.options.fail_on_data_loss)
+            self.position = log_start
+            return True
+        log_end = self.client.list_offset(LATEST_TIMESTAMP)
+        if self.position >= log_end:
+            self._data_loss_at_log_end(self.position)
+            return False
+        self._check_timeout()
+        return True
+
+    def _data_loss_at_log_end(self, log_end_offset: int) -> None:
+        if log_end_offset < self.range.until_offset:
+            report_data_loss(
+                f"Cannot fetch offsets [{log_end_offset}, {self.range.until_offset}) of "
+                f"{self._name}: the log ends at {log_end_offset}",
+                self.options.fail_on_data_loss)
+
+    def _data_loss_unknown(self, error: KafkaError) -> None:
         report_data_loss(
-            f"Cannot fetch offsets [{log_end_offset}, {offset_range.until_offset}) of "
-            f"{offset_range.topic}-{offset_range.partition}: the log ends at {log_end_offset}",
-            options.fail_on_data_loss)
-    return True
+            f"Cannot fetch {self._name} [{self.position}, {self.range.until_offset}): {error}",
+            self.options.fail_on_data_loss, UnknownTopicOrPartition)
+
+    def _reconnect(self, cause: Exception) -> None:
+        """Drop the connection after a retriable failure; the next request reconnects."""
+        self._check_timeout(cause)
+        self.in_flight_offset = None
+        self.client.close()
+        time.sleep(RETRY_BACKOFF_MS / 1000)
+
+    def _check_timeout(self, cause: Exception | None = None) -> None:
+        waited_ms = self.clock.monotonic_ms() - self.last_progress_ms
+        if waited_ms > self.options.poll_timeout_ms:
+            detail = f" (last error: {cause})" if cause is not None else ""
+            raise RequestTimedOut(
+                f"no records for {self._name} at or after offset {self.position} within "
+                f"{self.options.poll_timeout_ms} ms{detail}")

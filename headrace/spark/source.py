@@ -21,6 +21,7 @@ Readers are created per query on the driver and are not shared between threads.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -38,7 +39,6 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from headrace.spark.columns import source_ddl
-from headrace.spark.fetch import read_range
 from headrace.spark.offsets import (
     BrokerOffsets,
     OffsetRange,
@@ -51,7 +51,9 @@ from headrace.spark.offsets import (
     split_ranges,
 )
 from headrace.spark.options import SourceOptions, parse_sink_options, parse_source_options
-from headrace.spark.sink import HeadraceBatchWriter, HeadraceStreamWriter
+
+if TYPE_CHECKING:
+    from headrace.spark.sink import HeadraceBatchWriter, HeadraceStreamWriter
 
 FORMAT_NAME = "headrace"
 
@@ -66,6 +68,8 @@ class OffsetRangePartition(InputPartition):
 
 
 def _read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    from headrace.spark.fetch import read_range  # executors only: planning never loads it
+
     if isinstance(partition, OffsetRangePartition):
         yield from read_range(partition.options, partition.offset_range)
 
@@ -176,7 +180,11 @@ class HeadraceDataSource(DataSource):
         return HeadraceStreamReader(parse_source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> HeadraceBatchWriter:
+        from headrace.spark.sink import HeadraceBatchWriter  # loaded only by writing queries
+
         return HeadraceBatchWriter(parse_sink_options(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> HeadraceStreamWriter:
+        from headrace.spark.sink import HeadraceStreamWriter  # loaded only by writing queries
+
         return HeadraceStreamWriter(parse_sink_options(self.options), schema)

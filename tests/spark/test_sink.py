@@ -65,3 +65,25 @@ def test_stream_write_marks_records_with_the_batch_id(spark, bootstrap, tmp_path
     batch_of = {row.value: dict((h.key, h.value) for h in row.headers)[BATCH_ID_HEADER]
                 for row in read}
     assert batch_of == {b"s0": b"0", b"s1": b"0", b"s2": b"1", b"s3": b"1"}
+
+
+def test_topic_column_and_string_columns_are_written_as_utf8(spark, bootstrap):
+    first, second = new_topic(bootstrap, 1), new_topic(bootstrap, 1)
+    rows = [Row(topic=first, key="ключ", value="значение"), Row(topic=second, key=None,
+                                                                 value="b")]
+    frame = spark.createDataFrame(rows, "topic string, key string, value string")
+    (frame.write.format("headrace").option("kafka.bootstrap.servers", bootstrap)
+     .mode("append").save())
+    assert [(row.key, row.value) for row in _read_back(spark, bootstrap, first, {0: 1})] == [
+        ("ключ".encode(), "значение".encode())]
+    assert [(row.key, row.value) for row in _read_back(spark, bootstrap, second, {0: 1})] == [
+        (None, b"b")]
+
+
+def test_undeliverable_records_fail_the_write(spark, bootstrap):
+    topic = new_topic(bootstrap, 1)
+    frame = spark.createDataFrame([Row(value=b"v", partition=7)], "value binary, partition int")
+    with pytest.raises(Exception, match="(?i)unknown partition"):
+        (frame.write.format("headrace").option("kafka.bootstrap.servers", bootstrap)
+         .option("topic", topic).option("kafka.message.timeout.ms", "3000")
+         .mode("append").save())

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import socket
 import time
 
 import pytest
-from conftest import PEER_IGNORES_TIMESTAMPS, append, new_topic
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import PEER_IGNORES_TIMESTAMPS, USE_TANSU, append, new_topic, unique_name
 from pyspark.sql import functions as F
+
+from headrace.errors import OffsetOutOfRange, RequestTimedOut, UnknownTopicOrPartition
+from headrace.protocol.kernel import decode_columns
+from headrace.spark.fetch import arrow_chunks, read_range
+from headrace.spark.offsets import OffsetRange
+from headrace.spark.options import parse_source_options
+from headrace.spark.wire_fetch import FetchClientConfig, PartitionFetchClient
 
 pytestmark = pytest.mark.spark
 
@@ -101,3 +112,106 @@ def test_data_loss_fails_or_is_skipped(spark, bootstrap):
     tolerant = _read(spark, bootstrap, subscribe=topic, endingOffsets=beyond_log_end,
                      failOnDataLoss="false")
     assert _positions(tolerant) == [(0, 0, b"v0"), (0, 1, b"v1"), (0, 2, b"v2")]
+
+
+# --- the executor's read path (read_range), without Spark -------------------------------------
+
+
+def _options(bootstrap, **overrides):
+    options = parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": "any",
+                                    "includeHeaders": "true", **overrides}, streaming=False)
+    return options
+
+
+def _rows(options, offset_range) -> list[dict]:
+    return [row for batch in read_range(options, offset_range) for row in batch.to_pylist()]
+
+
+def test_read_range_trims_batches_keeps_nulls_and_chunks(bootstrap):
+    topic = new_topic(bootstrap, 1)
+    values = [None if i == 4 else b"v%d" % i for i in range(10)]
+    keys = [None if i % 3 == 0 else b"k%d" % i for i in range(10)]
+    headers = [[("h", b"%d" % i), ("n", None)] if i % 2 else [] for i in range(10)]
+    append(bootstrap, topic, 0, values, keys=keys, headers=headers)
+    options = dataclasses.replace(_options(bootstrap), records_per_arrow_batch=3)
+    batches = list(read_range(options, OffsetRange(topic, 0, 2, 9)))
+    assert [batch.num_rows for batch in batches] == [3, 3, 1]
+    rows = [row for batch in batches for row in batch.to_pylist()]
+    assert [row["offset"] for row in rows] == list(range(2, 9))
+    assert [row["value"] for row in rows] == values[2:9]
+    assert [row["key"] for row in rows] == keys[2:9]
+    assert [[(h["key"], h["value"]) for h in row["headers"]] for row in rows] == headers[2:9]
+    assert {(row["topic"], row["partition"], row["timestampType"]) for row in rows} == {
+        (topic, 0, 0)}
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_read_range_decodes_compressed_batches(bootstrap, codec):
+    topic = new_topic(bootstrap, 1)
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec,
+                         "linger.ms": 20})
+    for index in range(200):
+        producer.produce(topic, b"value-%d" % index * 20, key=b"%d" % index, partition=0)
+    assert producer.flush(30) == 0
+    rows = _rows(_options(bootstrap), OffsetRange(topic, 0, 50, 200))
+    assert [row["offset"] for row in rows] == list(range(50, 200))
+    assert [row["value"] for row in rows] == [b"value-%d" % i * 20 for i in range(50, 200)]
+
+
+@pytest.mark.skipif(USE_TANSU, reason="the Tansu peer drops the connection on DeleteRecords")
+def test_read_range_below_the_log_start_is_data_loss(bootstrap):
+    topic = new_topic(bootstrap, 1)
+    append(bootstrap, topic, 0, [b"v%d" % i for i in range(6)], batch_per_record=True)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 3)]).values():
+        future.result(timeout=30)
+    with pytest.raises(OffsetOutOfRange, match="the log starts at 3"):
+        _rows(_options(bootstrap), OffsetRange(topic, 0, 1, 5))
+    tolerant = _options(bootstrap, failOnDataLoss="false")
+    assert [row["offset"] for row in _rows(tolerant, OffsetRange(topic, 0, 1, 5))] == [3, 4]
+
+
+def test_read_range_of_an_unknown_topic_is_data_loss(bootstrap):
+    missing = OffsetRange(unique_name("gone"), 0, 0, 5)
+    with pytest.raises(UnknownTopicOrPartition, match="failOnDataLoss"):
+        _rows(_options(bootstrap), missing)
+    assert _rows(_options(bootstrap, failOnDataLoss="false"), missing) == []
+
+
+def test_read_range_times_out_when_no_broker_answers():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    options = _options(f"127.0.0.1:{closed_port}", **{"kafkaConsumer.pollTimeoutMs": "300"})
+    with pytest.raises(RequestTimedOut, match="within 300 ms"):
+        _rows(options, OffsetRange("t", 0, 0, 5))
+
+
+@pytest.mark.skipif(USE_TANSU, reason="the Tansu peer ignores message.timestamp.type")
+def test_read_range_gives_log_append_time_batches_the_broker_time(bootstrap):
+    topic = unique_name()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic(topic, 1, 1, config={"message.timestamp.type": "LogAppendTime"})
+    for future in admin.create_topics([new]).values():
+        future.result(timeout=30)
+    long_ago_ms = 1_000_000_000_000
+    append(bootstrap, topic, 0, [b"a", b"b"], timestamps_ms=[long_ago_ms, long_ago_ms])
+    rows = _rows(_options(bootstrap), OffsetRange(topic, 0, 0, 2))
+    assert [row["timestampType"] for row in rows] == [1, 1]
+    assert all(row["timestamp"].timestamp() * 1000 > long_ago_ms for row in rows)
+
+
+def test_arrow_chunks_bound_records_and_bytes(bootstrap):
+    topic = new_topic(bootstrap, 1)
+    append(bootstrap, topic, 0, [b"v" * 10] * 6, keys=[b"kk"] * 6)  # 12 bytes a record
+    client = PartitionFetchClient(
+        FetchClientConfig.from_client_options({"bootstrap.servers": bootstrap}), topic, 0)
+    try:
+        client.send_fetch(0)
+        columns = decode_columns(client.receive_fetch().records)
+    finally:
+        client.close()
+    assert list(arrow_chunks(columns, 1, 6, max_records=4, max_bytes=1000)) == [(1, 5), (5, 6)]
+    assert list(arrow_chunks(columns, 0, 6, max_records=4, max_bytes=30)) == [
+        (0, 2), (2, 4), (4, 6)]
+    assert list(arrow_chunks(columns, 0, 2, max_records=4, max_bytes=5)) == [(0, 1), (1, 2)]

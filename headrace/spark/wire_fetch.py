@@ -1,0 +1,435 @@
+"""A small blocking Kafka client for Spark executors: one partition's raw record batches.
+
+Owns: ``FetchClientConfig`` (the ``kafka.*`` options this client honours) and
+``PartitionFetchClient``, which speaks just enough of the Kafka protocol over one blocking
+PLAINTEXT socket to read one topic-partition:
+
+- ApiVersions v0 on every new connection; Fetch v4-v12 (the versions that name topics, not
+  topic ids), Metadata v1-v12 and ListOffsets v1-v7 are negotiated to the highest version both
+  sides support.
+- Metadata finds the partition's leader; the client connects to it (reusing the bootstrap
+  connection when the leader is that broker).
+- Fetch requests are sessionless full fetches (session id 0, epoch -1) for one partition,
+  read_uncommitted. Requests are encoded with kio through ``headrace.protocol.wire``; Fetch
+  responses are parsed by hand here (skipping tagged fields) so the records section stays a
+  zero-copy ``memoryview`` of the received frame -- it goes straight to the record kernel.
+- ``send_fetch`` / ``receive_fetch`` allow one request in flight while the caller decodes the
+  previous response (Kafka answers a connection's requests in order).
+
+Options (Kafka's names; librdkafka spellings accepted): ``bootstrap.servers``,
+``client.id``, ``fetch.max.bytes``, ``max.partition.fetch.bytes``, ``fetch.max.wait.ms``
+(``fetch.wait.max.ms``), ``fetch.min.bytes``, ``request.timeout.ms`` (``socket.timeout.ms``).
+Only ``security.protocol=PLAINTEXT`` is supported.
+
+Not thread-safe: one client per Spark task.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass
+
+from headrace.errors import KafkaError, UnsupportedVersion, error_for_code
+from headrace.protocol import wire
+
+FETCH_KEY = 1
+LIST_OFFSETS_KEY = 2
+METADATA_KEY = 3
+API_VERSIONS_KEY = 18
+FETCH_VERSIONS = (4, 12)  # v13+ name topics by id
+METADATA_VERSIONS = (1, 12)
+LIST_OFFSETS_VERSIONS = (1, 7)
+FLEXIBLE_FETCH_VERSION = 12
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+CONSUMER_REPLICA_ID = -1
+READ_UNCOMMITTED = 0
+NO_FETCH_SESSION_ID = 0
+SESSIONLESS_FETCH_EPOCH = -1  # FetchMetadata.FINAL_EPOCH: a full fetch without a session
+NO_LEADER_EPOCH = -1
+NO_ERROR = 0
+DEFAULT_CLIENT_ID = "headrace-spark-executor"
+DEFAULT_FETCH_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
+DEFAULT_FETCH_MAX_WAIT_MS = 100
+DEFAULT_FETCH_MIN_BYTES = 1
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+DEFAULT_KAFKA_PORT = 9092
+SOCKET_RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+
+
+class FetchClientError(KafkaError):
+    """The cluster cannot be reached or answered something this client cannot use."""
+
+
+def _first_option(options: dict[str, str], names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        if name in options:
+            return int(options[name])
+    return default
+
+
+def _parse_servers(text: str) -> tuple[tuple[str, int], ...]:
+    servers = []
+    for entry in text.split(","):
+        entry = entry.strip().removeprefix("PLAINTEXT://").removeprefix("plaintext://")
+        if not entry:
+            continue
+        host, _, port = entry.rpartition(":")
+        if not host:
+            host, port = port, str(DEFAULT_KAFKA_PORT)
+        servers.append((host.strip("[]"), int(port)))
+    if not servers:
+        raise FetchClientError(f"bootstrap.servers {text!r} names no server")
+    return tuple(servers)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchClientConfig:
+    bootstrap_servers: tuple[tuple[str, int], ...]
+    client_id: str = DEFAULT_CLIENT_ID
+    fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
+    max_partition_fetch_bytes: int = DEFAULT_MAX_PARTITION_FETCH_BYTES
+    fetch_max_wait_ms: int = DEFAULT_FETCH_MAX_WAIT_MS
+    fetch_min_bytes: int = DEFAULT_FETCH_MIN_BYTES
+    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+
+    @classmethod
+    def from_client_options(cls, options: dict[str, str]) -> FetchClientConfig:
+        """From the ``kafka.*`` options of the source (prefix already removed)."""
+        protocol = options.get("security.protocol", "PLAINTEXT").upper()
+        if protocol != "PLAINTEXT":
+            raise FetchClientError(
+                f"security.protocol {protocol} is not supported by the executor's fetch client")
+        return cls(
+            bootstrap_servers=_parse_servers(options["bootstrap.servers"]),
+            client_id=options.get("client.id", DEFAULT_CLIENT_ID),
+            fetch_max_bytes=_first_option(options, ("fetch.max.bytes",),
+                                          DEFAULT_FETCH_MAX_BYTES),
+            max_partition_fetch_bytes=_first_option(
+                options, ("max.partition.fetch.bytes",), DEFAULT_MAX_PARTITION_FETCH_BYTES),
+            fetch_max_wait_ms=_first_option(options, ("fetch.max.wait.ms", "fetch.wait.max.ms"),
+                                            DEFAULT_FETCH_MAX_WAIT_MS),
+            fetch_min_bytes=_first_option(options, ("fetch.min.bytes",),
+                                          DEFAULT_FETCH_MIN_BYTES),
+            request_timeout_ms=_first_option(options, ("request.timeout.ms",
+                                                       "socket.timeout.ms"),
+                                             DEFAULT_REQUEST_TIMEOUT_MS),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedPartition:
+    """One partition of a Fetch response; ``records`` views the received frame."""
+
+    error_code: int
+    high_watermark: int
+    log_start_offset: int  # -1 before Fetch v5 or when the broker does not know it
+    records: memoryview
+
+
+class _Connection:
+    """One blocking socket to one broker, with the API versions it supports."""
+
+    def __init__(self, address: tuple[str, int], client_id: str, timeout_s: float) -> None:
+        self.address = address
+        self._client_id = client_id
+        self._socket = socket.create_connection(address, timeout=timeout_s)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_RECEIVE_BUFFER_BYTES)
+        self._next_correlation_id = 0
+        self._in_flight: list[tuple[int, int, int]] = []  # correlation id, api key, version
+        self.api_versions: dict[int, tuple[int, int]] = {}
+        response = self.request(API_VERSIONS_KEY, 0,
+                                wire.build(wire.request_class(API_VERSIONS_KEY, 0), {}))
+        if int(response.error_code) != NO_ERROR:
+            raise error_for_code(int(response.error_code), f"ApiVersions failed on {address}")
+        self.api_versions = {item.api_key: (item.min_version, item.max_version)
+                             for item in response.api_keys}
+
+    def version_for(self, api_key: int, client_range: tuple[int, int]) -> int:
+        broker_min, broker_max = self.api_versions.get(api_key, (0, -1))
+        version = min(broker_max, client_range[1])
+        if version < max(broker_min, client_range[0]):
+            raise UnsupportedVersion(
+                f"broker {self.address} supports api {api_key} v{broker_min}-v{broker_max}, "
+                f"this client v{client_range[0]}-v{client_range[1]}")
+        return version
+
+    def send(self, api_key: int, version: int, body) -> None:
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id += 1
+        self._socket.sendall(
+            wire.encode_request(api_key, version, correlation_id, self._client_id, body))
+        self._in_flight.append((correlation_id, api_key, version))
+
+    def receive_frame(self) -> tuple[int, int, bytearray]:
+        """(api key, version, frame without its length) of the oldest request in flight."""
+        correlation_id, api_key, version = self._in_flight.pop(0)
+        (size,) = _INT32.unpack(self._receive_exactly(_INT32.size))
+        frame = self._receive_exactly(size)
+        (received_id,) = _INT32.unpack_from(frame)
+        if received_id != correlation_id:
+            raise FetchClientError(
+                f"response correlation id {received_id} from {self.address}, "
+                f"expected {correlation_id}")
+        return api_key, version, frame
+
+    def request(self, api_key: int, version: int, body):
+        """Send one request and decode its response with kio (not for Fetch: see below)."""
+        self.send(api_key, version, body)
+        _, _, frame = self.receive_frame()
+        return wire.decode_response(api_key, version, bytes(frame))[1]
+
+    def _receive_exactly(self, size: int) -> bytearray:
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        received = 0
+        while received < size:
+            count = self._socket.recv_into(view[received:], size - received)
+            if count == 0:
+                raise ConnectionError(f"broker {self.address} closed the connection")
+            received += count
+        return buffer
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+class PartitionFetchClient:
+    """Reads one topic-partition from its leader; reconnects on ``reconnect()``."""
+
+    def __init__(self, config: FetchClientConfig, topic: str, partition: int) -> None:
+        self.config = config
+        self.topic = topic
+        self.partition = partition
+        self._leader: _Connection | None = None
+        self._partition_max_bytes = config.max_partition_fetch_bytes
+
+    @property
+    def _timeout_s(self) -> float:
+        return self.config.request_timeout_ms / 1000
+
+    def connect(self) -> None:
+        """Find the leader through Metadata and connect to it.
+
+        Raises ``UnknownTopicOrPartition`` when the cluster does not know the partition,
+        ``LeaderNotAvailable`` (retriable) when it has no leader now.
+        """
+        self.close()
+        bootstrap = self._connect_any()
+        try:
+            leader_address = self._leader_address(bootstrap)
+        except BaseException:
+            bootstrap.close()
+            raise
+        if leader_address == bootstrap.address:
+            self._leader = bootstrap
+            return
+        bootstrap.close()
+        self._leader = _Connection(leader_address, self.config.client_id, self._timeout_s)
+
+    def _connect_any(self) -> _Connection:
+        failures = []
+        for address in self.config.bootstrap_servers:
+            try:
+                return _Connection(address, self.config.client_id, self._timeout_s)
+            except OSError as error:
+                failures.append(f"{address[0]}:{address[1]}: {error}")
+        raise ConnectionError("no bootstrap server reachable: " + "; ".join(failures))
+
+    def _leader_address(self, connection: _Connection) -> tuple[str, int]:
+        version = connection.version_for(METADATA_KEY, METADATA_VERSIONS)
+        body = wire.build(wire.request_class(METADATA_KEY, version),
+                          {"topics": [{"name": self.topic}], "allow_auto_topic_creation": False})
+        response = connection.request(METADATA_KEY, version, body)
+        brokers = {broker.node_id: (broker.host, broker.port) for broker in response.brokers}
+        for topic in response.topics:
+            if topic.name != self.topic:
+                continue
+            if int(topic.error_code) != NO_ERROR:
+                raise error_for_code(int(topic.error_code), f"Metadata for topic {self.topic}")
+            for partition in topic.partitions:
+                if partition.partition_index != self.partition:
+                    continue
+                if int(partition.error_code) != NO_ERROR and partition.leader_id < 0:
+                    raise error_for_code(int(partition.error_code),
+                                         f"Metadata for {self.topic}-{self.partition}")
+                if partition.leader_id not in brokers:
+                    raise error_for_code(5, f"{self.topic}-{self.partition} has no leader")
+                return brokers[partition.leader_id]
+        raise error_for_code(3, f"the cluster does not know {self.topic}-{self.partition}")
+
+    def _connection(self) -> _Connection:
+        if self._leader is None:
+            self.connect()
+        assert self._leader is not None
+        return self._leader
+
+    def list_offset(self, timestamp_ms: int) -> int:
+        """ListOffsets for one timestamp (EARLIEST_TIMESTAMP: log start, LATEST: log end)."""
+        connection = self._connection()
+        version = connection.version_for(LIST_OFFSETS_KEY, LIST_OFFSETS_VERSIONS)
+        body = wire.build(wire.request_class(LIST_OFFSETS_KEY, version), {
+            "replica_id": CONSUMER_REPLICA_ID, "isolation_level": READ_UNCOMMITTED,
+            "topics": [{"name": self.topic, "partitions": [{
+                "partition_index": self.partition, "current_leader_epoch": NO_LEADER_EPOCH,
+                "timestamp": timestamp_ms}]}]})
+        response = connection.request(LIST_OFFSETS_KEY, version, body)
+        for topic in response.topics:
+            for partition in topic.partitions:
+                if topic.name == self.topic and partition.partition_index == self.partition:
+                    if int(partition.error_code) != NO_ERROR:
+                        raise error_for_code(int(partition.error_code),
+                                             f"ListOffsets for {self.topic}-{self.partition}")
+                    return partition.offset
+        raise FetchClientError(f"ListOffsets response lacks {self.topic}-{self.partition}")
+
+    def send_fetch(self, offset: int) -> None:
+        """Send a Fetch for ``offset``; ``receive_fetch`` returns its answer."""
+        connection = self._connection()
+        version = connection.version_for(FETCH_KEY, FETCH_VERSIONS)
+        body = wire.build(wire.request_class(FETCH_KEY, version), {
+            "replica_id": CONSUMER_REPLICA_ID,
+            "max_wait": self.config.fetch_max_wait_ms,
+            "min_bytes": self.config.fetch_min_bytes,
+            "max_bytes": max(self.config.fetch_max_bytes, self._partition_max_bytes),
+            "isolation_level": READ_UNCOMMITTED,
+            "session_id": NO_FETCH_SESSION_ID,
+            "session_epoch": SESSIONLESS_FETCH_EPOCH,
+            "topics": [{"topic": self.topic, "partitions": [{
+                "partition": self.partition, "current_leader_epoch": NO_LEADER_EPOCH,
+                "fetch_offset": offset, "last_fetched_epoch": NO_LEADER_EPOCH,
+                "log_start_offset": -1, "partition_max_bytes": self._partition_max_bytes}]}],
+        })
+        connection.send(FETCH_KEY, version, body)
+
+    def receive_fetch(self) -> FetchedPartition:
+        _, version, frame = self._connection().receive_frame()
+        return parse_fetch_response(frame, version, self.topic, self.partition)
+
+    def grow_partition_fetch_bytes(self, batch_bytes: int) -> None:
+        """Allow at least one batch of ``batch_bytes`` per fetch (brokers before KIP-74)."""
+        self._partition_max_bytes = max(self._partition_max_bytes * 2, batch_bytes)
+
+    def close(self) -> None:
+        if self._leader is not None:
+            self._leader.close()
+            self._leader = None
+
+
+class _Reader:
+    """Sequential reads of Kafka primitive types from a response frame."""
+
+    def __init__(self, frame: bytearray, flexible: bool) -> None:
+        self.view = memoryview(frame)
+        self.position = 0
+        self.flexible = flexible
+
+    def int16(self) -> int:
+        (value,) = _INT16.unpack_from(self.view, self.position)
+        self.position += 2
+        return value
+
+    def int32(self) -> int:
+        (value,) = _INT32.unpack_from(self.view, self.position)
+        self.position += 4
+        return value
+
+    def int64(self) -> int:
+        (value,) = _INT64.unpack_from(self.view, self.position)
+        self.position += 8
+        return value
+
+    def uvarint(self) -> int:
+        value = shift = 0
+        while True:
+            byte = self.view[self.position]
+            self.position += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+
+    def length(self) -> int:
+        """An array, string or bytes length; -1 for null."""
+        if self.flexible:
+            return self.uvarint() - 1
+        return self.int32()
+
+    def string(self) -> str | None:
+        size = self.uvarint() - 1 if self.flexible else self.int16()
+        if size < 0:
+            return None
+        value = bytes(self.view[self.position:self.position + size]).decode()
+        self.position += size
+        return value
+
+    def nullable_bytes(self) -> memoryview:
+        size = self.length()
+        if size < 0:
+            return self.view[0:0]
+        value = self.view[self.position:self.position + size]
+        if len(value) != size:
+            raise FetchClientError("records overrun the Fetch response")
+        self.position += size
+        return value
+
+    def skip_tagged_fields(self) -> None:
+        if not self.flexible:
+            return
+        for _ in range(self.uvarint()):
+            self.uvarint()  # tag
+            size = self.uvarint()
+            self.position += size
+
+
+def parse_fetch_response(frame: bytearray, version: int, topic: str,
+                         partition: int) -> FetchedPartition:
+    """The named partition of a Fetch v4-v12 response frame (correlation id included).
+
+    A top-level error (v7+) is reported as that partition's error.
+    """
+    reader = _Reader(frame, flexible=version >= FLEXIBLE_FETCH_VERSION)
+    reader.int32()  # correlation id
+    reader.skip_tagged_fields()  # response header v1
+    reader.int32()  # throttle_time_ms
+    top_level_error = NO_ERROR
+    if version >= 7:
+        top_level_error = reader.int16()
+        reader.int32()  # session_id
+    found = None
+    for _ in range(max(reader.length(), 0)):
+        name = reader.string()
+        for _ in range(max(reader.length(), 0)):
+            fetched, index = _read_partition(reader, version)
+            if name == topic and index == partition:
+                found = fetched
+        reader.skip_tagged_fields()
+    if top_level_error != NO_ERROR:
+        return FetchedPartition(top_level_error, -1, -1, reader.view[0:0])
+    if found is None:
+        raise FetchClientError(f"Fetch response lacks {topic}-{partition}")
+    return found
+
+
+def _read_partition(reader: _Reader, version: int) -> tuple[FetchedPartition, int]:
+    index = reader.int32()
+    error_code = reader.int16()
+    high_watermark = reader.int64()
+    reader.int64()  # last_stable_offset
+    log_start_offset = reader.int64() if version >= 5 else -1
+    for _ in range(max(reader.length(), 0)):  # aborted transactions: irrelevant uncommitted
+        reader.int64()
+        reader.int64()
+        reader.skip_tagged_fields()
+    if version >= 11:
+        reader.int32()  # preferred_read_replica
+    records = reader.nullable_bytes()
+    reader.skip_tagged_fields()
+    return FetchedPartition(error_code, high_watermark, log_start_offset, records), index
