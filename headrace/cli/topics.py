@@ -3,8 +3,10 @@
 The equivalent of Kafka's ``kafka-topics.sh`` (and the topic half of ``kafka-configs.sh``)
 through confluent-kafka's AdminClient, so it works against any Kafka-compatible cluster.
 ``describe`` shows each partition's leader, replicas, in-sync replicas and its low/high
-offsets (ListOffsets earliest/latest). Size on disk is not shown: confluent-kafka exposes no
-DescribeLogDirs call. Stateless; runs on the main thread.
+offsets (ListOffsets earliest/latest) and its size on disk: the leader replica's log size from
+DescribeLogDirs, which confluent-kafka does not expose, so it is sent by ``raw_requests``
+(unknown, shown empty / null, when the broker lacks that API). Stateless; runs on the main
+thread.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from headrace.cli.common import (
     user_errors,
     wait_all,
 )
+from headrace.cli.raw_requests import partition_sizes
 
 DEFAULT_PARTITIONS = 1
 DEFAULT_REPLICATION_FACTOR = 1
@@ -106,11 +109,12 @@ def describe(
     request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
     output: OutputOption = OutputFormat.table,
 ) -> None:
-    """Partitions of a topic: leader, replicas, in-sync replicas, low and high offsets."""
+    """Partitions of a topic: leader, replicas, in-sync replicas, offsets, size on disk."""
     with user_errors():
         admin, metadata = connect_admin(bootstrap_server, request_timeout_ms)
         partition_ids = topic_partitions(metadata, name)  # full listing: never auto-creates
         offsets = _partition_offsets(admin, name, partition_ids, request_timeout_ms)
+        sizes = partition_sizes(metadata, name, partition_ids, request_timeout_ms)
         topic_metadata = metadata.topics[name]
         rows = []
         for partition_id in partition_ids:
@@ -120,6 +124,7 @@ def describe(
                 "partition": partition_id, "leader": partition.leader,
                 "replicas": list(partition.replicas), "isr": list(partition.isrs),
                 "low_offset": low, "high_offset": high, "messages": high - low,
+                "size_bytes": sizes.get(partition_id),
             })
         emit(output, {"topic": name, "partitions": rows}, _describe_table(name, rows))
 
@@ -138,13 +143,16 @@ def _partition_offsets(
 
 
 def _describe_table(name: str, rows: list[dict]):
-    columns = ["partition", "leader", "replicas", "isr", "low_offset", "high_offset", "messages"]
-    cells = [
-        [", ".join(map(str, row[column])) if isinstance(row[column], list) else row[column]
-         for column in columns]
-        for row in rows
-    ]
+    columns = ["partition", "leader", "replicas", "isr", "low_offset", "high_offset", "messages",
+               "size_bytes"]
+    cells = [[_cell(row[column]) for column in columns] for row in rows]
     return make_table(f"topic {name}", columns, cells)
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return "" if value is None else value
 
 
 @app.command("alter-config")

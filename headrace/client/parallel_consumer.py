@@ -3,22 +3,31 @@
 Owns the poll thread, the worker pool and the commit policy around a ``WorkScheduler``:
 
 * The poll thread is the only thread that touches the ``confluent_kafka.Consumer``. It polls in
-  batches, buffers records per partition, pauses partitions whose buffers are full and resumes
-  them when drained -- so it keeps calling ``consume()`` well within ``max.poll.interval.ms``
-  however long handlers run (seed 003's pause/poll/resume heartbeat).
-* ``workers`` threads take records round-robin across partitions under the chosen ordering and
-  run the handler (a plain function, or a coroutine function run on one private event loop).
+  batches no larger than the buffers can take (``WorkScheduler.consume_capacity``), waiting for
+  workers to make room when they are full. A partition (or the total) still full after
+  ``pause_after_full_ms`` is paused and resumed once drained, so the poll thread keeps calling
+  ``consume()`` well within ``max.poll.interval.ms`` however long handlers run (seed 003's
+  pause/poll/resume heartbeat). Pausing is deferred because librdkafka drops a paused
+  partition's prefetched records and fetches them again on resume.
+* ``workers`` threads take runs of records round-robin across partitions under the chosen
+  ordering (see ``work_scheduler``: a run is processed one record at a time, in offset order, and
+  reported at once) and run the handler on each record (a plain function, or a coroutine
+  function run on one private event loop). Runs last at most about ``max_run_ms`` of handler
+  time and ``max_run_records`` records, so a no-op handler pays one hand-out per many records
+  while a slow one is spread over every worker.
 * A handler that raises is retried with exponential backoff (``retry_backoff_ms`` doubling up to
   ``retry_backoff_max_ms``, +/-20 % jitter, Kafka's client defaults). With ``dead_letter_topic``
   set, a record failing ``dead_letter_after_attempts`` times is produced there (same key, value
   and headers plus ``headrace.dlt.*`` headers) and counts as done; without it a record is retried
-  until it succeeds, its partition is revoked, or the consumer closes -- never dropped.
+  until it succeeds, its partition is revoked, or the consumer closes -- never dropped. The
+  rest of its run waits behind it (order within a run is offset order).
 * Offsets are committed per partition only up to the first record not yet done, every
   ``commit_interval_ms`` (asynchronously), and synchronously on revocation and on close. Done
   offsets above that point travel in the commit metadata (see ``offset_tracker``) unless
   ``encode_done_offsets_in_metadata`` is False, and a new owner skips them.
 * Revocation (eager or cooperative-sticky incremental): buffered records of revoked partitions
-  are dropped, in-flight ones are awaited up to ``revoke_timeout_ms`` (which must be below
+  are dropped, as are the not yet started records of their running runs; records in flight are
+  awaited up to ``revoke_timeout_ms`` (which must be below
   ``max.poll.interval.ms``), their offsets committed, then the partitions released. Lost
   partitions (session expired) are dropped without a commit.
 
@@ -36,17 +45,25 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from headrace.client.offset_tracker import OFFSET_METADATA_MAX_BYTES_DEFAULT, decode_done_offsets
+from headrace.client.offset_tracker import (
+    OFFSET_METADATA_MAX_BYTES_DEFAULT,
+    OffsetRange,
+    decode_done_ranges,
+)
 from headrace.client.work_scheduler import (
+    MAX_RUN_MS_DEFAULT,
+    MAX_RUN_RECORDS_DEFAULT,
     BufferLimits,
     Ordering,
     PartitionMetrics,
+    Run,
     TopicPartitionKey,
-    WorkItem,
     WorkScheduler,
 )
 from headrace.storage.clock import Clock, SystemClock
@@ -55,6 +72,9 @@ log = logging.getLogger(__name__)
 
 MAX_POLL_INTERVAL_MS_DEFAULT = 300_000  # librdkafka / Kafka max.poll.interval.ms default
 RETRY_JITTER_FRACTION = 0.2  # Kafka's CommonClientConfigs exponential backoff jitter
+# A full buffer that workers drain within this long is not worth a pause (and refetch).
+PAUSE_AFTER_FULL_MS_DEFAULT = 500
+SUCCEEDED, DEAD_LETTERED = "succeeded", "dead-lettered"  # outcomes of a retried record
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +93,9 @@ class ParallelConsumerOptions:
     dead_letter_after_attempts: int = 5
     encode_done_offsets_in_metadata: bool = True
     offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES_DEFAULT
+    max_run_records: int = MAX_RUN_RECORDS_DEFAULT
+    max_run_ms: int = MAX_RUN_MS_DEFAULT
+    pause_after_full_ms: int = PAUSE_AFTER_FULL_MS_DEFAULT
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +125,8 @@ class ParallelConsumer:
         self._handler = handler
         self._handler_is_async = inspect.iscoroutinefunction(handler)
         self._clock = clock or SystemClock()
-        self._scheduler = WorkScheduler(options.ordering, options.buffer_limits)
+        self._scheduler = WorkScheduler(options.ordering, options.buffer_limits,
+                                        options.max_run_records, options.max_run_ms)
         self._consumer_config = {**consumer_config, "enable.auto.commit": False,
                                  "on_commit": self._on_commit}
         self._consumer: Consumer | None = None
@@ -115,6 +139,7 @@ class ParallelConsumer:
         self._commits = 0
         self._paused: set[TopicPartitionKey] = set()
         self._resume_after_assign: set[TopicPartitionKey] = set()
+        self._full_since_ms: dict[TopicPartitionKey, int] = {}
         self._poll_failure: BaseException | None = None
         self._poll_thread = threading.Thread(target=self._poll_loop, name="pc-poll", daemon=True)
         self._workers = [threading.Thread(target=self._work_loop, name=f"pc-worker-{index}",
@@ -132,6 +157,9 @@ class ParallelConsumer:
                                                        MAX_POLL_INTERVAL_MS_DEFAULT))
         if options.revoke_timeout_ms >= max_poll_interval_ms:
             raise ValueError(f"revoke_timeout_ms {options.revoke_timeout_ms} must be below "
+                             f"max.poll.interval.ms {max_poll_interval_ms}")
+        if options.pause_after_full_ms >= max_poll_interval_ms:
+            raise ValueError(f"pause_after_full_ms {options.pause_after_full_ms} must be below "
                              f"max.poll.interval.ms {max_poll_interval_ms}")
         if options.dead_letter_after_attempts < 1:
             raise ValueError("dead_letter_after_attempts must be at least 1")
@@ -199,8 +227,7 @@ class ParallelConsumer:
             next_commit_ms = self._clock.monotonic_ms() + self._options.commit_interval_ms
             while not self._stopping.is_set():
                 self._apply_backpressure()
-                self._buffer(self._consumer.consume(self._options.poll_batch_records,
-                                                    self._options.poll_timeout_ms / 1000))
+                self._poll_once()
                 if self._clock.monotonic_ms() >= next_commit_ms:
                     self._refresh_high_watermarks()
                     self._commit(None, asynchronous=True)
@@ -211,6 +238,18 @@ class ParallelConsumer:
             self._poll_failure = error
             self._scheduler.stop_dispatch()
 
+    def _poll_once(self) -> None:
+        """consume() as many records as the buffers can take; wait for room when they are full
+        (then poll anyway once every partition is paused, for callbacks and liveness)."""
+        assert self._consumer is not None
+        capacity = self._scheduler.consume_capacity(self._paused,
+                                                    self._options.poll_batch_records)
+        if capacity <= 0 and not set(self._scheduler.assigned()) <= self._paused:
+            self._scheduler.wait_for_space(self._options.poll_timeout_ms / 1000)
+            return
+        self._buffer(self._consumer.consume(max(1, min(self._options.poll_batch_records, capacity)),
+                                            self._options.poll_timeout_ms / 1000))
+
     def _shut_down_consumer(self) -> None:
         assert self._consumer is not None
         self._scheduler.stop_dispatch()
@@ -219,15 +258,30 @@ class ParallelConsumer:
         self._consumer.close()
 
     def _buffer(self, messages: list[Message]) -> None:
+        """Group a consume() batch by partition and hand it to the scheduler. The per-record
+        steps are C calls (map over method descriptors, groupby on itemgetter): no Python frame
+        per record."""
+        if not messages:
+            return
+        if any(map(Message.error, messages)):
+            messages = self._without_errors(messages)
+        by_partition: dict[TopicPartitionKey, list[Message]] = {}
+        keyed = zip(zip(map(Message.topic, messages), map(Message.partition, messages),
+                        strict=True), messages, strict=True)
+        for tp, group in groupby(keyed, key=itemgetter(0)):  # librdkafka returns runs per partition
+            by_partition.setdefault(tp, []).extend(map(itemgetter(1), group))
+        if by_partition:
+            self._scheduler.add_batch(by_partition)
+
+    def _without_errors(self, messages: list[Message]) -> list[Message]:
+        records = []
         for message in messages:
             error = message.error()
-            if error is not None:
+            if error is None:
+                records.append(message)
+            else:
                 self._handle_consume_error(error)
-                continue
-            key, value = message.key(), message.value()
-            size_bytes = (len(key) if key else 0) + (len(value) if value else 0)
-            self._scheduler.add(message.topic(), message.partition(), message.offset(), key,
-                                size_bytes, message)
+        return records
 
     @staticmethod
     def _handle_consume_error(error: KafkaError) -> None:
@@ -238,8 +292,14 @@ class ParallelConsumer:
         log.warning("consume error: %s", error)
 
     def _apply_backpressure(self) -> None:
+        """Pause partitions full for ``pause_after_full_ms`` (and keep them paused while full);
+        resume the others."""
         assert self._consumer is not None
-        wanted = self._scheduler.partitions_to_pause()
+        now_ms = self._clock.monotonic_ms()
+        full = self._scheduler.full_partitions()
+        self._full_since_ms = {tp: self._full_since_ms.get(tp, now_ms) for tp in full}
+        wanted = {tp for tp, since_ms in self._full_since_ms.items()
+                  if now_ms - since_ms >= self._options.pause_after_full_ms} | (self._paused & full)
         to_resume = (self._paused - wanted) | (self._resume_after_assign - wanted)
         to_pause = wanted - self._paused
         self._resume_after_assign.clear()
@@ -303,12 +363,12 @@ class ParallelConsumer:
         log.info("assigned %s", [(tp.topic, tp.partition) for tp in partitions])
 
     def _done_offsets_from_metadata(self, consumer: Consumer, partitions: list[TopicPartition]
-                                    ) -> dict[TopicPartitionKey, set[int]]:
+                                    ) -> dict[TopicPartitionKey, list[OffsetRange]]:
         if not self._options.encode_done_offsets_in_metadata or not partitions:
             return {}
         committed = consumer.committed([TopicPartition(tp.topic, tp.partition) for tp in partitions],
                                        timeout=self._options.revoke_timeout_ms / 1000)
-        return {(tp.topic, tp.partition): decode_done_offsets(tp.offset, tp.metadata)
+        return {(tp.topic, tp.partition): decode_done_ranges(tp.offset, tp.metadata)
                 for tp in committed if tp.offset >= 0 and tp.metadata}
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -333,41 +393,69 @@ class ParallelConsumer:
 
     def _work_loop(self) -> None:
         while True:
-            item = self._scheduler.take()
-            if item is None:
+            run = self._scheduler.take()
+            if run is None:
                 return
-            done = False
+            started_ms = self._clock.monotonic_ms()
+            done_records = 0
             try:
-                done = self._process(item)
+                done_records = self._process_run(run)
             finally:
-                self._scheduler.complete(item, done)
+                self._scheduler.complete(run, done_records,
+                                         self._clock.monotonic_ms() - started_ms)
 
-    def _process(self, item: WorkItem) -> bool:
-        """Run the handler until it succeeds or the record is dead-lettered; False if abandoned."""
-        attempts = 0
+    def _process_run(self, run: Run) -> int:
+        """Process the run's records in order; how many were done before one was abandoned."""
+        done_records = dead_lettered = 0
+        handler = self._handler if self._event_loop is None else self._run_async_handler
+        state, scheduler = run.state, self._scheduler  # run.is_current(), inlined: per record
+        try:
+            for message in run.messages:
+                if state.revoked or not scheduler.dispatching:
+                    break
+                try:
+                    handler(message)
+                except Exception as error:
+                    outcome = self._retry(run, message, error)
+                    if outcome is None:
+                        break
+                    dead_lettered += outcome == DEAD_LETTERED
+                done_records += 1
+        finally:
+            with self._counter_lock:
+                self._processed_records += done_records - dead_lettered
+        return done_records
+
+    def _retry(self, run: Run, message: Message, error: Exception) -> str | None:
+        """Retry a failed record until it succeeds or is dead-lettered (which is returned);
+        None if abandoned."""
+        attempts = 1
         while True:
+            with self._counter_lock:
+                self._failed_attempts += 1
+            log.debug("handler failed on %s-%d@%d (attempt %d): %r", run.topic, run.partition,
+                      message.offset(), attempts, error)
+            if self._dead_letter_producer is not None and \
+                    attempts >= self._options.dead_letter_after_attempts:
+                if self._dead_letter(message, error, attempts):
+                    return DEAD_LETTERED
+            if self._stopping.wait(self._backoff_s(attempts)) or not run.is_current():
+                return None
             try:
-                self._run_handler(item.message)
-                with self._counter_lock:
-                    self._processed_records += 1
-                return True
-            except Exception as error:
+                self._run_handler(message)
+                return SUCCEEDED
+            except Exception as next_error:
+                error = next_error
                 attempts += 1
-                with self._counter_lock:
-                    self._failed_attempts += 1
-                log.debug("handler failed on %s-%d@%d (attempt %d): %r", item.topic,
-                          item.partition, item.offset, attempts, error)
-                if self._dead_letter_producer is not None and \
-                        attempts >= self._options.dead_letter_after_attempts:
-                    if self._dead_letter(item, error, attempts):
-                        return True
-            if self._stopping.wait(self._backoff_s(attempts)) or not self._scheduler.is_current(item):
-                return False
 
     def _run_handler(self, message: Message) -> None:
         if self._event_loop is None:
             self._handler(message)
             return
+        self._run_async_handler(message)
+
+    def _run_async_handler(self, message: Message) -> None:
+        assert self._event_loop is not None
         asyncio.run_coroutine_threadsafe(self._handler(message), self._event_loop).result()
 
     def _backoff_s(self, attempts: int) -> float:
@@ -376,15 +464,14 @@ class ParallelConsumer:
         jitter = random.uniform(1 - RETRY_JITTER_FRACTION, 1 + RETRY_JITTER_FRACTION)
         return backoff_ms * jitter / 1000
 
-    def _dead_letter(self, item: WorkItem, error: Exception, attempts: int) -> bool:
-        """Produce ``item`` to the dead-letter topic and wait for the ack; True once acked."""
+    def _dead_letter(self, message: Message, error: Exception, attempts: int) -> bool:
+        """Produce ``message`` to the dead-letter topic and wait for the ack; True once acked."""
         assert self._dead_letter_producer is not None and self._options.dead_letter_topic
-        message = item.message
         outcome: list[KafkaError | None] = []
         headers = list(message.headers() or []) + [
-            ("headrace.dlt.topic", item.topic.encode()),
-            ("headrace.dlt.partition", str(item.partition).encode()),
-            ("headrace.dlt.offset", str(item.offset).encode()),
+            ("headrace.dlt.topic", message.topic().encode()),
+            ("headrace.dlt.partition", str(message.partition()).encode()),
+            ("headrace.dlt.offset", str(message.offset()).encode()),
             ("headrace.dlt.attempts", str(attempts).encode()),
             ("headrace.dlt.error", repr(error).encode()[:1024]),
         ]
@@ -397,8 +484,8 @@ class ParallelConsumer:
             with self._counter_lock:
                 self._dead_lettered_records += 1
             return True
-        log.warning("dead-letter produce of %s-%d@%d failed: %s", item.topic, item.partition,
-                    item.offset, outcome[0] if outcome else "closing")
+        log.warning("dead-letter produce of %s-%d@%d failed: %s", message.topic(),
+                    message.partition(), message.offset(), outcome[0] if outcome else "closing")
         return False
 
     # ---- metrics ----

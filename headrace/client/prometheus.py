@@ -20,7 +20,7 @@ PREFIX = "headrace_parallel_consumer_"
 PARTITION_GAUGES = {
     "buffered_records": "records buffered, not yet handed to a worker",
     "buffered_bytes": "key+value bytes buffered",
-    "in_flight": "records being processed by a worker",
+    "in_flight": "records handed to a worker (in its current run), not yet completed",
     "committed_offset": "last offset committed to the group",
     "high_watermark": "partition high watermark seen by the consumer",
     "lag": "high watermark minus committed offset",

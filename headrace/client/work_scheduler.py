@@ -1,37 +1,55 @@
-"""Per-partition record buffers handed out round-robin to a worker pool (seed 003).
+"""Per-partition record buffers handed out round-robin, in runs, to a worker pool (seed 003).
 
 Owns the state shared between the parallel consumer's poll thread and its workers:
 
-* one FIFO buffer per assigned partition, filled by the poll thread in offset order;
-* round-robin hand-out across partitions, so no partition starves;
-* the ordering guarantee: ``partition`` (one record in flight per partition, in offset order),
-  ``key`` (one record in flight per key, per-key offset order; records without a key are not
-  ordered among themselves) or ``unordered``;
-* buffer limits (records and bytes, per partition and in total) the poll thread turns into
-  pause/resume decisions;
+* one FIFO buffer per assigned partition, filled by the poll thread in offset order, one lock
+  acquisition per ``consume()`` batch. The buffer holds *chunks*: lists of records fetched one
+  after another, each with the slot start of its first record (see ``offset_tracker``);
+* round-robin hand-out across partitions, so no partition starves. A worker takes a *run*: up
+  to ``run_records`` records of one partition that it processes one at a time, in offset order,
+  and reports at once -- one lock round trip and O(1) offset bookkeeping per run instead of per
+  record. ``run_records`` adapts to the handler: it doubles (up to ``max_run_records``) while
+  runs finish within half of ``max_run_ms`` and halves when a run takes longer than that, so a
+  no-op handler gets long runs and a slow one gets runs of one record and full parallelism;
+* the ordering guarantee: ``partition`` (one run in flight per partition; its records run one at
+  a time in offset order), ``key`` (a key is in at most one run in flight; a run's records run
+  in order, so per-key offset order holds; records without a key are not ordered among
+  themselves) or ``unordered``;
+* buffer limits (records and bytes -- key plus value -- per partition and in total). The poll
+  thread asks ``consume_capacity`` how many records it may take from the client without the
+  total going over its record limit or an unpaused partition more than one poll batch over its
+  own (the same overshoot pausing after the fact allows); partitions full
+  for long (``full_partitions``) are paused by the poll thread. Pausing is the last resort:
+  librdkafka purges a paused partition's prefetched records and fetches them again on resume;
 * each partition's ``PartitionOffsets`` (what may be committed) and metric figures.
 
-A partition's state carries an assignment epoch: a record handed out before its partition was
-revoked completes into nothing, so a later re-assignment never sees stale completions. In-flight
-counts per partition and per key outlive revocation, so ordering holds across a quick
-revoke/re-assign even when a revoked record is still running.
+A partition's state object is replaced on re-assignment and flagged ``revoked`` when its
+buffered records are dropped: a worker stops a run of a revoked partition before its next record,
+and a run completing into a replaced state marks nothing done. In-flight counts per partition
+and in-flight keys outlive revocation, so ordering holds across a quick revoke/re-assign even
+when a revoked run is still running.
 
-Thread-safety: every public method takes the one internal lock; ``take`` blocks on its condition.
+Thread-safety: every public method takes the one internal lock; ``take`` blocks on its
+condition. ``Run.is_current`` is a lock-free read of two flags (attribute reads are atomic).
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from headrace.client.offset_tracker import PartitionOffsets
+from confluent_kafka import Message
+
+from headrace.client.offset_tracker import OffsetRange, PartitionOffsets
 
 Ordering = Literal["partition", "key", "unordered"]
 ORDERINGS: tuple[Ordering, ...] = ("partition", "key", "unordered")
 TopicPartitionKey = tuple[str, int]
+
+MAX_RUN_RECORDS_DEFAULT = 500
+MAX_RUN_MS_DEFAULT = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,19 +60,6 @@ class BufferLimits:
     max_buffered_bytes_per_partition: int = 4 * 1024 * 1024
     max_buffered_records: int = 10_000
     max_buffered_bytes: int = 64 * 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class WorkItem:
-    """One record handed to a worker; ``message`` is the client's record object."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    size_bytes: int
-    epoch: int
-    message: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,193 +76,376 @@ class PartitionMetrics:
     paused: bool
 
 
+def size_bytes(messages: list[Any]) -> int:
+    """Key plus value bytes of confluent-kafka messages (``len(message)`` is the value's)."""
+    return sum(map(len, messages)) + sum(map(len, filter(None, map(Message.key, messages))))
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """Records fetched one after another: ``messages[0]``'s slot starts at ``slot_start``."""
+
+    messages: list[Any]
+    slot_start: int
+
+
 @dataclass(slots=True)
 class _PartitionState:
-    epoch: int
+    topic: str
+    partition: int
     offsets: PartitionOffsets
-    buffer: deque[WorkItem] = field(default_factory=deque)
+    chunks: deque[_Chunk] = field(default_factory=deque)
+    buffered_records: int = 0
     buffered_bytes: int = 0
     committed_offset: int | None = None
     last_commit_requested: tuple[int, str] | None = None
     high_watermark: int | None = None
     paused: bool = False
+    revoked: bool = False
+
+
+@dataclass(slots=True)
+class Run:
+    """Records of one partition for one worker, in offset order.
+
+    ``segments``: (index in ``messages`` where a stretch of consecutively fetched records begins,
+    slot start of that record); ``keys``: the keys this run holds in flight (key ordering).
+    """
+
+    topic: str
+    partition: int
+    messages: list[Any]
+    segments: list[tuple[int, int]]
+    keys: frozenset[bytes]
+    state: _PartitionState
+    scheduler: WorkScheduler
+
+    def is_current(self) -> bool:
+        """False once the partition was revoked or dispatch stopped (stop before next record)."""
+        return not self.state.revoked and self.scheduler.dispatching
+
+    def done_ranges(self, done_records: int) -> list[OffsetRange]:
+        """Slot ranges of the first ``done_records`` records."""
+        ranges = []
+        bounds = [index for index, _ in self.segments[1:]] + [len(self.messages)]
+        for (first, slot_start), end_index in zip(self.segments, bounds, strict=True):
+            if first >= done_records:
+                break
+            last = min(end_index, done_records) - 1
+            ranges.append((slot_start, self.messages[last].offset() + 1))
+        return ranges
 
 
 class WorkScheduler:
-    """Buffers, round-robin hand-out, ordering, limits and offsets; see the module docstring."""
+    """Buffers, round-robin hand-out in runs, ordering, limits and offsets; see module doc."""
 
-    def __init__(self, ordering: Ordering, limits: BufferLimits) -> None:
+    def __init__(self, ordering: Ordering, limits: BufferLimits,
+                 max_run_records: int = MAX_RUN_RECORDS_DEFAULT,
+                 max_run_ms: int = MAX_RUN_MS_DEFAULT) -> None:
         if ordering not in ORDERINGS:
             raise ValueError(f"ordering must be one of {ORDERINGS}, not {ordering!r}")
+        if max_run_records < 1:
+            raise ValueError("max_run_records must be at least 1")
         self._ordering = ordering
         self._limits = limits
+        self._max_run_records = max_run_records
+        self._max_run_ms = max_run_ms
+        self.run_records = 1
         self._states: dict[TopicPartitionKey, _PartitionState] = {}
         self._round_robin: list[TopicPartitionKey] = []
         self._cursor = 0
         self._in_flight_by_partition: Counter[TopicPartitionKey] = Counter()
-        self._in_flight_by_key: Counter[bytes] = Counter()
+        self._in_flight_keys: set[bytes] = set()
         self._buffered_records = 0
         self._buffered_bytes = 0
-        self._epochs = itertools.count(1)
-        self._dispatching = True
-        self._condition = threading.Condition()
+        self.dispatching = True
+        self._lock = threading.Lock()
+        self._work_available = threading.Condition(self._lock)
+        self._partition_idle = threading.Condition(self._lock)
+        self._space_available = threading.Condition(self._lock)
 
     # ---- assignment (poll thread) ----
 
-    def assign(self, tp: TopicPartitionKey, skip_offsets: set[int] | None = None) -> None:
-        with self._condition:
-            self._states[tp] = _PartitionState(next(self._epochs), PartitionOffsets(skip_offsets))
-            self._round_robin.append(tp)
+    def assign(self, tp: TopicPartitionKey, skip_ranges: list[OffsetRange] | None = None) -> None:
+        with self._lock:
+            old = self._states.get(tp)
+            if old is not None:
+                old.revoked = True
+                self._discard_buffer(old)
+            else:
+                self._round_robin.append(tp)
+            self._states[tp] = _PartitionState(tp[0], tp[1], PartitionOffsets(skip_ranges or ()))
 
     def drop_buffered(self, tps: list[TopicPartitionKey]) -> None:
-        """Forget buffered records of ``tps`` (revocation); in-flight ones keep running."""
-        with self._condition:
+        """Forget buffered records of ``tps`` (revocation); running runs stop before their next
+        record."""
+        with self._lock:
             for tp in tps:
                 state = self._states.get(tp)
                 if state is not None:
+                    state.revoked = True
                     self._discard_buffer(state)
 
     def remove(self, tps: list[TopicPartitionKey]) -> None:
-        with self._condition:
+        with self._lock:
             for tp in tps:
                 state = self._states.pop(tp, None)
                 if state is not None:
+                    state.revoked = True
                     self._discard_buffer(state)
                     self._round_robin.remove(tp)
-            self._condition.notify_all()
 
     def assigned(self) -> list[TopicPartitionKey]:
-        with self._condition:
+        with self._lock:
             return list(self._round_robin)
 
     def _discard_buffer(self, state: _PartitionState) -> None:
-        self._buffered_records -= len(state.buffer)
+        self._buffered_records -= state.buffered_records
         self._buffered_bytes -= state.buffered_bytes
-        state.buffer.clear()
-        state.buffered_bytes = 0
+        state.chunks.clear()
+        state.buffered_records = state.buffered_bytes = 0
 
     # ---- filling (poll thread) ----
 
-    def add(self, topic: str, partition: int, offset: int, key: bytes | None,
-            size_bytes: int, message: Any) -> bool:
-        """Buffer one fetched record; False when skipped (done before) or not assigned."""
-        with self._condition:
-            state = self._states.get((topic, partition))
-            if state is None or not self._dispatching:
-                return False
-            skip = state.offsets.should_skip(offset)
-            state.offsets.register_fetched(offset)
-            if skip:
-                state.offsets.mark_done(offset)
-                return False
-            state.buffer.append(WorkItem(topic, partition, offset, key, size_bytes, state.epoch, message))
-            state.buffered_bytes += size_bytes
-            self._buffered_records += 1
-            self._buffered_bytes += size_bytes
-            self._condition.notify()
-            return True
+    def add_batch(self, by_partition: dict[TopicPartitionKey, list[Any]]) -> int:
+        """Buffer fetched messages (per partition, in offset order); returns how many were
+        buffered (records of unassigned partitions, or done before, are not)."""
+        added = 0
+        with self._lock:
+            if not self.dispatching:
+                return 0
+            for tp, messages in by_partition.items():
+                state = self._states.get(tp)
+                if state is not None and not state.revoked:
+                    added += self._add_messages(state, messages)
+            if added:
+                self._work_available.notify(-(-added // self.run_records))
+        return added
 
-    def partitions_to_pause(self) -> set[TopicPartitionKey]:
+    def _add_messages(self, state: _PartitionState, messages: list[Any]) -> int:
+        offsets = state.offsets
+        first_offset, last_offset = messages[0].offset(), messages[-1].offset()
+        slot_start = offsets.register_fetched(first_offset, last_offset)
+        if not offsets.skip.active_below(first_offset):
+            self._append_chunk(state, _Chunk(messages, slot_start))
+            return len(messages)
+        added = 0
+        kept: list[Any] = []
+        kept_slot_start = slot_start
+        for message in messages:  # slow path: a previous owner finished some of these
+            offset = message.offset()
+            if offsets.skip.contains(offset):
+                if kept:
+                    self._append_chunk(state, _Chunk(kept, kept_slot_start))
+                    added += len(kept)
+                    kept = []
+                offsets.mark_done(slot_start, offset + 1)
+                kept_slot_start = offset + 1
+            else:
+                kept.append(message)
+            slot_start = offset + 1
+        if kept:
+            self._append_chunk(state, _Chunk(kept, kept_slot_start))
+            added += len(kept)
+        return added
+
+    def _append_chunk(self, state: _PartitionState, chunk: _Chunk) -> None:
+        count, chunk_bytes = len(chunk.messages), size_bytes(chunk.messages)
+        state.chunks.append(chunk)
+        state.buffered_records += count
+        state.buffered_bytes += chunk_bytes
+        self._buffered_records += count
+        self._buffered_bytes += chunk_bytes
+
+    def consume_capacity(self, paused: set[TopicPartitionKey], overshoot_records: int) -> int:
+        """How many records may be fetched now without the total going over its record limit
+        or a partition not in ``paused`` (one batch could be all theirs) going more than
+        ``overshoot_records`` over its own."""
+        limits = self._limits
+        with self._lock:
+            capacity = limits.max_buffered_records - self._buffered_records
+            partition_limit = limits.max_buffered_records_per_partition + overshoot_records
+            for tp, state in self._states.items():
+                if tp not in paused:
+                    capacity = min(capacity, partition_limit - state.buffered_records)
+            return capacity
+
+    def wait_for_space(self, timeout_s: float) -> None:
+        """Block until a worker takes records out of the buffers, or ``timeout_s``."""
+        with self._lock:
+            self._space_available.wait(timeout_s)
+
+    def full_partitions(self) -> set[TopicPartitionKey]:
         """Partitions whose buffer (or the total) is at its limit."""
         limits = self._limits
-        with self._condition:
+        with self._lock:
             if (self._buffered_records >= limits.max_buffered_records
                     or self._buffered_bytes >= limits.max_buffered_bytes):
                 return set(self._states)
             return {
                 tp for tp, state in self._states.items()
-                if len(state.buffer) >= limits.max_buffered_records_per_partition
+                if state.buffered_records >= limits.max_buffered_records_per_partition
                 or state.buffered_bytes >= limits.max_buffered_bytes_per_partition
             }
 
     def set_paused(self, tps: set[TopicPartitionKey], paused: bool) -> None:
-        with self._condition:
+        with self._lock:
             for tp in tps:
                 if tp in self._states:
                     self._states[tp].paused = paused
 
     # ---- hand-out (workers) ----
 
-    def take(self, timeout_s: float | None = None) -> WorkItem | None:
-        """The next record for a worker, or None once dispatch stopped (or on timeout)."""
-        with self._condition:
-            while self._dispatching:
-                item = self._next_eligible()
-                if item is not None:
-                    return item
-                if not self._condition.wait(timeout_s):
+    def take(self, timeout_s: float | None = None) -> Run | None:
+        """The next run for a worker, or None once dispatch stopped (or on timeout)."""
+        with self._lock:
+            while self.dispatching:
+                run = self._next_run()
+                if run is not None:
+                    return run
+                if not self._work_available.wait(timeout_s):
                     return None
             return None
 
-    def _next_eligible(self) -> WorkItem | None:
+    def _next_run(self) -> Run | None:
         count = len(self._round_robin)
         for step in range(count):
             index = (self._cursor + step) % count
             tp = self._round_robin[index]
-            item = self._pop_eligible(tp, self._states[tp])
-            if item is not None:
+            state = self._states[tp]
+            if not state.chunks:
+                continue
+            run = self._cut_run(tp, state)
+            if run is not None:
                 self._cursor = (index + 1) % count
-                self._start(item)
-                return item
+                self._start(tp, state, run)
+                if self._buffered_records:  # pass the wake-up on: more work may be waiting
+                    self._work_available.notify()
+                return run
         return None
 
-    def _pop_eligible(self, tp: TopicPartitionKey, state: _PartitionState) -> WorkItem | None:
-        if not state.buffer:
+    def _cut_run(self, tp: TopicPartitionKey, state: _PartitionState) -> Run | None:
+        if self._ordering == "partition" and self._in_flight_by_partition[tp]:
             return None
-        if self._ordering == "unordered":
-            return state.buffer.popleft()
-        if self._ordering == "partition":
-            return state.buffer.popleft() if self._in_flight_by_partition[tp] == 0 else None
-        for index, item in enumerate(state.buffer):
-            if item.key is None or self._in_flight_by_key[item.key] == 0:
-                del state.buffer[index]
-                return item
+        if self._ordering == "key":
+            return self._cut_key_run(state)
+        chunk = state.chunks[0]
+        messages = chunk.messages[:self.run_records]
+        return self._take_prefix(state, chunk, messages, frozenset())
+
+    def _take_prefix(self, state: _PartitionState, chunk: _Chunk, messages: list[Any],
+                     keys: frozenset[bytes]) -> Run:
+        run = Run(state.topic, state.partition, messages, [(0, chunk.slot_start)], keys, state,
+                  self)
+        if len(messages) == len(chunk.messages):
+            state.chunks.popleft()
+        else:
+            chunk.messages = chunk.messages[len(messages):]
+            chunk.slot_start = messages[-1].offset() + 1
+        return run
+
+    def _cut_key_run(self, state: _PartitionState) -> Run | None:
+        chunk = state.chunks[0]
+        messages = chunk.messages[:self.run_records]
+        keys = set(map(Message.key, messages))
+        keys.discard(None)
+        if keys.isdisjoint(self._in_flight_keys):  # fast path: the whole prefix may run
+            return self._take_prefix(state, chunk, messages, frozenset(keys))
+        for chunk_index, chunk in enumerate(state.chunks):
+            run = self._cut_key_run_from(state, chunk_index, chunk)
+            if run is not None:
+                return run
         return None
 
-    def _start(self, item: WorkItem) -> None:
-        state = self._states[(item.topic, item.partition)]
-        state.buffered_bytes -= item.size_bytes
-        self._buffered_records -= 1
-        self._buffered_bytes -= item.size_bytes
-        self._in_flight_by_partition[(item.topic, item.partition)] += 1
-        if item.key is not None:
-            self._in_flight_by_key[item.key] += 1
+    def _cut_key_run_from(self, state: _PartitionState, chunk_index: int,
+                          chunk: _Chunk) -> Run | None:
+        """Eligible records of one chunk (keys not in flight, up to ``run_records``); the rest
+        stay, split into chunks of consecutively fetched records."""
+        taken, left = [], []  # (index in chunk, message)
+        run_keys: set[bytes] = set()
+        for index, message in enumerate(chunk.messages):
+            key = message.key()
+            if len(taken) < self.run_records and (
+                    key is None or key in run_keys or key not in self._in_flight_keys):
+                taken.append((index, message))
+                if key is not None:
+                    run_keys.add(key)
+            else:
+                left.append((index, message))
+        if not taken:
+            return None
+        run = Run(state.topic, state.partition, [m for _, m in taken],
+                  self._segments(chunk, taken), frozenset(run_keys), state, self)
+        del state.chunks[chunk_index]
+        for piece in reversed(self._pieces(chunk, left)):
+            state.chunks.insert(chunk_index, piece)
+        return run
 
-    def complete(self, item: WorkItem, done: bool) -> None:
-        """A worker finished with ``item``; ``done`` False means abandoned (not processed)."""
-        tp = (item.topic, item.partition)
-        with self._condition:
-            self._in_flight_by_partition[tp] -= 1
-            if self._in_flight_by_partition[tp] == 0:
+    @staticmethod
+    def _slot_start_of(chunk: _Chunk, index: int) -> int:
+        return chunk.slot_start if index == 0 else chunk.messages[index - 1].offset() + 1
+
+    def _segments(self, chunk: _Chunk, taken: list[tuple[int, Any]]) -> list[tuple[int, int]]:
+        segments = []
+        for position, (index, _) in enumerate(taken):
+            if position == 0 or taken[position - 1][0] != index - 1:
+                segments.append((position, self._slot_start_of(chunk, index)))
+        return segments
+
+    def _pieces(self, chunk: _Chunk, left: list[tuple[int, Any]]) -> list[_Chunk]:
+        pieces: list[_Chunk] = []
+        for position, (index, message) in enumerate(left):
+            if position == 0 or left[position - 1][0] != index - 1:
+                pieces.append(_Chunk([], self._slot_start_of(chunk, index)))
+            pieces[-1].messages.append(message)
+        return pieces
+
+    def _start(self, tp: TopicPartitionKey, state: _PartitionState, run: Run) -> None:
+        count, run_bytes = len(run.messages), size_bytes(run.messages)
+        state.buffered_records -= count
+        state.buffered_bytes -= run_bytes
+        self._buffered_records -= count
+        self._buffered_bytes -= run_bytes
+        self._in_flight_by_partition[tp] += count
+        self._in_flight_keys |= run.keys
+        self._space_available.notify()
+
+    def complete(self, run: Run, done_records: int, elapsed_ms: int) -> None:
+        """A worker finished ``run``: its first ``done_records`` records were processed, the
+        rest abandoned (not processed); ``elapsed_ms`` tunes the run length."""
+        tp = (run.topic, run.partition)
+        with self._lock:
+            self._in_flight_by_partition[tp] -= len(run.messages)
+            if not self._in_flight_by_partition[tp]:
                 del self._in_flight_by_partition[tp]
-            if item.key is not None:
-                self._in_flight_by_key[item.key] -= 1
-                if self._in_flight_by_key[item.key] == 0:
-                    del self._in_flight_by_key[item.key]
-            state = self._states.get(tp)
-            if done and state is not None and state.epoch == item.epoch:
-                state.offsets.mark_done(item.offset)
-            self._condition.notify_all()
+                self._partition_idle.notify_all()
+            self._in_flight_keys -= run.keys
+            if done_records and self._states.get(tp) is run.state:
+                for start, end in run.done_ranges(done_records):
+                    run.state.offsets.mark_done(start, end)
+            self._tune_run_length(len(run.messages), done_records, elapsed_ms)
+            if self._ordering != "unordered" and run.state.chunks:
+                self._work_available.notify()
 
-    def is_current(self, item: WorkItem) -> bool:
-        """False once ``item``'s partition was revoked (its retries may stop)."""
-        with self._condition:
-            state = self._states.get((item.topic, item.partition))
-            return state is not None and state.epoch == item.epoch and self._dispatching
+    def _tune_run_length(self, run_records: int, done_records: int, elapsed_ms: int) -> None:
+        if elapsed_ms > self._max_run_ms:
+            self.run_records = max(1, self.run_records // 2)
+        elif done_records == run_records and elapsed_ms * 2 <= self._max_run_ms:
+            self.run_records = min(self._max_run_records, self.run_records * 2)
 
     def wait_idle(self, tps: list[TopicPartitionKey], timeout_s: float) -> bool:
         """Wait until no record of ``tps`` is in flight; False on timeout."""
-        with self._condition:
-            return self._condition.wait_for(
+        with self._lock:
+            return self._partition_idle.wait_for(
                 lambda: all(self._in_flight_by_partition[tp] == 0 for tp in tps), timeout_s)
 
     def stop_dispatch(self) -> None:
         """Drop every buffer and make ``take`` return None from now on (closing)."""
-        with self._condition:
-            self._dispatching = False
+        with self._lock:
+            self.dispatching = False
             for state in self._states.values():
                 self._discard_buffer(state)
-            self._condition.notify_all()
+            self._work_available.notify_all()
 
     # ---- offsets (poll thread) ----
 
@@ -268,7 +456,7 @@ class WorkScheduler:
         ``offset_metadata_max_bytes`` None: commits carry no done-offset metadata.
         """
         candidates = []
-        with self._condition:
+        with self._lock:
             for tp in (self._round_robin if tps is None else tps):
                 state = self._states.get(tp)
                 if state is None:
@@ -284,7 +472,7 @@ class WorkScheduler:
         return candidates
 
     def record_commit_result(self, tp: TopicPartitionKey, offset: int, succeeded: bool) -> None:
-        with self._condition:
+        with self._lock:
             state = self._states.get(tp)
             if state is None:
                 return
@@ -294,7 +482,7 @@ class WorkScheduler:
                 state.last_commit_requested = None
 
     def record_high_watermark(self, tp: TopicPartitionKey, high_watermark: int) -> None:
-        with self._condition:
+        with self._lock:
             state = self._states.get(tp)
             if state is not None:
                 state.high_watermark = high_watermark
@@ -302,7 +490,7 @@ class WorkScheduler:
     # ---- metrics (any thread) ----
 
     def partition_metrics(self) -> list[PartitionMetrics]:
-        with self._condition:
+        with self._lock:
             return [self._metrics_of(tp, self._states[tp]) for tp in self._round_robin]
 
     def _metrics_of(self, tp: TopicPartitionKey, state: _PartitionState) -> PartitionMetrics:
@@ -310,13 +498,13 @@ class WorkScheduler:
         high = state.high_watermark
         lag = max(0, high - committed) if high is not None and committed is not None else None
         return PartitionMetrics(
-            topic=tp[0], partition=tp[1], buffered_records=len(state.buffer),
+            topic=tp[0], partition=tp[1], buffered_records=state.buffered_records,
             buffered_bytes=state.buffered_bytes, in_flight=self._in_flight_by_partition[tp],
             committed_offset=committed, committable_offset=state.offsets.committable_offset(),
             high_watermark=high, lag=lag, paused=state.paused)
 
     def totals(self) -> tuple[int, int, int]:
         """(buffered records, buffered bytes, records in flight)."""
-        with self._condition:
+        with self._lock:
             return (self._buffered_records, self._buffered_bytes,
                     sum(self._in_flight_by_partition.values()))

@@ -42,6 +42,22 @@ def test_create_list_describe_and_delete(broker):
     assert topic not in names
 
 
+def test_describe_shows_size_on_disk(broker):
+    topic = unique_topic("size")
+    run_ok("topics", "create", topic, "--partitions", "2", "-b", broker.bootstrap)
+    run_ok("produce", topic, "--partition", "1", "-b", broker.bootstrap,
+           stdin=b"".join(b"record-%d\n" % index for index in range(50)))
+
+    described = run_json("topics", "describe", topic, "-b", broker.bootstrap)
+    sizes = {row["partition"]: row["size_bytes"] for row in described["partitions"]}
+    on_disk = sum(path.stat().st_size for path in (broker.data_dir / f"{topic}-1").glob("*.log"))
+    assert sizes == {0: 0, 1: on_disk}
+    assert on_disk > 50 * len(b"record-0")
+
+    table = run_ok("topics", "describe", topic, "-b", broker.bootstrap).stdout.decode()
+    assert "size_bytes" in table and str(on_disk) in table
+
+
 def test_alter_config_and_add_partitions(broker):
     topic = unique_topic("alter")
     run_ok("topics", "create", topic, "-b", broker.bootstrap)

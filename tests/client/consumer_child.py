@@ -40,6 +40,9 @@ def main() -> None:
     parser.add_argument("--session-timeout-ms", type=int, default=1000)
     parser.add_argument("--commit-interval-ms", type=int, default=100)
     parser.add_argument("--assignment-strategy", default="range,roundrobin")
+    parser.add_argument("--hang-at-offset", type=int, default=None,
+                        help="the handler never returns for this offset (until SIGTERM)")
+    parser.add_argument("--max-run-records", type=int, default=500)
     args = parser.parse_args()
 
     rng = random.Random(args.seed)
@@ -48,7 +51,12 @@ def main() -> None:
     processed_fd = os.open(args.processed, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     pid = os.getpid()
 
+    stop = threading.Event()
+
     def handler(message) -> None:
+        if message.offset() == args.hang_at_offset:
+            stop.wait()
+            raise TransientFailure(f"stopped while hanging at {message.offset()}")
         with rng_lock:
             duration_s = rng.uniform(0, args.max_handler_ms) / 1000
             fails = rng.random() < args.failure_rate
@@ -67,8 +75,8 @@ def main() -> None:
     options = ParallelConsumerOptions(
         workers=args.workers, ordering=args.ordering, commit_interval_ms=args.commit_interval_ms,
         retry_backoff_ms=1, retry_backoff_max_ms=20, poll_batch_records=50,
+        max_run_records=args.max_run_records,
         buffer_limits=BufferLimits(max_buffered_records_per_partition=40, max_buffered_records=100))
-    stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     consumer = ParallelConsumer(config, [args.topic], handler, options).start()
     print("started", flush=True)

@@ -3,11 +3,14 @@
 Each seeded run SIGKILLs a consuming child at random moments while its handlers run with random
 durations and random failures, then lets a last child drain the topic. After every kill, every
 offset below the group's committed offset must be in the processed file (no commit skips an
-unprocessed record); at the end every record must have been processed at least once.
+unprocessed record); at the end every record must have been processed at least once. The
+metadata test checks the restart skip: records done above a stuck one travel in the commit's
+metadata, and after a SIGKILL the next owner processes exactly the stuck record.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -17,11 +20,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from headrace.client.offset_tracker import decode_done_offsets
 
 from .conftest import (
     GROUP_SESSION_TIMEOUT_MS,
     SCRATCH_DIR,
     committed_offsets,
+    consumer_config,
     create_topic,
     produce_records,
 )
@@ -83,7 +90,11 @@ def _wait_committed(bootstrap, group, topic, expected: dict[int, int], child) ->
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     while (committed := committed_offsets(bootstrap, group, topic, len(expected))) != expected:
         assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline, f"committed {committed}, expected {expected}"
+        if time.monotonic() >= deadline:
+            child.kill()
+            _, stderr = child.communicate()
+            tail = stderr.decode(errors="replace")[-2000:]
+            raise AssertionError(f"committed {committed}, expected {expected}; child: {tail}")
         time.sleep(COMMIT_POLL_INTERVAL_S)
 
 
@@ -156,4 +167,47 @@ def test_three_processes_rebalancing_lose_nothing(bootstrap, assignment_strategy
     assert _processed(processed_path) >= expected
     assert committed_offsets(bootstrap, group, topic, partitions) == {
         p: records // partitions for p in range(partitions)}
+    processed_path.unlink()
+
+
+def _committed_with_metadata(bootstrap: str, group: str, topic: str) -> tuple[int, str]:
+    consumer = Consumer(consumer_config(bootstrap, group))
+    try:
+        (committed,) = consumer.committed([TopicPartition(topic, 0)], 30)
+        return committed.offset, committed.metadata or ""
+    finally:
+        consumer.close()
+
+
+@pytest.mark.skipif(os.environ.get("HEADRACE_TEST_PEER") == "tansu",
+                    reason="Tansu drops offset commit metadata")
+def test_restart_skips_exactly_the_records_done_above_the_committed_offset(bootstrap):
+    records, stuck_offset = 40, 7
+    topic = create_topic(bootstrap, 1, prefix="metaskip")
+    group = f"{topic}-group"
+    produce_records(bootstrap, topic, records, 1)
+    processed_path = SCRATCH_DIR / f"{topic}.processed"
+    done_above = set(range(stuck_offset + 1, records))
+    first = _spawn(bootstrap, topic, group, processed_path, 1, "--hang-at-offset",
+                   str(stuck_offset), "--max-run-records", "1", "--failure-rate", "0")
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while True:  # everything but the stuck record done, and its commit carries the rest
+        committed, metadata = _committed_with_metadata(bootstrap, group, topic)
+        if committed == stuck_offset and decode_done_offsets(committed, metadata) == done_above:
+            break
+        assert first.poll() is None, first.stderr.read().decode()
+        assert time.monotonic() < deadline, f"committed {committed}, metadata {metadata!r}"
+        time.sleep(COMMIT_POLL_INTERVAL_S)
+    first.kill()
+    first.communicate()
+    first_processed = _processed(processed_path)
+    assert first_processed == {(0, offset) for offset in range(records) if offset != stuck_offset}
+
+    second = _spawn(bootstrap, topic, group, processed_path, 2, "--failure-rate", "0")
+    _wait_committed(bootstrap, group, topic, {0: records}, second)
+    _stop(second)
+    second_pid = str(second.pid)
+    second_processed = {(int(p), int(o)) for p, o, pid in map(str.split, processed_path
+                        .read_text().splitlines()) if pid == second_pid}
+    assert second_processed == {(0, stuck_offset)}
     processed_path.unlink()

@@ -1,23 +1,42 @@
-"""WorkScheduler: round-robin hand-out, ordering modes, limits, revocation (pure logic)."""
+"""WorkScheduler: round-robin hand-out in runs, ordering modes, limits, revocation, skipping
+(pure logic over real confluent_kafka.Message objects)."""
 
 import pytest
+from confluent_kafka import Message
 
+from headrace.client.offset_tracker import decode_done_offsets
 from headrace.client.work_scheduler import BufferLimits, WorkScheduler
 
 NO_WAIT_S = 0.0
+VALUE = b"v" * 10
+FAST_MS, SLOW_MS = 0, 1_000
 
 
-def _scheduler(ordering, **limits):
-    scheduler = WorkScheduler(ordering, BufferLimits(**limits))
+def _scheduler(ordering, max_run_records=1, skip=None, **limits):
+    scheduler = WorkScheduler(ordering, BufferLimits(**limits), max_run_records=max_run_records)
     for partition in range(3):
-        scheduler.assign(("t", partition))
+        scheduler.assign(("t", partition), (skip or {}).get(partition))
     return scheduler
 
 
+def _messages(partition, offsets, keys=None):
+    return [Message(topic="t", partition=partition, offset=offset,
+                    key=keys[index] if keys else None, value=VALUE)
+            for index, offset in enumerate(offsets)]
+
+
 def _fill(scheduler, partition, offsets, keys=None):
-    for index, offset in enumerate(offsets):
-        key = keys[index] if keys else None
-        assert scheduler.add("t", partition, offset, key, 10, message=None)
+    return scheduler.add_batch({("t", partition): _messages(partition, offsets, keys)})
+
+
+def _offsets(run):
+    return [m.offset() for m in run.messages]
+
+
+def _grow_runs(scheduler, to_records):
+    """Fast complete runs double the run length (a no-op handler's effect)."""
+    while scheduler.run_records < to_records:
+        scheduler._tune_run_length(scheduler.run_records, scheduler.run_records, FAST_MS)
 
 
 def test_round_robin_across_partitions():
@@ -25,74 +44,137 @@ def test_round_robin_across_partitions():
     for partition in range(3):
         _fill(scheduler, partition, range(5))
     taken = [scheduler.take(NO_WAIT_S) for _ in range(6)]
-    assert [item.partition for item in taken] == [0, 1, 2, 0, 1, 2]
+    assert [run.partition for run in taken] == [0, 1, 2, 0, 1, 2]
+    assert [_offsets(run) for run in taken] == [[0], [0], [0], [1], [1], [1]]
 
 
-def test_partition_ordering_one_in_flight_per_partition():
-    scheduler = _scheduler("partition")
-    _fill(scheduler, 0, range(3))
+def test_run_length_adapts_to_handler_time():
+    scheduler = _scheduler("unordered", max_run_records=8)
+    _fill(scheduler, 0, range(100))
+    run = scheduler.take(NO_WAIT_S)
+    scheduler.complete(run, 1, FAST_MS)
+    lengths = []
+    for _ in range(4):
+        run = scheduler.take(NO_WAIT_S)
+        lengths.append(len(run.messages))
+        scheduler.complete(run, len(run.messages), FAST_MS)
+    assert lengths == [2, 4, 8, 8]  # doubles up to max_run_records
+    run = scheduler.take(NO_WAIT_S)
+    scheduler.complete(run, len(run.messages), SLOW_MS)
+    assert len(scheduler.take(NO_WAIT_S).messages) == 4  # a slow run halves it
+
+
+def test_partition_ordering_one_run_in_flight_per_partition():
+    scheduler = _scheduler("partition", max_run_records=2)
+    _grow_runs(scheduler, 2)
+    _fill(scheduler, 0, range(5))
     first = scheduler.take(NO_WAIT_S)
+    assert _offsets(first) == [0, 1]
     assert scheduler.take(NO_WAIT_S) is None
-    scheduler.complete(first, done=True)
-    assert scheduler.take(NO_WAIT_S).offset == 1
+    scheduler.complete(first, 2, FAST_MS)
+    assert _offsets(scheduler.take(NO_WAIT_S)) == [2, 3]
 
 
-def test_key_ordering_one_in_flight_per_key():
-    scheduler = _scheduler("key")
-    _fill(scheduler, 0, range(4), keys=[b"a", b"a", b"b", None])
+def test_key_ordering_one_run_per_key():
+    scheduler = _scheduler("key", max_run_records=4)
+    _grow_runs(scheduler, 2)
+    _fill(scheduler, 0, range(6), keys=[b"a", b"b", b"a", b"c", b"b", None])
     first = scheduler.take(NO_WAIT_S)
-    assert (first.offset, first.key) == (0, b"a")
-    assert scheduler.take(NO_WAIT_S).offset == 2  # b"a"@1 waits for b"a"@0
-    assert scheduler.take(NO_WAIT_S).offset == 3
+    assert _offsets(first) == [0, 1]
+    second = scheduler.take(NO_WAIT_S)  # a and b are in flight: only c and the keyless one
+    assert _offsets(second) == [3, 5]
     assert scheduler.take(NO_WAIT_S) is None
-    scheduler.complete(first, done=True)
-    assert scheduler.take(NO_WAIT_S).offset == 1
+    scheduler.complete(first, 2, FAST_MS)
+    third, fourth = scheduler.take(NO_WAIT_S), scheduler.take(NO_WAIT_S)
+    assert (_offsets(third), _offsets(fourth)) == ([2], [4])  # the rest, split around 3
+    scheduler.complete(second, 2, FAST_MS)
+    scheduler.complete(fourth, 1, FAST_MS)
+    ((_, _, committable, metadata),) = scheduler.commit_candidates([("t", 0)], 4096)
+    assert (committable, decode_done_offsets(committable, metadata)) == (2, {3, 4, 5})
+    scheduler.complete(third, 1, FAST_MS)
+    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 6, "")]
 
 
 def test_limits_pause_full_partitions_then_all():
     scheduler = _scheduler("unordered", max_buffered_records_per_partition=2,
                            max_buffered_records=5)
     _fill(scheduler, 0, range(2))
-    assert scheduler.partitions_to_pause() == {("t", 0)}
+    assert scheduler.full_partitions() == {("t", 0)}
     _fill(scheduler, 1, range(3))
-    assert scheduler.partitions_to_pause() == {("t", 0), ("t", 1), ("t", 2)}
+    assert scheduler.full_partitions() == {("t", 0), ("t", 1), ("t", 2)}
     for _ in range(4):
         scheduler.take(NO_WAIT_S)
-    assert scheduler.partitions_to_pause() == set()
+    assert scheduler.full_partitions() == set()
+    assert scheduler.totals() == (1, len(VALUE), 4)
+
+
+def test_consume_capacity_never_overfills_an_unpaused_partition():
+    scheduler = _scheduler("unordered", max_buffered_records_per_partition=4,
+                           max_buffered_records=10)
+    assert scheduler.consume_capacity(set(), 0) == 4
+    _fill(scheduler, 0, range(3))
+    assert scheduler.consume_capacity(set(), 0) == 1  # the next batch could be all partition 0's
+    assert scheduler.consume_capacity(set(), 2) == 3  # or go one batch (2) over its limit
+    assert scheduler.consume_capacity({("t", 0)}, 0) == 4
+    _fill(scheduler, 1, range(4))
+    _fill(scheduler, 2, range(2))
+    assert scheduler.consume_capacity({("t", 0), ("t", 1), ("t", 2)}, 0) == 1  # total: 9 of 10
 
 
 def test_commit_stops_at_first_unfinished_record():
     scheduler = _scheduler("unordered")
-    _fill(scheduler, 0, range(3))
-    items = [scheduler.take(NO_WAIT_S) for _ in range(3)]
-    scheduler.complete(items[1], done=True)
-    scheduler.complete(items[2], done=True)
-    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 0, "")]
-    scheduler.complete(items[0], done=True)
-    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 3, "")]
+    _fill(scheduler, 0, [0, 1, 5])  # a gap: offsets 2-4 were compacted away
+    runs = [scheduler.take(NO_WAIT_S) for _ in range(3)]
+    scheduler.complete(runs[1], 1, FAST_MS)
+    scheduler.complete(runs[2], 1, FAST_MS)
+    assert scheduler.commit_candidates([("t", 0)], 4096)[0][:3] == ("t", 0, 0)
+    scheduler.complete(runs[0], 1, FAST_MS)
+    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 6, "")]
     assert scheduler.commit_candidates([("t", 0)], None) == []  # unchanged: nothing to send
 
 
-def test_abandoned_record_is_not_committed():
-    scheduler = _scheduler("unordered")
-    _fill(scheduler, 0, range(2))
-    first, second = scheduler.take(NO_WAIT_S), scheduler.take(NO_WAIT_S)
-    scheduler.complete(first, done=False)
-    scheduler.complete(second, done=True)
-    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 0, "")]
+def test_abandoned_rest_of_a_run_is_not_committed():
+    scheduler = _scheduler("unordered", max_run_records=4)
+    _grow_runs(scheduler, 4)
+    _fill(scheduler, 0, range(4))
+    run = scheduler.take(NO_WAIT_S)
+    scheduler.complete(run, 2, FAST_MS)  # records 2 and 3 abandoned
+    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 2, "")]
 
 
-def test_completion_after_revoke_does_not_leak_into_new_assignment():
+def test_revocation_stops_runs_and_later_completion_does_not_leak():
     scheduler = _scheduler("partition")
     _fill(scheduler, 0, range(2))
     stale = scheduler.take(NO_WAIT_S)
     scheduler.drop_buffered([("t", 0)])
+    assert not stale.is_current()
     scheduler.remove([("t", 0)])
     scheduler.assign(("t", 0))
     _fill(scheduler, 0, [0, 1])
-    assert scheduler.take(NO_WAIT_S) is None  # the stale record is still in flight
-    scheduler.complete(stale, done=True)
+    assert scheduler.take(NO_WAIT_S) is None  # the stale run is still in flight
+    scheduler.complete(stale, 1, FAST_MS)
     assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 0, "")]
+    assert _offsets(scheduler.take(NO_WAIT_S)) == [0]
+
+
+def test_records_done_by_a_previous_owner_are_skipped():
+    scheduler = _scheduler("unordered", max_run_records=8, skip={0: [(12, 14)]})
+    _grow_runs(scheduler, 8)
+    assert _fill(scheduler, 0, range(10, 16)) == 4
+    first, second = scheduler.take(NO_WAIT_S), scheduler.take(NO_WAIT_S)
+    assert (_offsets(first), _offsets(second)) == ([10, 11], [14, 15])
+    scheduler.complete(first, 2, FAST_MS)
+    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 14, "")]
+
+
+def test_stop_dispatch_ends_takes_and_current_runs():
+    scheduler = _scheduler("unordered")
+    _fill(scheduler, 0, range(3))
+    run = scheduler.take(NO_WAIT_S)
+    scheduler.stop_dispatch()
+    assert not run.is_current()
+    assert scheduler.take(NO_WAIT_S) is None
+    assert scheduler.totals() == (0, 0, 1)
 
 
 def test_unknown_ordering_rejected():
