@@ -8,7 +8,8 @@
 #
 # Env: BENCH_SCRATCH (default /tmp/bench-eval), KBENCH (default /work/shared/bench/kbench.py),
 #      PYTHON (default the repository's .venv python), TIME_V=1 wraps the client in time -v,
-#      HEADRACE_OVERRIDES: extra "key=value key=value" broker overrides.
+#      HEADRACE_OVERRIDES: extra "key=value key=value" broker overrides,
+#      HEADRACE_EVENT_LOOP=uvloop runs the broker on uvloop (default: asyncio's own loop).
 # Exit code is kbench's. Only 127.0.0.1 is used.
 set -euo pipefail
 

@@ -13,8 +13,11 @@ and our ranges, as Kafka does, so clients can downgrade.
 
 Responses are kio entities (encoded here) or ``RawResponse``s: bytes written as they are and
 storage ``FileSlice``s sent with ``loop.sendfile`` (zero-copy ``os.sendfile`` on the default
-selector event loop); slices totalling under ``SENDFILE_MIN_BYTES`` are read with pread and
-written, which is cheaper than a sendfile round trip for tiny fetches.
+selector event loop); slices totalling under ``SENDFILE_MIN_BYTES``, and every slice on a
+loop without native sendfile (uvloop), are read with pread and written, which is cheaper
+than a sendfile round trip for tiny fetches. A slice is first offered to one direct
+non-blocking ``os.sendfile`` when the transport has nothing queued; only what does not fit
+in the socket buffer goes through ``loop.sendfile``.
 
 Runs on the event loop thread only; not thread-safe.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import struct
 import time
 from collections import deque
@@ -55,6 +59,12 @@ class _FileAtOffset:
         return position  # the slice's position is always passed explicitly
 
 
+def has_native_sendfile(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop.sendfile`` is zero-copy ``os.sendfile`` (the default selector loop);
+    uvloop's raises NotImplementedError, so slices are read and written there."""
+    return isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)
+
+
 def unsupported_api_versions_response(correlation_id: int) -> bytes:
     """ApiVersions v0 body with UNSUPPORTED_VERSION and our ranges, response header v0."""
     body = bytearray(struct.pack(">hi", UnsupportedVersion.code, len(HANDLERS)))
@@ -71,6 +81,7 @@ class KafkaConnection(asyncio.Protocol):
         self.reader = wire.FrameReader(broker.config.get_int("socket.request.max.bytes"))
         self.queue: deque[bytes] = deque()
         self.transport: asyncio.Transport | None = None
+        self.socket_fd = -1
         self.peer = ""
         self.last_active_monotonic_s = time.monotonic()
         self.worker: asyncio.Task | None = None
@@ -83,6 +94,8 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        self.socket_fd = sock.fileno() if sock is not None else -1
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.registry.add(self)
@@ -175,11 +188,15 @@ class KafkaConnection(asyncio.Protocol):
     async def _write_raw(self, header: wire.RequestHeader, response: RawResponse) -> None:
         flexible = wire.response_class(header.api_key, header.api_version).__flexible__
         header_bytes = wire.response_header_bytes(header, flexible)
-        await self._write(_INT32.pack(len(header_bytes) + response.size_bytes) + header_bytes)
-        file_bytes = sum(p.length for p in response.parts if not isinstance(p, bytes | bytearray))
-        use_sendfile = file_bytes >= SENDFILE_MIN_BYTES
+        head = _INT32.pack(len(header_bytes) + response.size_bytes) + header_bytes
+        parts = response.parts
+        if parts and isinstance(parts[0], bytes | bytearray):
+            head, parts = head + parts[0], parts[1:]  # one write for the header and body start
+        await self._write(head)
+        file_bytes = sum(p.length for p in parts if not isinstance(p, bytes | bytearray))
         loop = asyncio.get_running_loop()
-        for part in response.parts:
+        use_sendfile = file_bytes >= SENDFILE_MIN_BYTES and has_native_sendfile(loop)
+        for part in parts:
             if self.closing:
                 return
             if isinstance(part, bytes | bytearray):
@@ -188,6 +205,20 @@ class KafkaConnection(asyncio.Protocol):
                 await self._write(part.read_bytes())
             elif part.length:
                 await self.writable.wait()
-                await loop.sendfile(
-                    self.transport, _FileAtOffset(part.fd), part.position, part.length
-                )
+                sent = self._sendfile_at_once(part)
+                if sent < part.length and not self.closing:
+                    await loop.sendfile(self.transport, _FileAtOffset(part.fd),
+                                        part.position + sent, part.length - sent)
+
+    def _sendfile_at_once(self, part: Any) -> int:
+        """Bytes of ``part`` that one non-blocking ``os.sendfile`` sends right now, when nothing
+        is queued in the transport ahead of them (0 otherwise); ``loop.sendfile`` sends the
+        rest. Saves the loop's wait-for-drain, pause/resume and writer callbacks for slices
+        that fit in the socket buffer."""
+        if (self.closing or self.socket_fd < 0 or self.transport.is_closing()
+                or self.transport.get_write_buffer_size()):
+            return 0  # (a closed socket's descriptor number may already name another file)
+        try:
+            return os.sendfile(self.socket_fd, part.fd, part.position, part.length)
+        except OSError:  # would block, or a failure that loop.sendfile will report
+            return 0

@@ -25,18 +25,38 @@ everything else is.
 from __future__ import annotations
 
 import datetime
+import importlib
 import io
 import struct
+import sys
 import uuid
+from collections import deque
 from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from typing import Any
 
-from kio.index import load_payload_module
-from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
-from kio.serial._implicit_defaults import get_tagged_field_default
-from kio.serial._introspect import (
+
+def _import_kio_without_hypothesis() -> None:
+    """kio registers hypothesis strategies for its types whenever hypothesis is importable,
+    which costs a broker start ~0.1-0.2 s and ~10 MB where hypothesis is installed (dev
+    machines). Unless a test run already imported hypothesis, load kio's phantom-type module
+    with hypothesis hidden, then unhide it."""
+    if "hypothesis" in sys.modules or "kio.static._phantom" in sys.modules:
+        return
+    sys.modules["hypothesis"] = None  # type: ignore[assignment]  # makes its import fail
+    try:
+        importlib.import_module("kio.static._phantom")
+    finally:
+        del sys.modules["hypothesis"]
+
+
+_import_kio_without_hypothesis()
+
+from kio.index import load_payload_module  # noqa: E402
+from kio.schema.errors import ErrorCode  # noqa: E402
+from kio.serial import entity_reader, entity_writer  # noqa: E402
+from kio.serial._implicit_defaults import get_tagged_field_default  # noqa: E402
+from kio.serial._introspect import (  # noqa: E402
     EntityField,
     EntityTupleField,
     classify_field,
@@ -44,11 +64,11 @@ from kio.serial._introspect import (
     get_schema_field_type,
     is_optional,
 )
-from kio.serial._parse import get_field_reader
-from kio.serial.errors import DecodeError
-from kio.static.constants import EntityType
+from kio.serial._parse import get_field_reader  # noqa: E402
+from kio.serial.errors import DecodeError  # noqa: E402
+from kio.static.constants import EntityType  # noqa: E402
 
-from headrace.errors import InvalidRequest, UnsupportedVersion
+from headrace.errors import InvalidRequest, UnsupportedVersion  # noqa: E402
 
 API_VERSIONS_KEY = 18
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
@@ -66,45 +86,79 @@ class MalformedFrame(InvalidRequest):
 
 
 class FrameReader:
-    """Splits a byte stream into frames of at most ``max_frame_bytes`` each."""
+    """Splits a byte stream into frames of at most ``max_frame_bytes`` each.
+
+    Received chunks are queued as they are; a frame's bytes are copied once, when it is
+    complete (a frame lying inside one chunk is sliced out of it; a frame that is a whole
+    chunk is returned without copying).
+    """
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._buffer = bytearray()
-        self._position = 0
+        self._chunks: deque[bytes] = deque()
+        self._head_position = 0  # bytes of _chunks[0] already consumed
+        self._buffered_bytes = 0
+        self._frame_size = -1  # body size of the frame being assembled, once its prefix is read
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        self._buffer += data
+        if data:
+            self._chunks.append(data if type(data) is bytes else bytes(data))
+            self._buffered_bytes += len(data)
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buffer) - self._position
+        return self._buffered_bytes + (4 if self._frame_size >= 0 else 0)
 
     def next_frame(self) -> bytes | None:
         """The next whole frame body (without its length), or None until more data arrives.
 
         Raises FrameTooLarge or MalformedFrame; the connection cannot continue after that.
         """
-        available = len(self._buffer) - self._position
-        if available < 4:
-            self._compact()
+        if self._frame_size < 0:
+            if self._buffered_bytes < 4:
+                return None
+            (size,) = _INT32.unpack(self._take(4))
+            if size < 0:
+                raise MalformedFrame(f"negative frame size {size}")
+            if size > self.max_frame_bytes:
+                raise FrameTooLarge(
+                    f"frame of {size} bytes exceeds the limit of {self.max_frame_bytes}")
+            self._frame_size = size
+        if self._buffered_bytes < self._frame_size:
             return None
-        (size,) = _INT32.unpack_from(self._buffer, self._position)
-        if size < 0:
-            raise MalformedFrame(f"negative frame size {size}")
-        if size > self.max_frame_bytes:
-            raise FrameTooLarge(f"frame of {size} bytes exceeds the limit of {self.max_frame_bytes}")
-        if available < 4 + size:
-            self._compact()
-            return None
-        start = self._position + 4
-        self._position = start + size
-        return bytes(self._buffer[start : self._position])
+        frame = self._take(self._frame_size)
+        self._frame_size = -1
+        return frame
 
-    def _compact(self) -> None:
-        if self._position:
-            del self._buffer[: self._position]
-            self._position = 0
+    def _take(self, count: int) -> bytes:
+        """The next ``count`` buffered bytes (the caller checked that they are there)."""
+        chunks = self._chunks
+        self._buffered_bytes -= count
+        if count == 0:
+            return b""
+        head, start = chunks[0], self._head_position
+        end = start + count
+        if end <= len(head):
+            if end == len(head):
+                chunks.popleft()
+                self._head_position = 0
+                return head if start == 0 else head[start:]
+            self._head_position = end
+            return head[start:end]
+        parts = []
+        while count:
+            head, start = chunks[0], self._head_position
+            available = len(head) - start
+            if available <= count:
+                parts.append(memoryview(head)[start:] if start else head)
+                chunks.popleft()
+                self._head_position = 0
+                count -= available
+            else:
+                parts.append(memoryview(head)[start : start + count])
+                self._head_position = start + count
+                count = 0
+        return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

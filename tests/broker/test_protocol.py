@@ -96,6 +96,15 @@ def test_metadata_errors(broker):
     assert body.brokers[0].port == broker.port and body.cluster_id
 
 
+def test_metadata_marks_only_kafkas_internal_topics_internal(broker):
+    with RawClient(broker.bootstrap) as client:
+        _create(client, "__user-topic")
+        body = client.request(METADATA, 12, {"topics": None})
+    internal = {t.name: t.is_internal for t in body.topics}
+    assert internal["__consumer_offsets"] is True
+    assert internal["__user-topic"] is False
+
+
 def test_invalid_acks_and_unknown_partition(broker):
     with RawClient(broker.bootstrap) as client:
         _create(client, "acks-topic")
@@ -136,6 +145,32 @@ def test_fetch_limits_offsets_and_topic_ids(broker):
         assert _fetch(client, "fetch-limits", 99).error_code == 1
         unknown = _fetch(client, "", 0, version=13, topic_id=uuid.uuid4())
         assert unknown.error_code == 100
+
+
+def _large_fetch_round_trip(bootstrap: str) -> None:
+    """Fetches above SENDFILE_MIN_BYTES (several MB of records) come back byte-identical."""
+    values = [bytes([65 + n % 26]) * 100_000 for n in range(40)]
+    with RawClient(bootstrap) as client:
+        _create(client, "large-fetch")
+        for start in range(0, len(values), 10):
+            assert _produce(client, "large-fetch", _batch(values[start:start + 10])).error_code == 0
+        fetched = _fetch(client, "large-fetch", 0)
+    assert [r.value for r in record_codec.iter_records(fetched.records)] == values
+
+
+def test_large_fetch_is_sent_whole(broker):
+    _large_fetch_round_trip(broker.bootstrap)
+
+
+def test_large_fetch_on_uvloop_reads_slices_through_python(tmp_path, monkeypatch):
+    from tests.conftest import _start
+
+    monkeypatch.setenv("HEADRACE_EVENT_LOOP", "uvloop")
+    process = _start(tmp_path)
+    try:
+        _large_fetch_round_trip(process.bootstrap)
+    finally:
+        process.stop()
 
 
 def test_fetch_long_poll_is_woken_by_an_append(broker):
@@ -224,3 +259,23 @@ def test_response_body_encoder_matches_kio_for_fetch_v4():
     assert len(encoded) == size
     body = wire.read_entity(wire.response_class(FETCH, 4), encoded, 0)[0]
     assert body.responses[0].topic == "t"
+
+
+@pytest.mark.parametrize("version", range(3, 13))
+def test_produce_response_encoder_matches_kio_byte_for_byte(version):
+    from headrace.broker.handlers.produce import encode_produce_body
+
+    responses = [
+        {"name": "a", "partition_responses": [
+            {"index": 0, "error_code": 0, "base_offset": 41, "log_append_time": -1,
+             "log_start_offset": 3},
+            {"index": 7, "error_code": 87, "base_offset": -1, "log_append_time": -1,
+             "log_start_offset": -1, "error_message": "compacted topic records must have keys"},
+        ]},
+        {"name": "b-topic", "partition_responses": [
+            {"index": 2, "error_code": 0, "base_offset": 2**40, "log_append_time": 1_700_000_000_123,
+             "log_start_offset": 0}]},
+    ]
+    expected = wire.encode_body(wire.build(wire.response_class(PRODUCE, version),
+                                           {"responses": responses, "throttle_time": 0}))
+    assert encode_produce_body(version, responses) == expected

@@ -5,7 +5,8 @@ Limits: each partition returns at most ``partition_max_bytes`` and the response 
 (KIP-74) so a consumer always progresses. Every partition carries the high watermark, the
 last stable offset (= high watermark: no transactions) and the log start offset; errors are
 per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID for v13+
-requests by topic id). read_committed is accepted and behaves as read_uncommitted.
+requests by topic id, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError``).
+read_committed is accepted and behaves as read_uncommitted.
 
 Long poll: when the first read has fewer than ``min_bytes``, the request registers an
 ``asyncio.Event`` with the broker's AppendHub for its partitions (appends wake it through
@@ -20,6 +21,7 @@ Event loop thread; ``Log.read`` is lock-free and safe concurrently with appends.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 from headrace.broker.context import RawResponse
@@ -29,7 +31,12 @@ from headrace.broker.fetch_response import (
     TopicData,
     encode_fetch_body,
 )
-from headrace.errors import FetchSessionIdNotFound, KafkaError, UnknownTopicId
+from headrace.errors import (
+    FetchSessionIdNotFound,
+    KafkaError,
+    KafkaStorageError,
+    UnknownTopicId,
+)
 from headrace.protocol import wire
 
 API_KEY = 1
@@ -37,6 +44,7 @@ MIN_VERSION = 4
 MAX_VERSION = 16
 
 NO_SESSION_ID = 0
+logger = logging.getLogger(__name__)
 
 
 class _FetchPlan:
@@ -109,6 +117,9 @@ def _read_partition(partition, log, error, remaining_bytes: int, first_data: boo
             return data
     except KafkaError as caught:
         data.error_code = caught.code
+    except OSError as caught:
+        logger.error("storage error reading %s-%d: %s", log.topic, log.partition, caught)
+        data.error_code = KafkaStorageError.code
     data.high_watermark = data.last_stable_offset = log.high_watermark
     data.log_start_offset = log.log_start_offset
     return data

@@ -5,6 +5,8 @@ Unknown topics are created with ``num.partitions`` when ``auto.create.topics.ena
 request (v4+) allow it, answered at once with the new topic; otherwise
 UNKNOWN_TOPIC_OR_PARTITION (UNKNOWN_TOPIC_ID for an unknown id, v10+). Names breaking Kafka's
 rules get INVALID_TOPIC_EXCEPTION. A null topic list (or an empty one at v0) means all topics.
+``is_internal`` is true for Kafka's internal topics only (``__consumer_offsets``,
+``__transaction_state``), not for every name starting with ``__``.
 Event loop thread; topic creation runs on the append thread.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import re
 import uuid
 
+from headrace.coordinator.records import OFFSETS_TOPIC_NAME
 from headrace.errors import (
     InvalidTopic,
     KafkaError,
@@ -29,6 +32,8 @@ AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 MAX_TOPIC_NAME_CHARS = 249
 _LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 _ZERO_UUID = uuid.UUID(int=0)
+TRANSACTION_STATE_TOPIC_NAME = "__transaction_state"
+INTERNAL_TOPIC_NAMES = frozenset({OFFSETS_TOPIC_NAME, TRANSACTION_STATE_TOPIC_NAME})
 
 
 def topic_name_is_legal(name: str) -> bool:
@@ -45,7 +50,7 @@ def topic_metadata(broker, info) -> dict:
         "error_code": 0,
         "name": info.name,
         "topic_id": info.topic_id,
-        "is_internal": info.name.startswith("__"),
+        "is_internal": info.name in INTERNAL_TOPIC_NAMES,
         "partitions": [
             {
                 "error_code": 0, "partition_index": index, "leader_id": node_id,
