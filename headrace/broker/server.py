@@ -4,14 +4,15 @@ Owns ``Broker`` (composition root: config -> LogManager -> BrokerState -> asynci
 ``run_broker`` (the blocking entry point used by ``headrace broker``).
 
 Event loop: the default asyncio selector loop with ``asyncio.Protocol`` connections, chosen
-by measurement (bench/broker_loop.py and kbench, BENCHMARKS.md). The Protocol API beats
-streams on the default loop (streams: 0.9-1.3x the CPU per small request, far slower
-sendfile). uvloop costs ~0.35x the CPU per small round trip, but its ``loop.sendfile`` raises
-NotImplementedError, so fetched records must be pread and written through Python; in kbench
-runs it used a little less broker CPU per GB but had worse paced-produce p99 latency, and the
-small-request saving is small next to produce/fetch work. The default loop keeps zero-copy
-``os.sendfile``. ``HEADRACE_EVENT_LOOP=uvloop`` (environment) runs the broker on uvloop to
-repeat the comparison; any other value than ``asyncio``/``uvloop`` is a configuration error.
+by measurement (bench/broker_loop.py, kbench; figures in BENCHMARKS.md). On a quiet machine
+the Protocol API and streams cost about the same per small request on the default loop
+(streams 0.9-1.1x; under load streams were slower, and much slower at sendfile). uvloop
+costs 0.2-0.6x the CPU per small round trip but its ``loop.sendfile`` raises
+NotImplementedError, so fetched records are pread and written through Python: 0.73-0.79x the
+fetch throughput of zero-copy ``os.sendfile``. In kbench (P=1, lz4, quiet) uvloop used less
+broker CPU per GB produced and matched consume and p99, not enough to give up zero-copy
+fetches. ``HEADRACE_EVENT_LOOP=uvloop`` (environment) runs the broker on uvloop to repeat the
+comparison; a value other than ``asyncio``/``uvloop`` is a configuration error.
 
 Start-up: load every log (recovering after an unclean shutdown), bind, then log the time
 from process start to serving. Maintenance (``LogManager.maintenance(now_ms)``: time-based
