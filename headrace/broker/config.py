@@ -13,7 +13,16 @@ Only the configs marked dynamic (every ``log.*`` default a topic config falls ba
 ``message.max.bytes``, ``compression.type``, ``min.insync.replicas``, the cleaner settings)
 may be altered; others are read-only and AlterConfigs gets InvalidConfig. Listeners registered
 with ``add_change_listener`` receive the effective properties after each dynamic change (the
-broker pushes them to ``LogManager.set_broker_defaults``).
+broker pushes them to ``LogManager.set_broker_defaults``, the cleaner restarts its threads).
+
+Cleaner settings are checked as Kafka does. Always (a bad static value stops the broker,
+InvalidConfig): the ConfigDef ranges (``log.cleaner.threads``, ``log.cleaner.io.buffer.size``,
+``log.cleaner.backoff.ms`` >= 0), ``log.cleaner.dedupe.buffer.size / log.cleaner.threads``
+above 1 MiB (KafkaConfig's ``require``) and a load factor in (0, 1] (the offset map's domain).
+When AlterConfigs changes one of ``CLEANER_RECONFIGURABLE_CONFIGS``, also
+``LogCleaner.validateReconfiguration``: the new thread count is >= 1, not below half the current
+one and not above double it; these and the buffer checks answer INVALID_REQUEST, as Kafka's
+ConfigException in a dynamic update does.
 
 Thread-safety: reads are lock-free over an immutable snapshot; ``alter_dynamic`` takes a lock.
 """
@@ -28,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from headrace.errors import InvalidConfig
+from headrace.errors import InvalidConfig, InvalidRequest
 from headrace.storage.config import (
     TOPIC_CONFIGS,
     LogConfig,
@@ -45,6 +54,12 @@ DYNAMIC_CONFIG_FILE = "dynamic-broker.properties"
 ENV_PREFIX = "HEADRACE_"
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
+MIN_DEDUPE_BUFFER_BYTES_PER_THREAD = 1024 * 1024  # KafkaConfig: "at least 1MB per cleaner thread"
+CLEANER_RECONFIGURABLE_CONFIGS = frozenset({  # LogCleaner.ReconfigurableConfigs
+    "log.cleaner.threads", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor",
+    "log.cleaner.io.buffer.size", "log.cleaner.io.max.bytes.per.second", "log.cleaner.backoff.ms",
+})
+_AT_LEAST_ZERO = ("log.cleaner.threads", "log.cleaner.io.buffer.size", "log.cleaner.backoff.ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +310,11 @@ class BrokerConfig:
                 else:
                     updated[name] = value.strip()
             effective = self._effective(self._static, updated)
+            if CLEANER_RECONFIGURABLE_CONFIGS & set(changes):
+                current = self._effective(self._static, self._dynamic)
+                for name in CLEANER_RECONFIGURABLE_CONFIGS:
+                    _check_type(BROKER_CONFIGS[name], effective[name])
+                validate_cleaner_reconfiguration(current, effective)
             self._validate(effective)
             if validate_only:
                 return
@@ -342,6 +362,7 @@ class BrokerConfig:
             definition = BROKER_CONFIGS.get(name)
             if definition is not None:
                 _check_type(definition, value)
+        _validate_cleaner(properties)
         LogConfig.from_properties({}, dict(properties))
         parse_listener((properties.get("listeners") or "").split(",")[0])
 
@@ -369,3 +390,47 @@ def _check_type(definition: BrokerConfigDef, value: str) -> None:
             f"Invalid value {value} for configuration {definition.name}: Expected value to be "
             "either true or false"
         )
+
+
+def _cleaner_buffer_problem(properties: Mapping[str, str]) -> str | None:
+    """Kafka's per-thread dedupe buffer bound and the load factor's domain; None when fine."""
+    threads = max(1, int(properties["log.cleaner.threads"]))
+    if int(properties["log.cleaner.dedupe.buffer.size"]) // threads <= \
+            MIN_DEDUPE_BUFFER_BYTES_PER_THREAD:
+        return "log.cleaner.dedupe.buffer.size must be at least 1MB per cleaner thread."
+    load_factor = float(properties["log.cleaner.io.buffer.load.factor"])
+    if not 0.0 < load_factor <= 1.0:
+        return (f"Invalid value {load_factor} for configuration "
+                "log.cleaner.io.buffer.load.factor: the dedupe buffer load factor must lie in "
+                "(0, 1]")
+    return None
+
+
+def _validate_cleaner(properties: Mapping[str, str]) -> None:
+    for name in _AT_LEAST_ZERO:
+        value = int(properties[name])
+        if value < 0:
+            raise InvalidConfig(f"Invalid value {value} for configuration {name}: Value must be "
+                                "at least 0")
+    problem = _cleaner_buffer_problem(properties)
+    if problem is not None:
+        raise InvalidConfig(problem)
+
+
+def validate_cleaner_reconfiguration(current: Mapping[str, str],
+                                     new: Mapping[str, str]) -> None:
+    """Kafka's ``LogCleaner.validateReconfiguration`` plus the buffer checks, for a dynamic
+    change of the cleaner settings: InvalidRequest naming the first problem."""
+    threads = int(new["log.cleaner.threads"])
+    current_threads = int(current["log.cleaner.threads"])
+    if threads < 1:
+        raise InvalidRequest("Log cleaner threads should be at least 1")
+    if threads < current_threads // 2:
+        raise InvalidRequest("Log cleaner threads cannot be reduced to less than half the "
+                             f"current value {current_threads}")
+    if threads > current_threads * 2:
+        raise InvalidRequest("Log cleaner threads cannot be increased to more than double the "
+                             f"current value {current_threads}")
+    problem = _cleaner_buffer_problem(new)
+    if problem is not None:
+        raise InvalidRequest(problem)

@@ -4,10 +4,12 @@ Reads the ``cleaner-status.json`` file the broker keeps in each data directory (
 ``headrace.broker.cleaner_service``; written at start, after every cleaning and when a
 partition's cleaning state changes), so it works on a running or a stopped broker's data and
 needs no connection. ``--log-dir PATH`` (repeatable, default ``./data``) names the
-directories. For each partition: dirty ratio, first dirty offset, log end offset, size, the
-last cleaning (when, seconds, MB processed, messages read -> written, size reduction) and
-whether the partition is uncleanable, with the reason; then the cleaner metrics under
-Kafka's names. ``--output json`` prints ``{"log_dirs": [<status file>, ...]}``.
+directories. The title gives the cleaner's settings (threads configured and alive, offset map
+and read size per thread). For each partition: dirty ratio, first dirty offset, log end
+offset, size, the last cleaning (when, seconds, MB processed, messages read -> written, size
+reduction) and whether the partition is uncleanable, with the reason; then the cleaner
+metrics under Kafka's names (DeadThreadCount, cleaner-recopy-percent,
+max-compaction-delay-secs, uncleanable-bytes of that log dir...). ``--output json`` prints ``{"log_dirs": [<status file>, ...]}``.
 
 A missing directory, a directory without a status file, or an unreadable file is one line on
 stderr and exit status 1. Stateless; runs on the main thread.
@@ -87,7 +89,10 @@ def _partition_row(entry: dict[str, Any]) -> list[object]:
 def _tables(document: dict[str, Any]):
     enabled = "enabled" if document.get("cleaner_enabled") else "disabled"
     title = (f"{document.get('log_dir')}: cleaner {enabled}, {document.get('threads')} "
-             f"thread(s), status of {_time_text(document['written_ms'])} UTC")
+             f"thread(s) ({document.get('threads_alive', 0)} alive), "
+             f"{document.get('offset_map_bytes', 0) / MEGABYTE:.1f} MB offset map and "
+             f"{document.get('io_chunk_bytes', 0) // 1024} KiB reads per thread, "
+             f"status of {_time_text(document['written_ms'])} UTC")
     rows = [_partition_row(entry) for entry in document["partitions"]]
     yield make_table(title, PARTITION_COLUMNS, rows)
     metrics = document.get("metrics") or {}

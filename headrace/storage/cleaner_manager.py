@@ -15,8 +15,14 @@ broker, ``{(topic, partition): (log_dir, Log)}``):
   the reason in ``uncleanable_reasons``) and skipped until its config changes; the others keep
   being cleaned. A cleaning stopped by ``CleaningAborted`` (log closed or deleted, segments
   changed by retention, cleaner shutting down) is not a failure: it is retried later;
-- Kafka's summary log line per cleaning, the cleaner metrics (``metrics()``) and the figures
+- Kafka's summary log line per cleaning, the cleaner metrics (``metrics()``: Kafka's
+  ``LogCleaner`` gauges over the cleaners' last runs -- max-buffer-utilization-percent,
+  cleaner-recopy-percent, max-clean-time-secs, max-compaction-delay-secs -- and the
+  ``LogCleanerManager`` ones, max-dirty-percent and time-since-last-run-ms; per log dir
+  ``log_dir_metrics()``: uncleanable-partitions-count and uncleanable-bytes) and the figures
   of each partition's last cleaning (``last_cleanings``) for the status file (``status``).
+  The compaction delay of a log is Kafka's ``maxCompactionDelay``: how far its earliest dirty
+  record is past ``max.compaction.lag.ms`` (0 if not past it).
 
 Thread-safety: several cleaner threads, each with its own ``Cleaner`` (and offset map), may
 call ``clean_filthiest`` at once: choosing a log, the in-progress set, checkpoints and
@@ -30,8 +36,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from headrace.storage.checkpoint import CheckpointCorrupt, read_checkpoint, write_checkpoint
@@ -60,12 +66,29 @@ class LogToClean:
     first_dirty_offset: int
     clean_bytes: int
     dirty_bytes: int
-    must_clean: bool  # max.compaction.lag.ms exceeded
+    compaction_delay_ms: int  # how long past max.compaction.lag.ms the earliest dirty record is
+
+    @property
+    def must_clean(self) -> bool:
+        """max.compaction.lag.ms exceeded."""
+        return self.compaction_delay_ms > 0
 
     @property
     def dirty_ratio(self) -> float:
         total = self.clean_bytes + self.dirty_bytes
         return self.dirty_bytes / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CleanerRunFigures:
+    """One cleaner's figures behind Kafka's per-thread gauges: its last cleaning, and the
+    largest compaction delay it saw when it last chose a log."""
+
+    buffer_utilization_percent: float = 0.0
+    elapsed_secs: float = 0.0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    max_compaction_delay_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +126,9 @@ class CleanerManager:
         self._in_progress: frozenset[PartitionKey] = frozenset()
         self._checkpoint_cache: dict[Path, dict[PartitionKey, int]] = {}
         self._dirty_ratios: dict[PartitionKey, float] = {}
-        self._last_figures_by_cleaner: dict[int, tuple[float, float]] = {}
+        self._figures_by_cleaner: dict[int, CleanerRunFigures] = {}
         self._max_dirty_percent = 0.0
+        self._last_max_compaction_delay_ms = 0
         self._last_run_ms: int | None = None
 
     # ---- checkpoints ---------------------------------------------------------------------
@@ -142,7 +166,7 @@ class CleanerManager:
         segments = log.segments
         end_offset = cleanable_end_offset(log, now_ms, first_dirty)
         clean_bytes = dirty_bytes = 0
-        earliest_dirty_ms = None
+        earliest_dirty_ms = -1
         for index, segment in enumerate(segments[:-1]):
             if segment.base_offset >= end_offset:
                 break
@@ -150,18 +174,19 @@ class CleanerManager:
                 clean_bytes += segment.size_bytes
             else:
                 dirty_bytes += segment.size_bytes
-                if earliest_dirty_ms is None and segment.size_bytes:
+                if earliest_dirty_ms < 0 and segment.size_bytes:
                     earliest_dirty_ms = next(segment.iter_batches(0, 1))[1].max_timestamp
-        lag_ms = log.config.max_compaction_lag_ms
-        must_clean = earliest_dirty_ms is not None and earliest_dirty_ms >= 0 and \
-            now_ms - earliest_dirty_ms > lag_ms
-        return LogToClean(key, log_dir, log, first_dirty, clean_bytes, dirty_bytes, must_clean)
+        clean_until_ms = now_ms - max(0, log.config.max_compaction_lag_ms)
+        delay_ms = clean_until_ms - earliest_dirty_ms \
+            if 0 <= earliest_dirty_ms < clean_until_ms else 0
+        return LogToClean(key, log_dir, log, first_dirty, clean_bytes, dirty_bytes, delay_ms)
 
     def grab_filthiest(self, logs: Logs, now_ms: int) -> LogToClean | None:
         """The cleanable log with the highest dirty ratio (one past max.compaction.lag.ms
         first) that no other thread is cleaning, or None."""
         with self._lock:
             candidates = []
+            max_delay_ms = 0
             ratios = {k: v for k, v in self._dirty_ratios.items() if k in logs}
             for key, (log_dir, log) in logs.items():
                 if not log.config.compact_enabled or log.closed or key in self._in_progress:
@@ -170,10 +195,12 @@ class CleanerManager:
                     continue
                 state = self.log_to_clean(key, log_dir, log, now_ms)
                 ratios[key] = state.dirty_ratio
+                max_delay_ms = max(max_delay_ms, state.compaction_delay_ms)
                 if state.dirty_bytes and (state.must_clean or state.dirty_ratio >=
                                           log.config.min_cleanable_dirty_ratio):
                     candidates.append(state)
             self._dirty_ratios = ratios
+            self._last_max_compaction_delay_ms = max_delay_ms
             if not candidates:
                 self._max_dirty_percent = 0.0
                 return None
@@ -198,10 +225,12 @@ class CleanerManager:
 
     # ---- cleaning ------------------------------------------------------------------------
 
-    def clean_filthiest(self, logs: Logs, cleaner: Cleaner | None = None
+    def clean_filthiest(self, logs: Logs, cleaner: Cleaner | None = None,
+                        on_start: Callable[[PartitionKey], None] | None = None
                         ) -> CleanerStats | None:
         """Clean the filthiest log once with ``cleaner`` (default: the manager's own); None
-        when nothing needed cleaning, the cleaning was aborted, or it failed."""
+        when nothing needed cleaning, the cleaning was aborted, or it failed. ``on_start``
+        is called with the partition once it is marked in progress, before cleaning."""
         cleaner = cleaner or self.cleaner
         if cleaner is None:
             raise ValueError("no cleaner given")
@@ -209,10 +238,14 @@ class CleanerManager:
         with self._lock:
             self._last_run_ms = now_ms
             state = self.grab_filthiest(logs, now_ms)
+            self._update_figures(cleaner, max_compaction_delay_ms=(
+                self._last_max_compaction_delay_ms))
             if state is None:
                 return None
             self._in_progress = self._in_progress | {state.key}
         try:
+            if on_start is not None:
+                on_start(state.key)
             return self._clean(state, cleaner, logs, now_ms)
         finally:
             with self._lock:
@@ -256,28 +289,65 @@ class CleanerManager:
             stats.messages_written, stats.start_size_bytes, stats.end_size_bytes,
             utilization_percent)
         with self._lock:
-            self._last_figures_by_cleaner = {**self._last_figures_by_cleaner,
-                                             id(cleaner): (utilization_percent,
-                                                           stats.elapsed_secs)}
+            self._update_figures(cleaner, buffer_utilization_percent=utilization_percent,
+                                 elapsed_secs=stats.elapsed_secs, bytes_read=stats.bytes_read,
+                                 bytes_written=stats.bytes_written)
             self.last_cleanings = {**self.last_cleanings, state.key: record}
         logger.info(summary_line(state, stats))
+
+    def _update_figures(self, cleaner: Cleaner, **changes: float) -> None:
+        """Replace some of ``cleaner``'s run figures (under the lock)."""
+        figures = self._figures_by_cleaner.get(id(cleaner), CleanerRunFigures())
+        self._figures_by_cleaner = {**self._figures_by_cleaner,
+                                    id(cleaner): replace(figures, **changes)}
+
+    def retain_cleaners(self, cleaners: Sequence[Cleaner]) -> None:
+        """Forget the figures of every cleaner but ``cleaners`` (the cleaner threads were
+        restarted: Kafka's gauges range over the current threads only)."""
+        keep = {id(cleaner) for cleaner in cleaners}
+        with self._lock:
+            self._figures_by_cleaner = {k: v for k, v in self._figures_by_cleaner.items()
+                                        if k in keep}
 
     # ---- reporting -----------------------------------------------------------------------
 
     def metrics(self) -> dict[str, object]:
-        """Kafka's cleaner metrics (the maxima over the cleaner threads' last runs) and each
-        compacted log's dirty ratio."""
+        """Kafka's cleaner metrics (over the cleaner threads' last runs, as ``LogCleaner``'s
+        gauges: maxima, and the recopy ratio of their summed bytes) and each compacted log's
+        dirty ratio. uncleanable-partitions-count is the total over the log dirs."""
         now_ms = self.clock.now_ms()
         since_ms = now_ms - self._last_run_ms if self._last_run_ms is not None else -1
-        figures = list(self._last_figures_by_cleaner.values())
+        figures = list(self._figures_by_cleaner.values())
+        bytes_read = sum(f.bytes_read for f in figures)
+        bytes_written = sum(f.bytes_written for f in figures)
         return {
-            "max-buffer-utilization-percent": max((f[0] for f in figures), default=0.0),
-            "max-clean-time-secs": max((f[1] for f in figures), default=0.0),
+            "max-buffer-utilization-percent": max(
+                (f.buffer_utilization_percent for f in figures), default=0.0),
+            "cleaner-recopy-percent": 100.0 * bytes_written / max(bytes_read, 1),
+            "max-clean-time-secs": max((f.elapsed_secs for f in figures), default=0.0),
+            "max-compaction-delay-secs": max(
+                (f.max_compaction_delay_ms for f in figures), default=0) / 1000,
             "max-dirty-percent": self._max_dirty_percent,
             "time-since-last-run-ms": since_ms,
             "uncleanable-partitions-count": len(self.uncleanable_partitions),
             "dirty-ratio": dict(self._dirty_ratios),
         }
+
+    def log_dir_metrics(self, logs: Logs, now_ms: int) -> dict[Path, dict[str, int]]:
+        """Kafka's per-log-dir gauges: uncleanable-partitions-count and uncleanable-bytes
+        (the cleanable bytes of the uncleanable partitions, ``calculateCleanableBytes``)."""
+        by_dir: dict[Path, dict[str, int]] = {}
+        for key in self.uncleanable_partitions:
+            if key not in logs:
+                continue
+            log_dir, log = logs[key]
+            figures = by_dir.setdefault(log_dir, {"uncleanable-partitions-count": 0,
+                                                  "uncleanable-bytes": 0})
+            figures["uncleanable-partitions-count"] += 1
+            if not log.closed:
+                figures["uncleanable-bytes"] += self.log_to_clean(key, log_dir, log,
+                                                                  now_ms).dirty_bytes
+        return by_dir
 
     def status(self, logs: Logs, now_ms: int) -> dict[Path, list[dict[str, object]]]:
         """Per log dir, each compacted partition's cleaning state: dirty ratio, first dirty

@@ -1,4 +1,5 @@
-"""CleanerManager: checkpoints, dirty ratios, choosing the filthiest log, uncleanable marking."""
+"""CleanerManager: checkpoints, dirty ratios, choosing the filthiest log, uncleanable marking,
+Kafka's cleaner metrics (recopy percent, compaction delay, uncleanable bytes per log dir)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def test_filthiest_log_is_cleaned_and_checkpointed(scratch, clock):
     small = _filled_log(scratch / "a-0", 1, 100)
     large = _filled_log(scratch / "b-0", 2, 400)
     logs = {("a", 0): (scratch, small), ("b", 0): (scratch, large)}
-    manager.clean_filthiest(logs)
+    stats = manager.clean_filthiest(logs)
+    assert manager.metrics()["cleaner-recopy-percent"] == \
+        100.0 * stats.bytes_written / stats.bytes_read < 100.0
     first = read_checkpoint(RealFileSystem(), scratch / CLEANER_OFFSET_CHECKPOINT)
     assert len(first) == 1
     manager.clean_filthiest(logs)
@@ -66,6 +69,8 @@ def test_max_compaction_lag_forces_a_clean_below_the_ratio(scratch, clock):
     state = manager.log_to_clean(("a", 0), scratch, log, clock.now_ms())
     assert state.must_clean and state.dirty_ratio < 0.99
     assert manager.clean_filthiest(logs) is not None
+    assert manager.metrics()["max-compaction-delay-secs"] == state.compaction_delay_ms / 1000
+    assert state.compaction_delay_ms == clock.now_ms() - 500 - NOW_MS
 
 
 def test_corrupt_segment_marks_only_that_partition_uncleanable(scratch, clock):
@@ -82,6 +87,9 @@ def test_corrupt_segment_marks_only_that_partition_uncleanable(scratch, clock):
     assert manager.clean_filthiest(logs) is None  # the filthier, broken one fails
     assert set(manager.uncleanable_partitions) == {("a", 0)}
     assert manager.metrics()["uncleanable-partitions-count"] == 1
+    closed_bytes = sum(segment.size_bytes for segment in broken.segments[:-1])
+    assert manager.log_dir_metrics(logs, clock.now_ms()) == {
+        scratch: {"uncleanable-partitions-count": 1, "uncleanable-bytes": closed_bytes}}
     assert manager.clean_filthiest(logs) is not None  # the healthy one is still cleaned
     assert len(read_records(healthy)) < len(before)
     assert not [p for p in (scratch / "a-0").iterdir() if p.name.endswith(".cleaned")]
