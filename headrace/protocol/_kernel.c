@@ -106,6 +106,19 @@ static int buf_put(Buf *b, const void *src, size_t n)
     return 0;
 }
 
+/* Make room for `n` bytes in all (one allocation instead of doublings). */
+static int buf_reserve(Buf *b, size_t n)
+{
+    if (n <= b->cap)
+        return 0;
+    uint8_t *grown = realloc(b->data, n);
+    if (grown == NULL)
+        return -1;
+    b->data = grown;
+    b->cap = n;
+    return 0;
+}
+
 static int put_i64(Buf *b, int64_t v) { return buf_put(b, &v, sizeof v); }
 static int put_i32(Buf *b, int32_t v) { return buf_put(b, &v, sizeof v); }
 static int put_u64(Buf *b, uint64_t v) { return buf_put(b, &v, sizeof v); }
@@ -337,6 +350,9 @@ typedef struct {
     Buf compressed_spans; /* int64 triples: records start, records end, codec */
 } Scan;
 
+/* The three-stream CRC-32C of the produce-validation section below (set at module init). */
+static uint32_t (*crc32c_fast_update)(uint32_t, const uint8_t *, size_t);
+
 static int scan_batches(const uint8_t *buf, size_t len, int skip_control, int verify_crc, Scan *s,
                         Failure *f)
 {
@@ -346,8 +362,8 @@ static int scan_batches(const uint8_t *buf, size_t len, int skip_control, int ve
     while ((status = next_batch(buf, len, &pos, &b, f)) == 1) {
         s->next_offset = batch_next_offset(&b);
         s->bytes_consumed = pos;
-        if (verify_crc && crc32c(buf + b.position + CRC_COVERED_FROM,
-                                 b.size_bytes - CRC_COVERED_FROM) != b.crc)
+        if (verify_crc && ~crc32c_fast_update(~0u, buf + b.position + CRC_COVERED_FROM,
+                                              b.size_bytes - CRC_COVERED_FROM) != b.crc)
             return fail(f, FAIL_CORRUPT, "record batch at byte %lld fails its CRC-32C check",
                         (long long)b.position);
         if (batch_is_skipped(&b, skip_control))
@@ -540,10 +556,16 @@ static uint64_t fmix64(uint64_t k)
 
 static uint64_t le64(const uint8_t *p)
 {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, sizeof v); /* one unaligned load */
+    return v;
+#else
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--)
         v = v << 8 | p[i];
     return v;
+#endif
 }
 
 /* Austin Appleby's MurmurHash3_x64_128 (public domain), byte order independent. */
@@ -1183,6 +1205,217 @@ static PyObject *py_crc32c_interleaved(PyObject *self, PyObject *arg)
     return PyLong_FromUnsignedLong(crc);
 }
 
+/* first_batch_outside_limits: the produce checks on validate_batches' summaries that the
+ * topic config decides, in one call instead of a Python loop per batch. Returns the index of
+ * the first summary whose batch is larger than max_message_bytes, whose records_count is not
+ * last_offset_delta + 1 >= 1, or (when check_timestamps) whose base or max timestamp is not
+ * -1 and lies more than before_max_ms before or after_max_ms after now_ms; -1 when every
+ * batch passes. The caller names the precise error from that batch's summary. */
+#define SUMMARY_FIELDS 8
+
+static int summary_fields(PyObject *summary, long long out[SUMMARY_FIELDS])
+{
+    if (!PyTuple_Check(summary) || PyTuple_GET_SIZE(summary) != SUMMARY_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "a summary is a tuple of 8 ints");
+        return -1;
+    }
+    for (Py_ssize_t field = 0; field < SUMMARY_FIELDS; field++) {
+        out[field] = PyLong_AsLongLong(PyTuple_GET_ITEM(summary, field));
+        if (out[field] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+static long long saturating_add(long long a, long long b)
+{
+    long long sum;
+    if (__builtin_add_overflow(a, b, &sum))
+        return b > 0 ? LLONG_MAX : LLONG_MIN;
+    return sum;
+}
+
+static int timestamp_outside(long long timestamp_ms, long long earliest_ms, long long latest_ms)
+{
+    return timestamp_ms != -1 && (timestamp_ms < earliest_ms || timestamp_ms > latest_ms);
+}
+
+static PyObject *py_first_batch_outside_limits(PyObject *self, PyObject *const *args,
+                                               Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 6 || !PyTuple_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "first_batch_outside_limits(summaries: tuple, "
+                        "max_message_bytes, now_ms, before_max_ms, after_max_ms, "
+                        "check_timestamps)");
+        return NULL;
+    }
+    long long max_message_bytes = PyLong_AsLongLong(args[1]);
+    long long now_ms = PyLong_AsLongLong(args[2]);
+    long long before_max_ms = PyLong_AsLongLong(args[3]);
+    long long after_max_ms = PyLong_AsLongLong(args[4]);
+    int check_timestamps = PyObject_IsTrue(args[5]);
+    if (PyErr_Occurred() || check_timestamps < 0)
+        return NULL;
+    long long earliest_ms = saturating_add(now_ms, before_max_ms == LLONG_MIN ? LLONG_MAX
+                                                                             : -before_max_ms);
+    long long latest_ms = saturating_add(now_ms, after_max_ms);
+    Py_ssize_t count = PyTuple_GET_SIZE(args[0]);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long f[SUMMARY_FIELDS];
+        if (summary_fields(PyTuple_GET_ITEM(args[0], i), f) < 0)
+            return NULL;
+        long long size_bytes = f[1], last_offset_delta = f[3], records_count = f[7];
+        int bad = size_bytes > max_message_bytes || records_count < 1 ||
+                  records_count != last_offset_delta + 1;
+        if (!bad && check_timestamps)
+            bad = timestamp_outside(f[4], earliest_ms, latest_ms) ||
+                  timestamp_outside(f[5], earliest_ms, latest_ms);
+        if (bad)
+            return PyLong_FromSsize_t(i);
+    }
+    return PyLong_FromLong(-1);
+}
+
+/* ------------------------------------------------------------------ segment recovery */
+/* index_batches: recovery's scan of a segment's .log -- and the index rebuild after the
+ * cleaner swaps a segment in -- in one call per chunk: walk the batches from a known batch
+ * boundary, stop at the first invalid one (short or implausible header, magic other than 2,
+ * an offset going backwards, a batch past the end of the file, a CRC-32C mismatch) and
+ * compute the offset and time index entries the segment's append path would have written
+ * (one per index.interval.bytes, Kafka's rule). Chunk state passes through IndexState. */
+
+typedef struct {
+    int64_t bytes_since_last_entry, max_timestamp, offset_of_max_timestamp;
+    int64_t last_time_entry; /* the time index's last timestamp, if has_time_entry */
+    int has_time_entry;
+} IndexState;
+
+typedef struct {
+    const uint8_t *buf;
+    size_t len;
+    int64_t buffer_position, file_size, min_base_offset, interval_bytes;
+} IndexInput;
+
+typedef struct {
+    size_t consumed;
+    int64_t next_offset, first_max_timestamp;
+    int stopped, has_first;
+    IndexState state;
+    Buf offset_entries, time_entries, positions; /* int64 pairs, pairs, singles */
+} IndexScan;
+
+/* 1 if the whole batch at pos is valid, 0 if it is not (the log ends before it), 2 if it
+ * runs past the end of the buffer but not of the file (more bytes are needed). */
+static int index_batch_is_valid(const IndexInput *in, size_t pos, int64_t next_offset)
+{
+    const uint8_t *p = in->buf + pos;
+    int32_t batch_length = (int32_t)be32(p + 8);
+    if (p[16] != CURRENT_MAGIC || batch_length < BATCH_HEADER_BYTES - LOG_OVERHEAD_BYTES)
+        return 0;
+    int64_t size_bytes = (int64_t)batch_length + LOG_OVERHEAD_BYTES;
+    int64_t base_offset = (int64_t)be64(p);
+    int64_t lowest = next_offset > in->min_base_offset ? next_offset : in->min_base_offset;
+    if (base_offset < lowest || in->buffer_position + (int64_t)pos + size_bytes > in->file_size)
+        return 0;
+    if ((size_t)size_bytes > in->len - pos)
+        return 2;
+    uint32_t crc = ~crc32c_fast_update(~0u, p + CRC_COVERED_FROM,
+                                       (size_t)size_bytes - CRC_COVERED_FROM);
+    return crc == be32(p + 17);
+}
+
+/* The segment append path's index rule for one valid batch at pos. */
+static int index_one_batch(const IndexInput *in, IndexScan *out, size_t pos, int64_t size_bytes,
+                           int64_t last_offset, int64_t max_timestamp)
+{
+    IndexState *st = &out->state;
+    if (max_timestamp > st->max_timestamp) {
+        st->max_timestamp = max_timestamp;
+        st->offset_of_max_timestamp = last_offset;
+    }
+    if (st->bytes_since_last_entry > in->interval_bytes) {
+        int64_t entry[2] = {last_offset, in->buffer_position + (int64_t)pos};
+        if (buf_put(&out->offset_entries, entry, sizeof entry))
+            return -1;
+        if (!st->has_time_entry || st->max_timestamp > st->last_time_entry) {
+            int64_t time_entry[2] = {st->max_timestamp, st->offset_of_max_timestamp};
+            if (buf_put(&out->time_entries, time_entry, sizeof time_entry))
+                return -1;
+            st->last_time_entry = st->max_timestamp;
+            st->has_time_entry = 1;
+        }
+        st->bytes_since_last_entry = 0;
+    }
+    st->bytes_since_last_entry += size_bytes;
+    int64_t position = (int64_t)pos;
+    return buf_put(&out->positions, &position, sizeof position);
+}
+
+static int index_batches(const IndexInput *in, IndexScan *out, Failure *f)
+{
+    size_t pos = 0;
+    while (in->len - pos >= BATCH_HEADER_BYTES) {
+        int valid = index_batch_is_valid(in, pos, out->next_offset);
+        if (valid != 1) {
+            out->stopped = valid == 0;
+            break;
+        }
+        const uint8_t *p = in->buf + pos;
+        int64_t size_bytes = (int64_t)be32(p + 8) + LOG_OVERHEAD_BYTES;
+        int64_t last_offset = (int64_t)((uint64_t)be64(p) + (uint64_t)(int64_t)(int32_t)be32(p + 23));
+        int64_t max_timestamp = (int64_t)be64(p + 35);
+        if (!out->has_first) {
+            out->first_max_timestamp = max_timestamp;
+            out->has_first = 1;
+        }
+        if (index_one_batch(in, out, pos, size_bytes, last_offset, max_timestamp))
+            return fail_no_memory(f);
+        out->next_offset = last_offset + 1;
+        pos += (size_t)size_bytes;
+    }
+    out->consumed = pos;
+    return 0;
+}
+
+static PyObject *py_index_batches(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer view;
+    IndexInput in;
+    IndexScan out;
+    Failure failure = {FAIL_NONE, ""};
+    memset(&out, 0, sizeof out);
+    if (!PyArg_ParseTuple(args, "y*LLLLL(LLLLp)", &view, &in.buffer_position, &in.file_size,
+                          &in.min_base_offset, &out.next_offset, &in.interval_bytes,
+                          &out.state.bytes_since_last_entry, &out.state.max_timestamp,
+                          &out.state.offset_of_max_timestamp, &out.state.last_time_entry,
+                          &out.state.has_time_entry))
+        return NULL;
+    in.buf = view.buf;
+    in.len = (size_t)view.len;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = index_batches(&in, &out, &failure);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    Buf outputs[3] = {out.offset_entries, out.time_entries, out.positions};
+    if (status < 0) {
+        free_bufs(outputs, 3);
+        return raise_failure(&failure);
+    }
+    PyObject *buffers = bufs_to_tuple(outputs, 3);
+    if (buffers == NULL)
+        return NULL;
+    const IndexState *st = &out.state;
+    return Py_BuildValue("nLiOL(LLLLi)N", (Py_ssize_t)out.consumed, (long long)out.next_offset,
+                         out.stopped, out.has_first ? Py_True : Py_False,
+                         (long long)out.first_max_timestamp,
+                         (long long)st->bytes_since_last_entry, (long long)st->max_timestamp,
+                         (long long)st->offset_of_max_timestamp, (long long)st->last_time_entry,
+                         st->has_time_entry, buffers);
+}
+
 /* ---- the log cleaner's passes over whole batches -------------------------------------
  * Both passes identify a record of the dirty section [first_offset, end_offset) by its
  * ordinal: the count of keyed, non-control records of this pass's hash range (h2 >> 32 in
@@ -1193,6 +1426,9 @@ static PyObject *py_crc32c_interleaved(PyObject *self, PyObject *arg)
  * mapped one -- unless it is a tombstone whose batch's delete horizon has passed. */
 
 #define ATTR_DELETE_HORIZON 0x40
+#define DECISION_KEEP 1
+#define DECISION_TOMBSTONE 2
+#define FILTER_OUT_SLACK_BYTES 4096 /* rebuilt batches may grow a little (rebased deltas) */
 #define PRODUCER_ID_AT 43
 
 typedef struct {
@@ -1216,6 +1452,55 @@ static int pass_is_dirty(const PassScope *s, int64_t offset)
     return offset >= s->first_offset && offset < s->end_offset;
 }
 
+/* ---- probes ahead of use
+ * A map probe is a cache (and TLB) miss in a table of up to 128 MiB: the passes hash a
+ * record's key, prefetch its home slot and queue the probe, and run it PROBE_AHEAD_RECORDS
+ * records later, when the slot has arrived; the misses of that many records overlap. */
+
+#define PROBE_AHEAD_RECORDS 16
+
+typedef struct {
+    uint64_t fp, home;
+    int64_t ordinal; /* pass 1: the value to store; pass 2: -1 outside the dirty section */
+    int64_t tag;     /* pass 1: records read up to this one; pass 2: the decision's index */
+} QueuedProbe;
+
+typedef struct {
+    QueuedProbe slots[PROBE_AHEAD_RECORDS];
+    int head, count;
+} ProbeQueue;
+
+static void prefetch_slot(const PassScope *s, uint64_t home)
+{
+    __builtin_prefetch(&s->fps[home], 1, 0);
+    __builtin_prefetch(&s->words[home], 1, 0);
+}
+
+/* Queue a probe; when the queue was full, the oldest comes out in *due (returns 1). */
+static int queue_probe(ProbeQueue *q, const QueuedProbe *probe, QueuedProbe *due)
+{
+    int tail = (q->head + q->count) % PROBE_AHEAD_RECORDS;
+    if (q->count < PROBE_AHEAD_RECORDS) {
+        q->slots[tail] = *probe;
+        q->count++;
+        return 0;
+    }
+    *due = q->slots[q->head];
+    q->slots[q->head] = *probe;
+    q->head = (q->head + 1) % PROBE_AHEAD_RECORDS;
+    return 1;
+}
+
+static int dequeue_probe(ProbeQueue *q, QueuedProbe *due)
+{
+    if (q->count == 0)
+        return 0;
+    *due = q->slots[q->head];
+    q->head = (q->head + 1) % PROBE_AHEAD_RECORDS;
+    q->count--;
+    return 1;
+}
+
 /* ---- pass 1: key -> latest ordinal */
 
 typedef struct {
@@ -1223,7 +1508,21 @@ typedef struct {
     int64_t room; /* new keys the map may still take */
     int64_t added, records_read;
     int full;
+    ProbeQueue queue;
 } MapBuild;
+
+/* Insert a queued key; on a full map, winds the counters back to that record. */
+static int map_build_insert(MapBuild *m, const QueuedProbe *probe)
+{
+    if (m->added < m->room && offset_map_put_one(m->scope.fps, m->scope.words, m->scope.capacity,
+                                                 probe->fp, probe->home, (uint32_t)probe->ordinal,
+                                                 &m->added))
+        return 0;
+    m->full = 1;
+    m->scope.next_ordinal = probe->ordinal + 1;
+    m->records_read = probe->tag;
+    return 1;
+}
 
 static int visit_map_build(void *state, const Batch *b, const Record *r, Failure *f)
 {
@@ -1236,15 +1535,29 @@ static int visit_map_build(void *state, const Batch *b, const Record *r, Failure
     murmur3_x64_128(r->key.data, (size_t)r->key.len, 0, hash);
     if (!pass_in_range(&m->scope, hash))
         return 0;
-    int64_t ordinal = m->scope.next_ordinal++;
-    if (ordinal > (int64_t)OFFSET_MAP_DELTA_MASK || m->added >= m->room ||
-        !offset_map_put_one(m->scope.fps, m->scope.words, m->scope.capacity,
-                            offset_map_fingerprint(hash[0]),
-                            offset_map_home(hash[1], m->scope.capacity), (uint32_t)ordinal,
-                            &m->added)) {
+    QueuedProbe probe = {offset_map_fingerprint(hash[0]),
+                         offset_map_home(hash[1], m->scope.capacity), m->scope.next_ordinal++,
+                         m->records_read};
+    if (probe.ordinal > (int64_t)OFFSET_MAP_DELTA_MASK) {
+        QueuedProbe due;
+        while (dequeue_probe(&m->queue, &due))
+            if (map_build_insert(m, &due))
+                return 1;
         m->full = 1;
         return 1;
     }
+    prefetch_slot(&m->scope, probe.home);
+    QueuedProbe due;
+    return queue_probe(&m->queue, &probe, &due) ? map_build_insert(m, &due) : 0;
+}
+
+/* Insert the keys still queued at the end of a walk; 1 if the map filled. */
+static int map_build_drain(MapBuild *m)
+{
+    QueuedProbe due;
+    while (dequeue_probe(&m->queue, &due))
+        if (map_build_insert(m, &due))
+            return 1;
     return 0;
 }
 
@@ -1268,6 +1581,9 @@ typedef struct {
                             codec */
     Buf pending_batches; /* header + uncompressed records of each compressed batch to rebuild */
     Buf kept;            /* KeptRecord of the batch at hand */
+    Buf decisions;       /* uint8 per record of the non-control batches: DECISION_* bits */
+    size_t decision_at;  /* the next record's decision */
+    ProbeQueue queue;
     int64_t records_read, records_kept;
 } BatchFilter;
 
@@ -1284,27 +1600,58 @@ static int is_protected(const BatchFilter *bf, int64_t last_offset)
     return low < bf->protected_count && bf->protected_last_offsets[low] == last_offset;
 }
 
-static int record_is_kept(BatchFilter *bf, const Batch *b, const Record *r)
+static void decide_by_map(BatchFilter *bf, const QueuedProbe *probe)
 {
+    int64_t mapped = offset_map_get_one(bf->scope.fps, bf->scope.words, bf->scope.capacity,
+                                        probe->fp, probe->home);
+    if (mapped < 0 || (probe->ordinal >= 0 && probe->ordinal >= mapped))
+        bf->decisions.data[probe->tag] |= DECISION_KEEP;
+}
+
+/* Decide whether the record is kept; the map lookup (if one is needed) is queued and its
+ * decision written PROBE_AHEAD_RECORDS records later. */
+static int visit_decide(void *state, const Batch *b, const Record *r, Failure *f)
+{
+    BatchFilter *bf = state;
+    size_t index = bf->decisions.len;
+    if (put_u8(&bf->decisions, r->value.len < 0 ? DECISION_TOMBSTONE : 0))
+        return fail_no_memory(f);
     if (r->key.len < 0)
         return 0;
     uint64_t hash[2];
     murmur3_x64_128(r->key.data, (size_t)r->key.len, 0, hash);
-    if (!pass_in_range(&bf->scope, hash))
-        return 1;
+    if (!pass_in_range(&bf->scope, hash)) {
+        bf->decisions.data[index] |= DECISION_KEEP;
+        return 0;
+    }
     int64_t offset = record_offset(b, r);
-    int dirty = pass_is_dirty(&bf->scope, offset);
-    int64_t ordinal = dirty ? bf->scope.next_ordinal++ : -1;
-    if (offset >= bf->scope.end_offset)
-        return 1; /* past the cleanable end: untouched */
+    int64_t ordinal = pass_is_dirty(&bf->scope, offset) ? bf->scope.next_ordinal++ : -1;
+    if (offset >= bf->scope.end_offset) {
+        bf->decisions.data[index] |= DECISION_KEEP; /* past the cleanable end: untouched */
+        return 0;
+    }
     int expired_tombstone = r->value.len < 0 && (b->attributes & ATTR_DELETE_HORIZON) &&
                             b->base_timestamp <= bf->now_ms;
     if (expired_tombstone)
         return 0;
-    int64_t mapped = offset_map_get_one(bf->scope.fps, bf->scope.words, bf->scope.capacity,
-                                        offset_map_fingerprint(hash[0]),
-                                        offset_map_home(hash[1], bf->scope.capacity));
-    return mapped < 0 || (dirty && ordinal >= mapped);
+    QueuedProbe probe = {offset_map_fingerprint(hash[0]),
+                         offset_map_home(hash[1], bf->scope.capacity), ordinal, (int64_t)index};
+    prefetch_slot(&bf->scope, probe.home);
+    QueuedProbe due;
+    if (queue_probe(&bf->queue, &probe, &due))
+        decide_by_map(bf, &due);
+    return 0;
+}
+
+/* Every record's decision, in the order filter_records meets the records. */
+static int decide_records(const Input *in, BatchFilter *bf, Failure *f)
+{
+    int status = walk_records(in, visit_decide, bf, f);
+    QueuedProbe due;
+    while (dequeue_probe(&bf->queue, &due))
+        decide_by_map(bf, &due);
+    bf->decision_at = 0;
+    return status;
 }
 
 /* Where the record's bytes after its timestamp delta start (the record is valid). */
@@ -1335,7 +1682,10 @@ static int filter_records(BatchFilter *bf, const Batch *b, Cursor records, Batch
             return fail(f, FAIL_CORRUPT, "record %d of the batch at byte %lld is malformed", (int)i,
                         (long long)b->position);
         t->total++;
-        if (!record_is_kept(bf, b, &r))
+        if (bf->decision_at >= bf->decisions.len)
+            return fail(f, FAIL_USAGE, "more records than decisions at byte %lld",
+                        (long long)b->position);
+        if (!(bf->decisions.data[bf->decision_at++] & DECISION_KEEP))
             continue;
         KeptRecord k = {start, NULL, records.p,
                         (int64_t)((uint64_t)b->base_timestamp + (uint64_t)r.timestamp_delta), 0};
@@ -1455,12 +1805,34 @@ static int rebuild_batch(BatchFilter *bf, const uint8_t *raw, const Batch *b, co
     return buf_put(&bf->pending, entry, sizeof entry) ? fail_no_memory(f) : 0;
 }
 
+/* The batch's tally from its decisions alone (decide_records validated its records). */
+static void tally_decisions(const BatchFilter *bf, const Batch *b, BatchTally *t)
+{
+    const uint8_t *decisions = bf->decisions.data + bf->decision_at;
+    for (int32_t i = 0; i < b->records_count; i++) {
+        t->kept += decisions[i] & DECISION_KEEP;
+        t->tombstones_kept += decisions[i] == (DECISION_KEEP | DECISION_TOMBSTONE);
+    }
+    t->total = b->records_count;
+}
+
 static int filter_batch(BatchFilter *bf, const uint8_t *raw, const Batch *b, Cursor records,
                         Failure *f)
 {
     BatchTally t = {0, 0, 0, 0, 0};
-    if (filter_records(bf, b, records, &t, f))
-        return -1;
+    if (bf->decisions.len - bf->decision_at < (size_t)b->records_count)
+        return fail(f, FAIL_USAGE, "more records than decisions at byte %lld",
+                    (long long)b->position);
+    tally_decisions(bf, b, &t);
+    int whole = t.kept == t.total && (t.tombstones_kept == 0 ||
+                                      (b->attributes & ATTR_DELETE_HORIZON));
+    if (whole || t.kept == 0) {
+        bf->decision_at += (size_t)b->records_count; /* no record needs parsing */
+    } else {
+        t = (BatchTally){0, 0, 0, 0, 0};
+        if (filter_records(bf, b, records, &t, f))
+            return -1;
+    }
     bf->records_read += t.total;
     bf->records_kept += t.kept;
     int has_horizon = (b->attributes & ATTR_DELETE_HORIZON) != 0;
@@ -1481,9 +1853,13 @@ static int filter_batch(BatchFilter *bf, const uint8_t *raw, const Batch *b, Cur
 static int filter_batches(const Input *in, BatchFilter *bf, Failure *f)
 {
     Batch b = {0};
-    int status;
+    int status = decide_records(in, bf, f);
     size_t pos = 0;
     Py_ssize_t section = 0;
+    if (status)
+        return status;
+    if (buf_reserve(&bf->out, in->len + FILTER_OUT_SLACK_BYTES))
+        return fail_no_memory(f);
     while ((status = next_batch(in->buf, in->len, &pos, &b, f)) == 1) {
         const uint8_t *raw = in->buf + b.position;
         if (b.attributes & ATTR_CONTROL) {
@@ -1572,6 +1948,8 @@ static PyObject *py_map_batches(PyObject *self, PyObject *args)
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = walk_records(&in, visit_map_build, &build, &failure);
+    if (status == 0)
+        status = map_build_drain(&build);
     Py_END_ALLOW_THREADS
     release_cleaner_args(&held);
     if (status < 0)
@@ -1612,6 +1990,7 @@ static PyObject *py_filter_batches(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     release_cleaner_args(&held);
     free(bf.kept.data);
+    free(bf.decisions.data);
     Buf outputs[3] = {bf.out, bf.pending, bf.pending_batches};
     if (status < 0) {
         free_bufs(outputs, 3);
@@ -1658,8 +2037,19 @@ static PyMethodDef kernel_methods[] = {
      "validate_batches(buf) -> tuple of (position, size_bytes, attributes, last_offset_delta, "
      "base_timestamp, max_timestamp, producer_id, records_count) per v2 batch; raises "
      "CorruptMessage unless buf is whole batches with magic 2 and valid CRC-32C."},
+    {"index_batches", py_index_batches, METH_VARARGS,
+     "index_batches(buf, buffer_position, file_size, min_base_offset, next_offset, "
+     "interval_bytes, (bytes_since_last_entry, max_timestamp, offset_of_max_timestamp, "
+     "last_time_entry, has_time_entry)) -> (bytes_valid, next_offset, stopped, has_first, "
+     "first_max_timestamp, state, (offset_entries, time_entries, positions)): segment "
+     "recovery's CRC scan and index rebuild over one chunk."},
     {"crc32c", py_crc32c_interleaved, METH_O,
      "crc32c(buf) -> CRC-32C of buf (three interleaved hardware streams where available)."},
+    {"first_batch_outside_limits", (PyCFunction)(void (*)(void))py_first_batch_outside_limits,
+     METH_FASTCALL,
+     "first_batch_outside_limits(summaries, max_message_bytes, now_ms, before_max_ms, "
+     "after_max_ms, check_timestamps) -> index of the first batch failing the produce "
+     "limits, or -1."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -325,6 +325,66 @@ def validate_batches(buf: BufferLike) -> tuple[tuple[int, int, int, int, int, in
     return _kernel.validate_batches(buf)
 
 
+# first_batch_outside_limits(summaries, max_message_bytes, now_ms, before_max_ms, after_max_ms,
+# check_timestamps) -> int: index of the first of ``validate_batches``' summaries whose batch
+# breaks a produce limit -- larger than ``max_message_bytes``, ``records_count !=
+# last_offset_delta + 1`` or < 1, or (if ``check_timestamps``) a base or max timestamp other
+# than -1 more than ``before_max_ms`` before or ``after_max_ms`` after ``now_ms`` (saturating
+# int64 arithmetic) -- or -1. Bound to the C function itself, without a Python wrapper: it
+# runs on every append.
+first_batch_outside_limits = _kernel.first_batch_outside_limits
+
+
+@dataclass(frozen=True, slots=True)
+class IndexState:
+    """A segment's running index state between chunks of ``index_batches``: log bytes since
+    the last offset index entry, the largest timestamp so far and its offset, and the time
+    index's last timestamp (``has_time_entry`` False while the time index is empty)."""
+
+    bytes_since_last_entry: int
+    max_timestamp_ms: int
+    offset_of_max_timestamp: int
+    last_time_entry_ms: int
+    has_time_entry: bool
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedBatches:
+    """What ``index_batches`` found in one chunk of a segment's log file."""
+
+    bytes_valid: int  # whole valid batches from the start of the chunk
+    next_offset: int  # after the last valid batch; the given next_offset if none
+    stopped: bool  # an invalid batch ends the log at bytes_valid (else the chunk ran out)
+    first_max_timestamp_ms: int | None  # the first valid batch's max timestamp
+    state: IndexState
+    offset_entries: np.ndarray  # int64[n, 2]: last offset of the batch, file position
+    time_entries: np.ndarray  # int64[m, 2]: largest timestamp so far, its offset
+    batch_positions: np.ndarray  # int64[k]: position of each valid batch in the chunk
+
+
+def index_batches(buf: BufferLike, buffer_position: int, file_size: int, min_base_offset: int,
+                  next_offset: int, index_interval_bytes: int, state: IndexState
+                  ) -> IndexedBatches:
+    """Segment recovery over one chunk read at ``buffer_position`` of a ``file_size``-byte
+    log: validate the batches from the chunk's start (magic 2, plausible length, base offset
+    >= max(``min_base_offset``, ``next_offset``), inside the file, CRC-32C) up to the first
+    invalid one, and compute the index entries the append path writes for them: an offset
+    index entry (batch last offset, position) when more than ``index_interval_bytes`` were
+    written since the last one, each with a time index entry (largest timestamp so far, its
+    offset) when that timestamp grew past the time index's last. One C call, no Python per
+    batch; the returned state carries over to the next chunk."""
+    (bytes_valid, next_offset, stopped, has_first, first_max_timestamp, raw_state,
+     (offsets, times, positions)) = _kernel.index_batches(
+        buf, buffer_position, file_size, min_base_offset, next_offset, index_interval_bytes,
+        (state.bytes_since_last_entry, state.max_timestamp_ms, state.offset_of_max_timestamp,
+         state.last_time_entry_ms, state.has_time_entry))
+    return IndexedBatches(
+        bytes_valid, next_offset, bool(stopped), first_max_timestamp if has_first else None,
+        IndexState(*raw_state[:4], bool(raw_state[4])),
+        np.frombuffer(offsets, np.int64).reshape(-1, 2),
+        np.frombuffer(times, np.int64).reshape(-1, 2), np.frombuffer(positions, np.int64))
+
+
 def crc32c(buf: BufferLike) -> int:
     """CRC-32C of ``buf`` as ``validate_batches`` computes it (three interleaved hardware
     streams where the CPU has SSE 4.2)."""

@@ -38,6 +38,10 @@ rebased. Tombstones (KIP-534): the first cleaning that sees a batch holding tomb
 batches (transaction markers) and aborted transactional data are copied unchanged (not
 removed yet).
 
+I/O: both passes read segments with ``os.preadv`` into one reused buffer of
+``io_chunk_bytes`` (no bytes object per chunk); pass 1 uses a map table sized to the dirty
+section's offset span (``OffsetMap.clear``), falling back to the whole buffer.
+
 Files: each group is written to ``<base>.log.cleaned``, fsynced, and swapped in by
 ``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.log``; see ``log`` for crash rules).
 
@@ -61,6 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headrace.errors import CorruptMessage
 from headrace.protocol.batch import parse_header
 from headrace.protocol.kernel import PassScope, filter_batches, whole_batches_bytes
 from headrace.storage.log import CLEANED_SUFFIX, CleaningAborted, Log
@@ -124,20 +129,34 @@ def cleanable_end_offset(log: Log, now_ms: int, first_dirty_offset: int) -> int:
 
 
 def iter_chunks(segment: LogSegment, start_position: int, end_position: int,
-                chunk_bytes: int) -> Iterator[tuple[int, bytes]]:
-    """(position, bytes) of runs of whole batches of ``segment``, about ``chunk_bytes`` each
-    (one batch larger than that comes alone)."""
+                buffer: bytearray) -> Iterator[tuple[int, memoryview]]:
+    """(position, view) of runs of whole batches of ``segment``, read into ``buffer`` (so
+    about ``len(buffer)`` bytes each, and each view is valid until the next one is asked
+    for); one batch larger than the buffer comes alone, in a buffer of its own."""
+    view = memoryview(buffer)
     position = start_position
     while position < end_position:
-        length = min(chunk_bytes, end_position - position)
-        data = segment.fs.pread(segment.fd, length, position)
-        whole = whole_batches_bytes(data)
+        chunk = view[:_read_into(segment.fd, view[:min(len(view), end_position - position)],
+                                 position)]
+        whole = whole_batches_bytes(chunk)
         if whole == 0:
-            first_size = parse_header(data).size_bytes
-            data = segment.fs.pread(segment.fd, first_size, position)
-            whole = len(data)
-        yield position, data[:whole] if whole < len(data) else data
+            whole = parse_header(chunk).size_bytes
+            chunk = memoryview(bytearray(whole))
+            if _read_into(segment.fd, chunk, position) < whole:
+                raise CorruptMessage(f"{segment.log_path}: batch at {position} runs past the end")
+        yield position, chunk[:whole]
         position += whole
+
+
+def _read_into(fd: int, view: memoryview, position: int) -> int:
+    """Fill ``view`` from ``position`` of ``fd`` (pread; fewer bytes only at end of file)."""
+    done = 0
+    while done < len(view):
+        count = os.preadv(fd, [view[done:]], position + done)
+        if count == 0:
+            break
+        done += count
+    return done
 
 
 class Cleaner:
@@ -147,6 +166,7 @@ class Cleaner:
                  on_chunk: Callable[[Log, int], None] | None = None) -> None:
         self.offset_map = offset_map
         self.io_chunk_bytes = io_chunk_bytes
+        self._read_buffer = bytearray(io_chunk_bytes)
         self.on_chunk = on_chunk or _no_hook
 
     def clean(self, log: Log, first_dirty_offset: int, now_ms: int) -> CleanerStats:
@@ -182,16 +202,26 @@ class Cleaner:
     # ---- pass 1 --------------------------------------------------------------------------
 
     def _build_map(self, log: Log, scope: PassScope, stats: CleanerStats) -> _MapPass:
-        """Map the dirty keys of the scope's hash range to their latest ordinal."""
+        """Map the dirty keys of the scope's hash range to their latest ordinal, in a table
+        sized for the dirty section's offset span (which bounds its keys); should a slot be
+        out of reach in that table, over again in the whole buffer."""
         offset_map = self.offset_map
-        offset_map.clear(0)
+        map_pass = self._map_keys(log, scope, stats, scope.end_offset - scope.first_offset)
+        if map_pass.fits or offset_map.active_slots == offset_map.capacity_slots:
+            return map_pass
+        return self._map_keys(log, scope, stats, None)
+
+    def _map_keys(self, log: Log, scope: PassScope, stats: CleanerStats,
+                  expected_values: int | None) -> _MapPass:
+        offset_map = self.offset_map
+        offset_map.clear(0, expected_values)
         first_ordinals: dict[int, int] = {}
         ordinal = scanned = 0
         ranges = list(_segment_ranges(log, scope.first_offset, scope.end_offset))
         total = sum(end - start for _, start, end in ranges) or 1
         for segment, start, end in ranges:
             first_ordinals[segment.base_offset] = ordinal
-            for _, chunk in iter_chunks(segment, start, end, self.io_chunk_bytes):
+            for _, chunk in iter_chunks(segment, start, end, self._read_buffer):
                 self.on_chunk(log, len(chunk))
                 build = offset_map.put_batches(chunk, scope, ordinal)
                 stats.map_messages_read += build.records_read
@@ -252,7 +282,7 @@ class Cleaner:
         try:
             for segment in group:
                 ordinal = _first_ordinal(log, segment, scope, first_ordinals)
-                for _, chunk in iter_chunks(segment, 0, segment.size_bytes, self.io_chunk_bytes):
+                for _, chunk in iter_chunks(segment, 0, segment.size_bytes, self._read_buffer):
                     self.on_chunk(log, len(chunk))
                     filtered = filter_batches(chunk, offset_map.fingerprints, offset_map.words,
                                               scope, ordinal, now_ms, horizon_ms, protected)

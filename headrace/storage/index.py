@@ -28,11 +28,14 @@ import sys
 from array import array
 from pathlib import Path
 
+import numpy as np
+
 from headrace.storage.fs import FileSystem
 
 OFFSET_ENTRY_BYTES = 8
 TIME_ENTRY_BYTES = 12
 _TIME_ENTRY = struct.Struct(">qi")
+_TIME_ENTRY_DTYPE = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
 _NEEDS_BYTESWAP = sys.byteorder == "little"
 
 
@@ -121,6 +124,12 @@ class OffsetIndex:
     def append(self, offset: int, position: int) -> None:
         self.relative_offsets.append(offset - self.base_offset)
         self.positions.append(position)
+
+    def append_entries(self, offsets: np.ndarray, positions: np.ndarray) -> None:
+        """Append entries in bulk (int64 columns; each offset and position increasing), as
+        ``kernel.index_batches`` computes them for a recovered or cleaned segment."""
+        self.relative_offsets.frombytes((offsets - self.base_offset).astype(np.int32).tobytes())
+        self.positions.frombytes(positions.astype(np.int32).tobytes())
 
     def lookup(self, offset: int) -> tuple[int, int]:
         """The (offset, position) of the last entry at or below ``offset``, or the segment
@@ -217,6 +226,12 @@ class TimeIndex:
         self.timestamps.append(timestamp_ms)
         self.relative_offsets.append(offset - self.base_offset)
 
+    def append_entries(self, timestamps_ms: np.ndarray, offsets: np.ndarray) -> None:
+        """Append entries in bulk (int64 columns; timestamps increasing and above the last
+        entry's), as ``kernel.index_batches`` computes them."""
+        self.timestamps.frombytes(timestamps_ms.astype(np.int64).tobytes())
+        self.relative_offsets.frombytes((offsets - self.base_offset).astype(np.int32).tobytes())
+
     def lookup(self, timestamp_ms: int) -> int:
         """The offset of the last entry whose timestamp is < ``timestamp_ms`` (the batches
         before it cannot hold a timestamp >= ``timestamp_ms``), or the segment base."""
@@ -236,10 +251,10 @@ class TimeIndex:
         count = len(self.timestamps)
         if start >= count:
             return
-        encoded = b"".join(
-            _TIME_ENTRY.pack(self.timestamps[i], self.relative_offsets[i]) for i in range(start, count)
-        )
-        self._file.write_pending(encoded, count)
+        entries = np.empty(count - start, _TIME_ENTRY_DTYPE)
+        entries["timestamp"] = self.timestamps[start:count]
+        entries["relative_offset"] = self.relative_offsets[start:count]
+        self._file.write_pending(entries.tobytes(), count)
 
     def fsync(self) -> None:
         self._file.fs.fsync(self._file.fd)

@@ -60,9 +60,11 @@ otherwise, nothing changed).
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import os
 import random
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,7 +82,6 @@ from headrace.protocol.batch import (
     CONTROL_BIT,
     BatchHeader,
     parse_header,
-    set_base_offset,
     set_log_append_time,
 )
 from headrace.storage.config import LogConfig
@@ -93,6 +94,7 @@ from headrace.storage.segment import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    MAX_RELATIVE_OFFSET,
     TIME_INDEX_SUFFIX,
     FileSlice,
     LogSegment,
@@ -146,6 +148,12 @@ class AppendResult(NamedTuple):
     duplicate: bool = False
 
 
+# What batch.set_base_offset does, without a Python call per batch on the append path.
+_pack_base_offset = struct.Struct(">q").pack_into
+# AppendResult(...) runs NamedTuple's Python-level __new__; this builds the same tuple in C.
+_new_append_result = functools.partial(tuple.__new__, AppendResult)
+
+
 class LogView:
     """An immutable snapshot of the log that readers use without locking."""
 
@@ -191,11 +199,12 @@ class Log:
         self.dir = directory
         self.config = config
         self.fs = fs
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # not re-entrant: locked paths call *_locked helpers
         self._listeners: list[Callable[[int], None]] = []
         self._pending_deletions: list[_PendingDeletion] = []
         self._rng = rng or random.Random()
         self._segment_jitter_ms = self._pick_jitter(config)
+        self._apply_config(config)
         self._closed = False
         self._cleaning_lock = threading.Lock()
         self._cleaning_stopped = False
@@ -242,6 +251,13 @@ class Log:
         self._listeners.append(callback)
 
     # ---- loading -------------------------------------------------------------------------
+
+    def _apply_config(self, config: LogConfig) -> None:
+        """Precompute what every append consults: the target codec, the timestamp type; and
+        forget the cached roll deadline (segment.ms may have changed)."""
+        self._target_codec = target_codec(config)
+        self._log_append_time = config.log_append_time
+        self._roll_deadline: tuple[LogSegment | None, int] = (None, 0)
 
     def _pick_jitter(self, config: LogConfig) -> int:
         if config.segment_jitter_ms <= 0:
@@ -414,37 +430,62 @@ class Log:
     def append(self, records: bytearray, now_ms: int) -> AppendResult:
         """Validate, assign offsets to and write one or more whole v2 batches; a topic whose
         compression.type names a codec gets batches of other codecs recompressed first (then
-        ``records`` itself is left as it was, the rebuilt copy is written)."""
+        ``records`` itself is left as it was, the rebuilt copy is written).
+
+        The hot path of every produce request: written flat, with the per-config and
+        per-segment decisions precomputed (``_target_codec``, ``_roll_deadline``)."""
         with self._lock:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
             config = self.config
             summaries = validate_request(records, config, now_ms)
-            producer_headers = self._producer_headers(records, summaries)
-            if producer_headers:
-                duplicate = self._check_producers(producer_headers)
-                if duplicate is not None:
-                    return duplicate
-            codec = target_codec(config)
+            producer_headers = None
+            if len(summaries) > 1 or summaries[0][6] >= 0:  # else: one plain batch
+                producer_headers = self._producer_headers(records, summaries)
+                if producer_headers:
+                    duplicate = self._check_producers(producer_headers)
+                    if duplicate is not None:
+                        return duplicate
+            codec = self._target_codec
             if codec is not None and needs_recompression(summaries, codec):
                 records, summaries = recompress_for_topic(records, summaries, codec,
                                                           config.max_message_bytes)
             first_offset = self._view.log_end_offset
-            log_append_time = config.log_append_time
-            next_offset, entries = self._assign_offsets(records, summaries, first_offset,
-                                                        log_append_time, now_ms)
-            active = self._active_segment_for(len(records), next_offset - 1, now_ms)
-            active.append(records, entries, now_ms)
+            next_offset, active = self._write(records, summaries, first_offset, now_ms)
             if producer_headers:
                 self._record_producers(producer_headers, first_offset)
-            self._view = self._view.with_tail(next_offset, active.size_bytes)
+            view = self._view  # after _write: a roll publishes a new segment tuple
+            self._view = view.with_tail(next_offset, active.size_bytes)
             if next_offset - self.recovery_point >= config.flush_messages:
                 self._flush_locked(now_ms)
-            result = AppendResult(first_offset, next_offset - 1,
-                                  now_ms if log_append_time else -1, self._view.log_start_offset)
-        for listener in self._listeners:
-            listener(next_offset)
+            result = _new_append_result((first_offset, next_offset - 1,
+                                         now_ms if self._log_append_time else -1,
+                                         view.log_start_offset, False))
+        if self._listeners:
+            for listener in self._listeners:
+                listener(next_offset)
         return result
+
+    def _write(self, records: bytearray, summaries: tuple[Summary, ...], first_offset: int,
+               now_ms: int) -> tuple[int, LogSegment]:
+        """Assign offsets from ``first_offset``, roll if needed, write to the active segment:
+        the next offset and the segment written. One batch (the usual request) takes a
+        path without per-batch lists."""
+        log_append_time = self._log_append_time
+        if len(summaries) == 1:  # a single whole batch: it starts at position 0
+            _pack_base_offset(records, 0, first_offset)
+            next_offset = first_offset + summaries[0][3] + 1
+            max_timestamp_ms = now_ms if log_append_time else summaries[0][5]
+            if log_append_time:
+                set_log_append_time(records, 0, now_ms)
+            active = self._active_segment_for(len(records), next_offset - 1, now_ms)
+            active.append_batch(records, next_offset - 1, max_timestamp_ms, now_ms)
+            return next_offset, active
+        next_offset, entries = self._assign_offsets(records, summaries, first_offset,
+                                                    log_append_time, now_ms)
+        active = self._active_segment_for(len(records), next_offset - 1, now_ms)
+        active.append(records, entries, now_ms)
+        return next_offset, active
 
     @staticmethod
     def _assign_offsets(records: bytearray, summaries: tuple[Summary, ...], first_offset: int,
@@ -454,7 +495,7 @@ class Log:
         offset and the segment's index entries (size, last offset, max timestamp, position)."""
         offset, entries = first_offset, []
         for position, size_bytes, _, last_offset_delta, _, max_timestamp, _, _ in summaries:
-            set_base_offset(records, position, offset)
+            _pack_base_offset(records, position, offset)
             if log_append_time:
                 set_log_append_time(records, position, now_ms)
                 max_timestamp = now_ms
@@ -503,21 +544,36 @@ class Log:
     # ---- rolling and flushing ------------------------------------------------------------
 
     def _active_segment_for(self, size_bytes: int, last_offset: int, now_ms: int) -> LogSegment:
-        """The segment to append to: the active one, unless it is non-empty and must roll
-        (full by size, index or relative offset range, or older than segment.ms)."""
+        """The segment to append to: the active one, unless it is non-empty and must roll:
+        full by size, index or relative offset range, or older than segment.ms (Kafka's
+        ``shouldRoll``)."""
         active = self._segments[-1]
         if active.size_bytes and (
-                not active.can_hold(size_bytes, last_offset, self.config.segment_bytes)
-                or self._segment_expired(active, now_ms)):
+                now_ms > self._roll_deadline_ms(active)
+                or active.size_bytes + size_bytes > self.config.segment_bytes
+                or len(active.offset_index.positions) >= active.offset_index.max_entries
+                or len(active.time_index.timestamps) >= active.time_index.max_entries
+                or last_offset - active.base_offset > MAX_RELATIVE_OFFSET):
             self._roll_locked(now_ms)
             active = self._segments[-1]
         return active
 
-    def _segment_expired(self, segment: LogSegment, now_ms: int) -> bool:
+    def _roll_deadline_ms(self, segment: LogSegment) -> int:
+        """The broker time after which ``segment`` is too old to append to; cached per
+        segment once its first batch fixed the rolling base (config changes clear it)."""
+        cached_segment, deadline_ms = self._roll_deadline
+        if cached_segment is segment:
+            return deadline_ms
         rolling_base_ms = segment.first_batch_timestamp_ms
         if rolling_base_ms is None or rolling_base_ms < 0:
             rolling_base_ms = segment.created_ms
-        return now_ms - rolling_base_ms > self._max_segment_ms - self._segment_jitter_ms
+        deadline_ms = rolling_base_ms + self._max_segment_ms - self._segment_jitter_ms
+        if segment.first_batch_timestamp_ms is not None:
+            self._roll_deadline = (segment, deadline_ms)
+        return deadline_ms
+
+    def _segment_expired(self, segment: LogSegment, now_ms: int) -> bool:
+        return now_ms > self._roll_deadline_ms(segment)
 
     @property
     def _max_segment_ms(self) -> int:
@@ -790,6 +846,7 @@ class Log:
                     self.config.segment_jitter_ms, self.config.segment_ms):
                 self._segment_jitter_ms = self._pick_jitter(config)
             self.config = config
+            self._apply_config(config)
 
     def close(self) -> None:
         """Flush everything, snapshot producer state at the log end, close all files."""

@@ -33,10 +33,9 @@ from headrace.protocol.batch import (
     BATCH_HEADER_BYTES,
     LOG_OVERHEAD_BYTES,
     BatchHeader,
-    crc_is_valid,
     parse_header,
 )
-from headrace.protocol.kernel import decode_columns
+from headrace.protocol.kernel import IndexedBatches, IndexState, decode_columns, index_batches
 from headrace.storage.fs import APPEND_CREATE_FLAGS, FileSystem
 from headrace.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
 
@@ -123,6 +122,28 @@ class LogSegment:
         self.size_bytes = start + len(data)
         self.last_modified_ms = now_ms
 
+    def append_batch(self, data: bytes | bytearray | memoryview, last_offset: int,
+                     max_timestamp_ms: int, now_ms: int) -> None:
+        """``append`` of exactly one batch (``data``), the common produce request: the same
+        writes and index entries without building per-batch tuples."""
+        start = self.size_bytes
+        self.fs.write(self.fd, data)
+        if self.first_batch_timestamp_ms is None:
+            self.first_batch_timestamp_ms = max_timestamp_ms
+        if max_timestamp_ms > self.max_timestamp_ms:
+            self.max_timestamp_ms = max_timestamp_ms
+            self.offset_of_max_timestamp = last_offset
+        if self.bytes_since_last_index_entry > self.index_interval_bytes:
+            self.offset_index.append(last_offset, start)
+            timestamps = self.time_index.timestamps  # TimeIndex.maybe_append, inlined
+            if not timestamps or self.max_timestamp_ms > timestamps[-1]:
+                self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+            self.bytes_since_last_index_entry = 0
+        size_bytes = len(data)
+        self.bytes_since_last_index_entry += size_bytes
+        self.size_bytes = start + size_bytes
+        self.last_modified_ms = now_ms
+
     def _index_batches(self, start: int, batches: Sequence[tuple[int, int, int, int]]) -> None:
         """Track timestamps and add index entries (one per index.interval.bytes) for batches
         written at ``start`` + their relative positions. Runs for every appended batch."""
@@ -138,16 +159,6 @@ class LogSegment:
                 self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
                 self.bytes_since_last_index_entry = 0
             self.bytes_since_last_index_entry += size_bytes
-
-    def can_hold(self, size_bytes: int, last_offset: int, segment_bytes: int) -> bool:
-        """False when appending would need a roll: the log, an index, or the relative
-        offset range would overflow."""
-        return (
-            self.size_bytes + size_bytes <= segment_bytes
-            and not self.offset_index.is_full
-            and not self.time_index.is_full
-            and last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
-        )
 
     def flush(self) -> None:
         """Write pending index entries and fsync the log and both indexes."""
@@ -325,33 +336,43 @@ class LogSegment:
 
     def _recover_chunk(self, chunk: bytes, chunk_start: int, file_size: int, next_offset: int,
                        on_batch) -> tuple[int, int, bool]:
-        """Validate the batches in ``chunk``: (bytes consumed, next offset, stop scanning)."""
-        pos, at_file_end = 0, chunk_start + len(chunk) >= file_size
-        while pos < len(chunk):
-            if len(chunk) - pos < BATCH_HEADER_BYTES:
-                return pos, next_offset, at_file_end
-            try:
-                header = parse_header(chunk, pos)
-            except CorruptMessage:
-                return pos, next_offset, True
-            if header.base_offset < max(self.base_offset, next_offset) \
-                    or chunk_start + pos + header.size_bytes > file_size:
-                return pos, next_offset, True
-            if pos + header.size_bytes > len(chunk):
-                if pos > 0:
-                    return pos, next_offset, False
-                batch = self.fs.pread(self.fd, header.size_bytes, chunk_start)
-            else:
-                batch = memoryview(chunk)[pos : pos + header.size_bytes]
-            if not crc_is_valid(batch, 0, header):
-                return pos, next_offset, True
-            self._index_batches(chunk_start + pos, ((header.size_bytes, header.last_offset,
-                                                     header.max_timestamp, 0),))
-            if on_batch is not None:
-                on_batch(header)
-            next_offset = header.next_offset
-            pos += header.size_bytes
-        return pos, next_offset, False
+        """Validate the batches in ``chunk`` and index them, in one kernel call (no Python
+        per batch unless ``on_batch`` is given): (bytes consumed, next offset, stop)."""
+        scan = self._index_chunk(chunk, chunk_start, file_size, next_offset)
+        if scan.bytes_valid == 0 and not scan.stopped and len(chunk) >= BATCH_HEADER_BYTES:
+            chunk = self.fs.pread(self.fd, parse_header(chunk).size_bytes, chunk_start)
+            scan = self._index_chunk(chunk, chunk_start, file_size, next_offset)
+        self._apply_indexed(scan)
+        if on_batch is not None:
+            for position in scan.batch_positions.tolist():
+                on_batch(parse_header(chunk, position))
+        at_file_end = chunk_start + len(chunk) >= file_size
+        stop = scan.stopped or scan.bytes_valid == 0 or (
+            scan.bytes_valid < len(chunk) and at_file_end)
+        return scan.bytes_valid, scan.next_offset, stop
+
+    def _index_chunk(self, chunk: bytes, chunk_start: int, file_size: int,
+                     next_offset: int) -> IndexedBatches:
+        last_time_entry = self.time_index.last_entry()
+        state = IndexState(self.bytes_since_last_index_entry, self.max_timestamp_ms,
+                           self.offset_of_max_timestamp,
+                           last_time_entry[0] if last_time_entry else 0,
+                           last_time_entry is not None)
+        return index_batches(chunk, chunk_start, file_size, self.base_offset, next_offset,
+                             self.index_interval_bytes, state)
+
+    def _apply_indexed(self, scan: IndexedBatches) -> None:
+        """Take the index entries and timestamp state ``index_batches`` computed."""
+        if self.first_batch_timestamp_ms is None:
+            self.first_batch_timestamp_ms = scan.first_max_timestamp_ms
+        self.bytes_since_last_index_entry = scan.state.bytes_since_last_entry
+        self.max_timestamp_ms = scan.state.max_timestamp_ms
+        self.offset_of_max_timestamp = scan.state.offset_of_max_timestamp
+        if len(scan.offset_entries):
+            self.offset_index.append_entries(scan.offset_entries[:, 0],
+                                             scan.offset_entries[:, 1])
+        if len(scan.time_entries):
+            self.time_index.append_entries(scan.time_entries[:, 0], scan.time_entries[:, 1])
 
     def _drop_index_entries_from(self, position: int) -> None:
         positions = self.offset_index.positions

@@ -12,6 +12,9 @@ topic's ``compression.type`` asks for:
 * CreateTime timestamps within ``message.timestamp.before.max.ms`` /
   ``message.timestamp.after.max.ms`` of broker time -- ``InvalidTimestamp``.
 
+The per-batch limits run in the kernel too (``kernel.first_batch_outside_limits``, one call);
+Python only names the error of the batch it points at.
+
 Batches are summarised as plain tuples ``(position, size_bytes, attributes,
 last_offset_delta, base_timestamp, max_timestamp, producer_id, records_count)`` (``Summary``):
 no object per batch beyond that on the append hot path.
@@ -37,6 +40,7 @@ from headrace.errors import (
 )
 from headrace.protocol.batch import COMPRESSION_MASK, CONTROL_BIT, NO_TIMESTAMP
 from headrace.protocol.compression import codec_by_name
+from headrace.protocol.kernel import first_batch_outside_limits
 from headrace.protocol.kernel import validate_batches as kernel_validate_batches
 from headrace.protocol.records import recompress_batch
 from headrace.storage.config import LogConfig
@@ -49,29 +53,32 @@ __all__ = ["Summary", "needs_recompression", "recompress_for_topic", "target_cod
 
 def validate_request(records: bytearray, config: LogConfig, now_ms: int) -> tuple[Summary, ...]:
     """Check a produce request's batches against the topic config; their summaries.
-    One loop without calls per batch: this runs on every append."""
+    Two kernel calls and no Python loop per batch: this runs on every append."""
     summaries = kernel_validate_batches(records)
     if not summaries:
         raise CorruptMessage("produce request carries no record batch")
     if len(records) > config.segment_bytes:
         raise RecordListTooLarge(
             f"{len(records)} bytes exceed segment.bytes {config.segment_bytes}")
-    max_message_bytes = config.max_message_bytes
-    check_timestamps = not config.log_append_time
-    earliest_ms = now_ms - config.message_timestamp_before_max_ms
-    latest_ms = now_ms + config.message_timestamp_after_max_ms
-    for _, size_bytes, _, last_offset_delta, base_ms, max_ms, _, records_count in summaries:
-        if size_bytes > max_message_bytes:
-            raise MessageTooLarge(f"batch of {size_bytes} bytes exceeds max.message.bytes "
-                                  f"{max_message_bytes}")
-        if records_count != last_offset_delta + 1 or records_count < 1:
-            raise InvalidRecord(f"batch has {records_count} records but last offset delta "
-                                f"{last_offset_delta}")
-        if check_timestamps and not (
-                (earliest_ms <= base_ms <= latest_ms or base_ms == NO_TIMESTAMP)
-                and (earliest_ms <= max_ms <= latest_ms or max_ms == NO_TIMESTAMP)):
-            _raise_invalid_timestamp(base_ms, max_ms, config, now_ms)
+    bad = first_batch_outside_limits(
+        summaries, config.max_message_bytes, now_ms, config.message_timestamp_before_max_ms,
+        config.message_timestamp_after_max_ms, config.message_timestamp_type != "LogAppendTime")
+    if bad >= 0:
+        _raise_for_batch(summaries[bad], config, now_ms)
     return summaries
+
+
+def _raise_for_batch(summary: Summary, config: LogConfig, now_ms: int) -> None:
+    """The error for the batch ``first_batch_outside_limits`` picked, checks in Kafka's
+    order: size, record count, timestamps."""
+    _, size_bytes, _, last_offset_delta, base_ms, max_ms, _, records_count = summary
+    if size_bytes > config.max_message_bytes:
+        raise MessageTooLarge(f"batch of {size_bytes} bytes exceeds max.message.bytes "
+                              f"{config.max_message_bytes}")
+    if records_count != last_offset_delta + 1 or records_count < 1:
+        raise InvalidRecord(f"batch has {records_count} records but last offset delta "
+                            f"{last_offset_delta}")
+    _raise_invalid_timestamp(base_ms, max_ms, config, now_ms)
 
 
 def _raise_invalid_timestamp(base_ms: int, max_ms: int, config: LogConfig, now_ms: int) -> None:

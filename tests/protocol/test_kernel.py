@@ -734,3 +734,118 @@ def test_cleaner_passes_reject_damage_without_crashing(buf, data):
     except CorruptMessage:
         return
     kernel.decode_columns(bytes(filtered.data))  # what it writes is whole and CRC-valid
+
+
+# ---------------------------------------------------------------- segment recovery scan
+
+
+def reference_index_batches(buf: bytes, file_size: int, min_base_offset: int, interval: int,
+                            state: kernel.IndexState):
+    """Segment recovery's rules batch by batch in Python (what LogSegment did before)."""
+    since, max_ts, offset_of_max = (state.bytes_since_last_entry, state.max_timestamp_ms,
+                                    state.offset_of_max_timestamp)
+    last_time, has_time = state.last_time_entry_ms, state.has_time_entry
+    pos, next_offset, stopped, first = 0, -1, False, None
+    entries, times, positions = [], [], []
+    while len(buf) - pos >= 61:
+        base, length, _, magic, crc = struct.unpack_from(">qiibI", buf, pos)
+        size = length + 12
+        if magic != 2 or length < 49 or base < max(min_base_offset, next_offset) \
+                or pos + size > file_size:
+            stopped = True
+            break
+        if pos + size > len(buf):
+            break
+        if crc32c.crc32c(buf[pos + 21 : pos + size]) != crc:
+            stopped = True
+            break
+        last = base + struct.unpack_from(">i", buf, pos + 23)[0]
+        batch_max_ts = struct.unpack_from(">q", buf, pos + 35)[0]
+        first = batch_max_ts if first is None else first
+        if batch_max_ts > max_ts:
+            max_ts, offset_of_max = batch_max_ts, last
+        if since > interval:
+            entries.append((last, pos))
+            if not has_time or max_ts > last_time:
+                times.append((max_ts, offset_of_max))
+                last_time, has_time = max_ts, True
+            since = 0
+        since += size
+        positions.append(pos)
+        next_offset = last + 1
+        pos += size
+    return (pos, next_offset, stopped, first, (since, max_ts, offset_of_max, last_time, has_time),
+            entries, times, positions)
+
+
+@CLEANER_PROPERTY
+@given(logs(), st.integers(0, 300), st.integers(-1, 2**41), st.booleans(), st.data())
+def test_index_batches_matches_reference(log, interval, max_ts, has_time, data):
+    buf, _ = log
+    if buf and data.draw(st.booleans()):  # damage one byte
+        at = data.draw(st.integers(0, len(buf) - 1))
+        buf = buf[:at] + bytes([buf[at] ^ data.draw(st.integers(1, 255))]) + buf[at + 1:]
+    cut = data.draw(st.integers(0, len(buf)))  # the chunk may end before the file does
+    file_size = data.draw(st.sampled_from([len(buf), cut]))
+    state = kernel.IndexState(data.draw(st.integers(0, 400)), max_ts, 7, max_ts - 1, has_time)
+    min_base = data.draw(st.integers(0, 2**40))
+    got = kernel.index_batches(buf[:cut], 0, file_size, min_base, -1, interval, state)
+    want = reference_index_batches(buf[:cut], file_size, min_base, interval, state)
+    assert (got.bytes_valid, got.next_offset, got.stopped, got.first_max_timestamp_ms) == \
+        want[:4]
+    assert (got.state.bytes_since_last_entry, got.state.max_timestamp_ms,
+            got.state.offset_of_max_timestamp, got.state.last_time_entry_ms,
+            got.state.has_time_entry) == want[4]
+    assert got.offset_entries.tolist() == [list(e) for e in want[5]]
+    assert got.time_entries.tolist() == [list(e) for e in want[6]]
+    assert got.batch_positions.tolist() == want[7]
+
+
+def test_index_batches_positions_are_file_positions():
+    one = simple_batch()
+    buf = one + one  # the second batch repeats the first one's offsets
+    scan = kernel.index_batches(buf, 1000, 1000 + len(buf), 0, -1, 0,
+                                kernel.IndexState(1, -1, 0, 0, False))
+    assert scan.bytes_valid == len(one) and scan.stopped  # offsets went backwards
+    assert scan.offset_entries.tolist() == [[scan.next_offset - 1, 1000]]
+
+
+# ---- first_batch_outside_limits: the produce limits on validate_batches' summaries ----------
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+TIMESTAMPS = st.one_of(st.just(-1), st.integers(min_value=0, max_value=2**45))
+
+
+def _outside_limits_reference(summaries, max_message_bytes, now_ms, before_max_ms,
+                              after_max_ms, check_timestamps) -> int:
+    """The rule in Python, with unbounded integers (no saturation needed)."""
+    for index, (_, size, _, last_delta, base_ms, max_ms, _, count) in enumerate(summaries):
+        if size > max_message_bytes or count < 1 or count != last_delta + 1:
+            return index
+        if check_timestamps and any(
+                ts != -1 and (now_ms - ts > before_max_ms or ts - now_ms > after_max_ms)
+                for ts in (base_ms, max_ms)):
+            return index
+    return -1
+
+
+SUMMARY = st.tuples(st.just(0), st.integers(61, 2000), st.just(0), st.integers(-2, 5),
+                    TIMESTAMPS, TIMESTAMPS, st.just(-1), st.integers(-1, 7))
+
+
+@given(st.lists(SUMMARY, max_size=6), st.integers(61, 2000), st.integers(0, 2**45),
+       st.one_of(st.just(2**63 - 1), st.integers(0, 2**45), INT64),
+       st.one_of(st.just(2**63 - 1), st.integers(0, 2**45), INT64), st.booleans())
+def test_first_batch_outside_limits_matches_the_python_rule(
+        summaries, max_message_bytes, now_ms, before_max_ms, after_max_ms, check_timestamps):
+    arguments = (tuple(summaries), max_message_bytes, now_ms, before_max_ms, after_max_ms,
+                 check_timestamps)
+    assert kernel.first_batch_outside_limits(*arguments) == \
+        _outside_limits_reference(*arguments)
+
+
+def test_first_batch_outside_limits_rejects_malformed_summaries():
+    with pytest.raises(TypeError):
+        kernel.first_batch_outside_limits(((1, 2, 3),), 10, 0, 0, 0, True)
+    with pytest.raises(TypeError):
+        kernel.first_batch_outside_limits([], 10, 0, 0, 0, True)
