@@ -25,18 +25,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headrace.cli.common import (
-    DEFAULT_BOOTSTRAP_SERVER,
-    DEFAULT_REQUEST_TIMEOUT_MS,
-    BootstrapOption,
+    DEFAULT_CONNECTION,
+    Connection,
     OutputFormat,
     OutputOption,
-    RequestTimeoutOption,
     UserError,
-    client_config,
-    connect_admin,
+    connection_options,
     describe_kafka_error,
     emit,
-    fetch_metadata,
     make_table,
     topic_partitions,
     user_errors,
@@ -72,15 +68,16 @@ def _report(output: OutputFormat, phase: str, records: int, value_bytes: int,
     emit(output, data, make_table(f"bench {phase}", list(data), [list(data.values())]))
 
 
-def _ensure_topic(bootstrap: str, request_timeout_ms: int, topic: str, partitions: int) -> None:
-    admin, metadata = connect_admin(bootstrap, request_timeout_ms)
+def _ensure_topic(connection: Connection, topic: str, partitions: int) -> None:
+    admin, metadata = connection.admin()
     if topic not in metadata.topics:
         futures = admin.create_topics([NewTopic(topic, partitions, 1)],
-                                      request_timeout=request_timeout_ms / 1000)
-        wait_all(futures, request_timeout_ms)
+                                      request_timeout=connection.request_timeout_s)
+        wait_all(futures, connection.request_timeout_ms)
 
 
 @app.command("produce")
+@connection_options
 def bench_produce(
     topic: Annotated[str, typer.Argument(help="topic (created if missing)")],
     records: Annotated[int, typer.Option("--records", "-n", min=1)] = DEFAULT_RECORDS,
@@ -92,16 +89,15 @@ def bench_produce(
     ] = 1,
     acks: Annotated[Acks, typer.Option("--acks")] = Acks.all,
     compression: Annotated[Codec, typer.Option("--compression", "-z")] = Codec.none,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Produce records as fast as possible and report the throughput."""
     with user_errors():
-        _ensure_topic(bootstrap_server, request_timeout_ms, topic, partitions)
-        producer = Producer(client_config(bootstrap_server, request_timeout_ms, **{
+        _ensure_topic(connection, topic, partitions)
+        producer = Producer(connection.client_config(**{
             "acks": acks.value, "compression.type": compression.value,
-            "linger.ms": 5, "message.timeout.ms": request_timeout_ms,
+            "linger.ms": 5, "message.timeout.ms": connection.request_timeout_ms,
         }))
         value = os.urandom(record_size_bytes)
         tally = DeliveryTally()
@@ -133,28 +129,29 @@ def _produce_one(producer: Producer, topic: str, value: bytes, tally: DeliveryTa
 
 
 @app.command("consume")
+@connection_options
 def bench_consume(
     topic: Annotated[str, typer.Argument(help="topic to read from the beginning")],
     records: Annotated[
         int | None, typer.Option("--records", "-n", min=1, help="default: up to the end")
     ] = None,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Read records from the beginning as fast as possible and report the throughput."""
     with user_errors():
-        consumer = Consumer(client_config(bootstrap_server, request_timeout_ms, **{
+        consumer = Consumer(connection.client_config(**{
             "group.id": "headrace-bench", "enable.auto.commit": False,
         }))
         try:
-            metadata = fetch_metadata(consumer, bootstrap_server, request_timeout_ms)
+            metadata = connection.fetch_metadata(consumer)
             assignment = [TopicPartition(topic, partition_id, OFFSET_BEGINNING)
                           for partition_id in topic_partitions(metadata, topic)]
             target = records if records is not None else \
-                _records_available(consumer, assignment, request_timeout_ms)
+                _records_available(consumer, assignment, connection.request_timeout_ms)
             consumer.assign(assignment)
-            count, value_bytes, elapsed_s = _consume_count(consumer, target, request_timeout_ms)
+            count, value_bytes, elapsed_s = _consume_count(
+                consumer, target, connection.request_timeout_ms)
         finally:
             consumer.close()
         _report(output, "consume", count, value_bytes, elapsed_s)

@@ -9,13 +9,11 @@ from __future__ import annotations
 import typer
 
 from headrace.cli.common import (
-    DEFAULT_BOOTSTRAP_SERVER,
-    DEFAULT_REQUEST_TIMEOUT_MS,
-    BootstrapOption,
+    DEFAULT_CONNECTION,
+    Connection,
     OutputFormat,
     OutputOption,
-    RequestTimeoutOption,
-    connect_admin,
+    connection_options,
     emit,
     make_table,
     user_errors,
@@ -25,17 +23,17 @@ app = typer.Typer(no_args_is_help=True, help="Inspect the cluster.")
 
 
 @app.command()
+@connection_options
 def info(
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Cluster id, controller, brokers and how many topics there are."""
     with user_errors():
-        admin, metadata = connect_admin(bootstrap_server, request_timeout_ms)
+        admin, metadata = connection.admin()
         description = admin.describe_cluster(
-            request_timeout=request_timeout_ms / 1000
-        ).result(timeout=request_timeout_ms / 1000)
+            request_timeout=connection.request_timeout_s
+        ).result(timeout=connection.request_timeout_s)
         brokers = [
             {"id": node.id, "host": node.host, "port": node.port, "rack": node.rack}
             for node in sorted(description.nodes, key=lambda node: node.id)

@@ -8,17 +8,26 @@ fast instead of entering librdkafka's endless reconnect loop. librdkafka's own l
 silenced; errors reach the user once, as one line on stderr with a non-zero exit status
 (``UserError`` and the ``user_errors`` context manager).
 
+A command declares ``connection: Connection = DEFAULT_CONNECTION`` and is decorated with
+``@connection_options``: the parameter becomes the two options at its place in the signature
+(same names, help and defaults in ``--help``), and the command receives them as one
+``Connection``. ``topic_spark_session`` is the Spark commands' check-the-topic-then-start
+pair (Spark is imported only when it is called).
+
 The clients are confluent-kafka (librdkafka), so the commands work against any
 Kafka-compatible cluster. Stateless module; each command runs on the main thread.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -58,6 +67,12 @@ RequestTimeoutOption = Annotated[
 ]
 OutputOption = Annotated[
     OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts")
+]
+ConfigSetOption = Annotated[
+    list[str] | None, typer.Option("--set", help="key=value to set (repeatable)")
+]
+ConfigDeleteOption = Annotated[
+    list[str] | None, typer.Option("--delete", help="key to reset to its default")
 ]
 
 
@@ -130,6 +145,71 @@ def connect_admin(bootstrap: str, request_timeout_ms: int) -> tuple[AdminClient,
     """An AdminClient whose cluster answered a metadata request in time."""
     admin = AdminClient(client_config(bootstrap, request_timeout_ms))
     return admin, fetch_metadata(admin, bootstrap, request_timeout_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Where a command reaches the cluster and how long it waits for an answer."""
+
+    bootstrap_server: str
+    request_timeout_ms: int
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self.request_timeout_ms / 1000
+
+    def client_config(self, **extra: Any) -> dict[str, Any]:
+        return client_config(self.bootstrap_server, self.request_timeout_ms, **extra)
+
+    def fetch_metadata(
+        self, client: AdminClient | Producer | Consumer, topic: str | None = None
+    ) -> ClusterMetadata:
+        return fetch_metadata(client, self.bootstrap_server, self.request_timeout_ms, topic)
+
+    def admin(self) -> tuple[AdminClient, ClusterMetadata]:
+        return connect_admin(self.bootstrap_server, self.request_timeout_ms)
+
+
+DEFAULT_CONNECTION = Connection(DEFAULT_BOOTSTRAP_SERVER, DEFAULT_REQUEST_TIMEOUT_MS)
+CONNECTION_PARAMETER = "connection"
+
+
+def connection_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the command's ``connection: Connection = <default>`` parameter into the options
+    ``--bootstrap-server`` and ``--request-timeout-ms`` (typer reads the new signature) and
+    hand the command their values as one ``Connection``."""
+    signature = inspect.signature(command, eval_str=True)
+    default = signature.parameters[CONNECTION_PARAMETER].default
+    parameters: list[inspect.Parameter] = []
+    for parameter in signature.parameters.values():
+        if parameter.name != CONNECTION_PARAMETER:
+            parameters.append(parameter)
+            continue
+        parameters += [
+            parameter.replace(name="bootstrap_server", annotation=BootstrapOption,
+                              default=default.bootstrap_server),
+            parameter.replace(name="request_timeout_ms", annotation=RequestTimeoutOption,
+                              default=default.request_timeout_ms),
+        ]
+
+    @functools.wraps(command)
+    def with_connection(*, bootstrap_server: str, request_timeout_ms: int, **options: Any):
+        return command(connection=Connection(bootstrap_server, request_timeout_ms), **options)
+
+    with_connection.__signature__ = signature.replace(parameters=parameters)
+    with_connection.__annotations__ = {p.name: p.annotation for p in parameters}
+    return with_connection
+
+
+def topic_spark_session(
+    master: str, app_name: str, bootstrap_server: str, topic: str, request_timeout_ms: int
+):
+    """Start Spark for a job on ``topic`` once the broker has shown the topic exists (a
+    JobError names the unreachable broker or the unknown topic, before Spark starts)."""
+    from headrace.spark.jobs.session import build_session, topic_partition_ids
+
+    topic_partition_ids(bootstrap_server, topic, request_timeout_ms)
+    return build_session(master, app_name)
 
 
 def topic_partitions(metadata: ClusterMetadata, topic: str) -> list[int]:

@@ -14,13 +14,13 @@ import typer
 from confluent_kafka.admin import ConfigResource, ConfigSource
 
 from headrace.cli.common import (
-    DEFAULT_BOOTSTRAP_SERVER,
-    DEFAULT_REQUEST_TIMEOUT_MS,
-    BootstrapOption,
+    DEFAULT_CONNECTION,
+    ConfigDeleteOption,
+    ConfigSetOption,
+    Connection,
     OutputFormat,
     OutputOption,
-    RequestTimeoutOption,
-    connect_admin,
+    connection_options,
     emit,
     make_table,
     user_errors,
@@ -46,19 +46,19 @@ ResourceNameArgument = Annotated[str, typer.Argument(help="topic name or broker 
 
 
 @app.command()
+@connection_options
 def describe(
     resource_type: ResourceTypeArgument,
     name: ResourceNameArgument,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Every config of the resource with its value and where the value comes from."""
     with user_errors():
-        admin, _ = connect_admin(bootstrap_server, request_timeout_ms)
+        admin, _ = connection.admin()
         resource = ConfigResource(_CONFIG_RESOURCE_TYPES[resource_type], name)
-        futures = admin.describe_configs([resource], request_timeout=request_timeout_ms / 1000)
-        entries = next(iter(wait_all(futures, request_timeout_ms).values()))
+        futures = admin.describe_configs([resource], request_timeout=connection.request_timeout_s)
+        entries = next(iter(wait_all(futures, connection.request_timeout_ms).values()))
         rows = [
             {
                 "name": entry.name,
@@ -77,21 +77,17 @@ def describe(
 
 
 @app.command()
+@connection_options
 def alter(
     resource_type: ResourceTypeArgument,
     name: ResourceNameArgument,
-    set_items: Annotated[
-        list[str] | None, typer.Option("--set", help="key=value to set (repeatable)")
-    ] = None,
-    delete_keys: Annotated[
-        list[str] | None, typer.Option("--delete", help="key to reset to its default")
-    ] = None,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    set_items: ConfigSetOption = None,
+    delete_keys: ConfigDeleteOption = None,
+    connection: Connection = DEFAULT_CONNECTION,
 ) -> None:
     """Set or delete configs (IncrementalAlterConfigs)."""
     with user_errors():
-        admin, _ = connect_admin(bootstrap_server, request_timeout_ms)
+        admin, _ = connection.admin()
         alter_resource_config(admin, _CONFIG_RESOURCE_TYPES[resource_type], name, set_items,
-                              delete_keys, request_timeout_ms)
+                              delete_keys, connection.request_timeout_ms)
         typer.echo(f"Updated config of {resource_type.value} {name}.")

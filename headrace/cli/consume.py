@@ -36,14 +36,11 @@ from confluent_kafka import (
 )
 
 from headrace.cli.common import (
-    DEFAULT_BOOTSTRAP_SERVER,
-    DEFAULT_REQUEST_TIMEOUT_MS,
-    BootstrapOption,
-    RequestTimeoutOption,
+    DEFAULT_CONNECTION,
+    Connection,
     UserError,
-    client_config,
+    connection_options,
     describe_kafka_error,
-    fetch_metadata,
     topic_partitions,
     user_errors,
 )
@@ -58,6 +55,7 @@ POLL_INTERVAL_S = 0.2
 DEFAULT_KEY_SEPARATOR = "\\t"
 
 
+@connection_options
 def consume(
     topic: Annotated[str, typer.Argument(help="topic to read")],
     from_beginning: Annotated[
@@ -94,33 +92,32 @@ def consume(
     exit_at_end: Annotated[
         bool, typer.Option("--exit-at-end", "-e", help="stop at the end of every partition")
     ] = False,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
 ) -> None:
     """Print the records of a topic, one per line by default."""
     with user_errors():
         _check_start_options(from_beginning, offset, timestamp, group, partition)
         message_format = _message_format(output_format, print_key, print_offset,
                                          print_partition, key_separator)
-        consumer = Consumer(client_config(bootstrap_server, request_timeout_ms, **{
+        consumer = Consumer(connection.client_config(**{
             "group.id": group or "headrace-console-consumer",
             "enable.auto.commit": group is not None,
             "auto.offset.reset": "earliest" if from_beginning else "latest",
             "enable.partition.eof": True,
         }))
         try:
-            metadata = fetch_metadata(consumer, bootstrap_server, request_timeout_ms)
+            metadata = connection.fetch_metadata(consumer)
             partitions = _partitions_to_read(topic_partitions(metadata, topic), partition, topic)
             reader = _Reader(consumer, message_format, len(partitions), exit_at_end)
             if group is None:
                 start = _start_position(from_beginning, offset, timestamp)
                 consumer.assign(_assignment(consumer, topic, partitions, start,
-                                            request_timeout_ms))
+                                            connection.request_timeout_ms))
                 reader.mark_assigned()
             else:
                 consumer.subscribe([topic], on_assign=lambda _consumer, _partitions:
                                    reader.mark_assigned())
-            reader.run(max_messages, timeout_ms, request_timeout_ms)
+            reader.run(max_messages, timeout_ms, connection.request_timeout_ms)
         finally:
             consumer.close()
         typer.echo(f"Processed a total of {reader.count} messages", err=True)

@@ -27,14 +27,12 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from headrace.cli.common import (
-    DEFAULT_BOOTSTRAP_SERVER,
-    DEFAULT_REQUEST_TIMEOUT_MS,
-    BootstrapOption,
+    DEFAULT_CONNECTION,
+    Connection,
     OutputFormat,
     OutputOption,
-    RequestTimeoutOption,
     UserError,
-    connect_admin,
+    connection_options,
     describe_kafka_error,
     emit,
     make_table,
@@ -60,16 +58,17 @@ def _state_name(state) -> str:
 
 
 @app.command("list")
+@connection_options
 def list_groups(
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Every consumer group with its state."""
     with user_errors():
-        admin, _ = connect_admin(bootstrap_server, request_timeout_ms)
-        future = admin.list_consumer_groups(request_timeout=request_timeout_ms / 1000)
-        listed = wait_all({"the group list": future}, request_timeout_ms)["the group list"]
+        admin, _ = connection.admin()
+        future = admin.list_consumer_groups(request_timeout=connection.request_timeout_s)
+        listed = wait_all(
+            {"the group list": future}, connection.request_timeout_ms)["the group list"]
         rows = sorted(
             ({"group": g.group_id, "state": _state_name(g.state),
               "simple": bool(g.is_simple_consumer_group)} for g in listed.valid),
@@ -136,21 +135,21 @@ def _describe_rows(admin, description, committed, request_timeout_ms) -> list[di
 
 
 @app.command()
+@connection_options
 def describe(
     group: GroupArgument,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Members, assignments, committed offsets, log end offsets and lag of a group."""
     with user_errors():
-        admin, _ = connect_admin(bootstrap_server, request_timeout_ms)
-        description = _describe_group(admin, group, request_timeout_ms)
-        committed = _committed_offsets(admin, group, request_timeout_ms)
+        admin, _ = connection.admin()
+        description = _describe_group(admin, group, connection.request_timeout_ms)
+        committed = _committed_offsets(admin, group, connection.request_timeout_ms)
         state = _state_name(description.state)
         if state == "DEAD" and not committed:
             raise UserError(f"consumer group {group!r} does not exist")
-        rows = _describe_rows(admin, description, committed, request_timeout_ms)
+        rows = _describe_rows(admin, description, committed, connection.request_timeout_ms)
         columns = ["topic", "partition", "current_offset", "log_end_offset", "lag",
                    "member_id", "host", "client_id"]
         title = f"group {group} ({state}, {len(description.members)} members)"
@@ -231,6 +230,7 @@ def _commit(admin, group, targets, request_timeout_ms) -> None:
 
 
 @app.command("reset-offsets")
+@connection_options
 def reset_offsets(
     group: GroupArgument,
     topic: Annotated[str, typer.Option("--topic", "-t", help="topic whose offsets to reset")],
@@ -241,8 +241,7 @@ def reset_offsets(
     shift_by: Annotated[int | None, typer.Option("--shift-by")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (default)")] = False,
     execute: Annotated[bool, typer.Option("--execute", help="commit the new offsets")] = False,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Move a group's committed offsets of a topic (the group must be inactive)."""
@@ -250,16 +249,17 @@ def reset_offsets(
         if dry_run and execute:
             raise UserError("give only one of --dry-run and --execute")
         strategy = _chosen_strategy(to_earliest, to_latest, to_datetime, to_offset, shift_by)
-        admin, metadata = connect_admin(bootstrap_server, request_timeout_ms)
+        admin, metadata = connection.admin()
         partitions = [(topic, p) for p in topic_partitions(metadata, topic)]
-        state = _state_name(_describe_group(admin, group, request_timeout_ms).state)
+        state = _state_name(_describe_group(admin, group, connection.request_timeout_ms).state)
         if state not in INACTIVE_STATES:
             raise UserError(f"assignments can only be reset if the group {group!r} is "
                             f"inactive, but the current state is {state}")
         values = {"to_datetime": to_datetime, "to_offset": to_offset, "shift_by": shift_by}
-        targets = _target_offsets(admin, group, partitions, strategy, values, request_timeout_ms)
+        targets = _target_offsets(admin, group, partitions, strategy, values,
+                                  connection.request_timeout_ms)
         if execute:
-            _commit(admin, group, targets, request_timeout_ms)
+            _commit(admin, group, targets, connection.request_timeout_ms)
         rows = [{"topic": t, "partition": p, "new_offset": offset}
                 for (t, p), offset in sorted(targets.items())]
         title = f"group {group}: " + ("offsets reset" if execute else "planned (dry run)")
@@ -272,17 +272,18 @@ def reset_offsets(
 
 
 @app.command()
+@connection_options
 def delete(
     group: GroupArgument,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
 ) -> None:
     """Delete an inactive group and its committed offsets."""
     with user_errors():
-        admin, _ = connect_admin(bootstrap_server, request_timeout_ms)
-        futures = admin.delete_consumer_groups([group], request_timeout=request_timeout_ms / 1000)
+        admin, _ = connection.admin()
+        futures = admin.delete_consumer_groups(
+            [group], request_timeout=connection.request_timeout_s)
         try:
-            wait_all(futures, request_timeout_ms)
+            wait_all(futures, connection.request_timeout_ms)
         except KafkaException as error:
             raise UserError(f"cannot delete group {group!r}: "
                             f"{describe_kafka_error(error.args[0])}") from None

@@ -23,14 +23,11 @@ import typer
 from confluent_kafka import KafkaError, Message, Producer
 
 from headrace.cli.common import (
-    DEFAULT_BOOTSTRAP_SERVER,
-    DEFAULT_REQUEST_TIMEOUT_MS,
-    BootstrapOption,
-    RequestTimeoutOption,
+    DEFAULT_CONNECTION,
+    Connection,
     UserError,
-    client_config,
+    connection_options,
     describe_kafka_error,
-    fetch_metadata,
     parse_key_values,
     topic_partitions,
     user_errors,
@@ -72,6 +69,7 @@ class DeliveryTally:
         self.failed += 1
 
 
+@connection_options
 def produce(
     topic: Annotated[str, typer.Argument(help="topic to write to")],
     file: Annotated[
@@ -88,36 +86,32 @@ def produce(
     ] = None,
     compression: Annotated[Codec, typer.Option("--compression", "-z")] = Codec.none,
     acks: Annotated[Acks, typer.Option("--acks")] = Acks.all,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
 ) -> None:
     """Write one record per input line (stdin, or --file)."""
     with user_errors():
         headers = list(parse_key_values(header, "--header").items())
         if key_separator == "":
             raise UserError("--key-separator must not be empty")
-        producer = Producer(client_config(
-            bootstrap_server, request_timeout_ms, **{
-                "acks": acks.value, "compression.type": compression.value,
-                "message.timeout.ms": request_timeout_ms,
-                "linger.ms": 5,
-            }
-        ))
-        _check_target(producer, bootstrap_server, request_timeout_ms, topic, partition)
+        producer = Producer(connection.client_config(**{
+            "acks": acks.value, "compression.type": compression.value,
+            "message.timeout.ms": connection.request_timeout_ms,
+            "linger.ms": 5,
+        }))
+        _check_target(producer, connection, topic, partition)
         tally = DeliveryTally()
         with _open_input(file) as lines:
             for line_number, line in enumerate(lines, start=1):
                 key, value = _split_line(line, key_separator, line_number)
                 _send(producer, topic, key, value, headers, partition, tally)
-        tally.failed += producer.flush(request_timeout_ms / 1000 + FLUSH_GRACE_S)
+        tally.failed += producer.flush(connection.request_timeout_s + FLUSH_GRACE_S)
         _report(tally, topic)
 
 
 def _check_target(
-    producer: Producer, bootstrap: str, request_timeout_ms: int, topic: str,
-    partition: int | None,
+    producer: Producer, connection: Connection, topic: str, partition: int | None
 ) -> None:
-    metadata = fetch_metadata(producer, bootstrap, request_timeout_ms, topic=topic)
+    metadata = connection.fetch_metadata(producer, topic=topic)
     partitions = topic_partitions(metadata, topic)
     if partition is not None and partition not in partitions:
         raise UserError(f"topic {topic!r} has no partition {partition} "

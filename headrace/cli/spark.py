@@ -34,6 +34,7 @@ from headrace.cli.common import (
     emit,
     fail,
     make_table,
+    topic_spark_session,
     user_errors,
 )
 from headrace.errors import KafkaError
@@ -67,12 +68,6 @@ def _job_errors() -> Iterator[None]:
             raise fail(f"Spark job failed: {_first_line(error)}") from None
 
 
-def _session(master: str, app_name: str):
-    from headrace.spark.jobs.session import build_session
-
-    return build_session(master, app_name)
-
-
 @app.command()
 def load(
     topic: Annotated[str, typer.Argument(help="topic to load")],
@@ -93,8 +88,8 @@ def load(
     from headrace.spark.jobs.load import load_topic
 
     with _job_errors():
-        topic_partition_ids(bootstrap_server, topic, request_timeout_ms)
-        spark = _session(master, f"headrace-load-{topic}")
+        spark = topic_spark_session(master, f"headrace-load-{topic}", bootstrap_server,
+                                    topic, request_timeout_ms)
         report = load_topic(spark, bootstrap_server, topic, output_dir,
                             starting_offsets=starting_offsets, max_offsets=max_offsets)
     title = (f"run {report.run_id}: {report.rows} rows of {topic} committed"
@@ -117,8 +112,8 @@ def snapshot(
     from headrace.spark.jobs.snapshot import snapshot_topic
 
     with _job_errors():
-        topic_partition_ids(bootstrap_server, topic, request_timeout_ms)
-        spark = _session(master, f"headrace-snapshot-{topic}")
+        spark = topic_spark_session(master, f"headrace-snapshot-{topic}", bootstrap_server,
+                                    topic, request_timeout_ms)
         report = snapshot_topic(spark, bootstrap_server, topic, output_dir,
                                 now_ms=time.time_ns() // 1_000_000)
     summary = report.to_json()
@@ -148,8 +143,8 @@ def activity(
     from headrace.spark.jobs.activity import run_activity
 
     with _job_errors():
-        topic_partition_ids(bootstrap_server, input_topic, request_timeout_ms)
-        spark = _session(master, f"headrace-activity-{input_topic}")
+        spark = topic_spark_session(master, f"headrace-activity-{input_topic}", bootstrap_server,
+                                    input_topic, request_timeout_ms)
         report = run_activity(spark, bootstrap_server, input_topic, output_topic,
                               str(checkpoint.absolute()), available_now=available_now,
                               trigger_interval_s=trigger_interval_s,

@@ -26,14 +26,14 @@ from confluent_kafka.admin import (
 )
 
 from headrace.cli.common import (
-    DEFAULT_BOOTSTRAP_SERVER,
-    DEFAULT_REQUEST_TIMEOUT_MS,
-    BootstrapOption,
+    DEFAULT_CONNECTION,
+    ConfigDeleteOption,
+    ConfigSetOption,
+    Connection,
     OutputFormat,
     OutputOption,
-    RequestTimeoutOption,
     UserError,
-    connect_admin,
+    connection_options,
     emit,
     make_table,
     parse_key_values,
@@ -54,6 +54,7 @@ ConfigOption = Annotated[
 
 
 @app.command()
+@connection_options
 def create(
     name: Annotated[str, typer.Argument(help="topic name")],
     partitions: Annotated[int, typer.Option("--partitions", "-p", min=1)] = DEFAULT_PARTITIONS,
@@ -64,34 +65,33 @@ def create(
     if_not_exists: Annotated[
         bool, typer.Option("--if-not-exists", help="succeed when the topic already exists")
     ] = False,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
 ) -> None:
     """Create a topic."""
     with user_errors():
         topic_config = parse_key_values(config, "--config")
-        admin, metadata = connect_admin(bootstrap_server, request_timeout_ms)
+        admin, metadata = connection.admin()
         if if_not_exists and name in metadata.topics:
             typer.echo(f"Topic {name} already exists.")
             return
         new_topic = NewTopic(name, partitions, replication_factor, config=topic_config)
-        futures = admin.create_topics([new_topic], request_timeout=request_timeout_ms / 1000)
-        wait_all(futures, request_timeout_ms)
+        futures = admin.create_topics([new_topic], request_timeout=connection.request_timeout_s)
+        wait_all(futures, connection.request_timeout_ms)
         typer.echo(f"Created topic {name}.")
 
 
 @app.command("list")
+@connection_options
 def list_topics(
     include_internal: Annotated[
         bool, typer.Option("--include-internal", help="also list __consumer_offsets etc.")
     ] = False,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """List topics with their partition counts."""
     with user_errors():
-        _admin, metadata = connect_admin(bootstrap_server, request_timeout_ms)
+        _admin, metadata = connection.admin()
         names = sorted(
             name for name in metadata.topics if include_internal or not name.startswith("__")
         )
@@ -103,18 +103,18 @@ def list_topics(
 
 
 @app.command()
+@connection_options
 def describe(
     name: Annotated[str, typer.Argument(help="topic name")],
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Partitions of a topic: leader, replicas, in-sync replicas, offsets, size on disk."""
     with user_errors():
-        admin, metadata = connect_admin(bootstrap_server, request_timeout_ms)
+        admin, metadata = connection.admin()
         partition_ids = topic_partitions(metadata, name)  # full listing: never auto-creates
-        offsets = _partition_offsets(admin, name, partition_ids, request_timeout_ms)
-        sizes = partition_sizes(metadata, name, partition_ids, request_timeout_ms)
+        offsets = _partition_offsets(admin, name, partition_ids, connection.request_timeout_ms)
+        sizes = partition_sizes(metadata, name, partition_ids, connection.request_timeout_ms)
         topic_metadata = metadata.topics[name]
         rows = []
         for partition_id in partition_ids:
@@ -156,22 +156,18 @@ def _cell(value: object) -> object:
 
 
 @app.command("alter-config")
+@connection_options
 def alter_config(
     name: Annotated[str, typer.Argument(help="topic name")],
-    set_items: Annotated[
-        list[str] | None, typer.Option("--set", help="key=value to set (repeatable)")
-    ] = None,
-    delete_keys: Annotated[
-        list[str] | None, typer.Option("--delete", help="key to reset to its default")
-    ] = None,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    set_items: ConfigSetOption = None,
+    delete_keys: ConfigDeleteOption = None,
+    connection: Connection = DEFAULT_CONNECTION,
 ) -> None:
     """Set or delete topic configs (IncrementalAlterConfigs)."""
     with user_errors():
-        admin, _ = connect_admin(bootstrap_server, request_timeout_ms)
+        admin, _ = connection.admin()
         alter_resource_config(admin, ConfigResource.Type.TOPIC, name, set_items, delete_keys,
-                              request_timeout_ms)
+                              connection.request_timeout_ms)
         typer.echo(f"Updated config of topic {name}.")
 
 
@@ -198,34 +194,34 @@ def alter_resource_config(
 
 
 @app.command("add-partitions")
+@connection_options
 def add_partitions(
     name: Annotated[str, typer.Argument(help="topic name")],
     partitions: Annotated[
         int, typer.Option("--partitions", "-p", min=1, help="the new total partition count")
     ],
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
 ) -> None:
     """Grow a topic to --partitions partitions in total (CreatePartitions)."""
     with user_errors():
-        admin, _ = connect_admin(bootstrap_server, request_timeout_ms)
+        admin, _ = connection.admin()
         futures = admin.create_partitions(
-            [NewPartitions(name, partitions)], request_timeout=request_timeout_ms / 1000
+            [NewPartitions(name, partitions)], request_timeout=connection.request_timeout_s
         )
-        wait_all(futures, request_timeout_ms)
+        wait_all(futures, connection.request_timeout_ms)
         typer.echo(f"Topic {name} now has {partitions} partitions.")
 
 
 @app.command()
+@connection_options
 def delete(
     names: Annotated[list[str], typer.Argument(help="topic names")],
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
 ) -> None:
     """Delete topics."""
     with user_errors():
-        admin, _ = connect_admin(bootstrap_server, request_timeout_ms)
-        futures = admin.delete_topics(names, request_timeout=request_timeout_ms / 1000)
-        wait_all(futures, request_timeout_ms)
+        admin, _ = connection.admin()
+        futures = admin.delete_topics(names, request_timeout=connection.request_timeout_s)
+        wait_all(futures, connection.request_timeout_ms)
         for name in names:
             typer.echo(f"Deleted topic {name}.")

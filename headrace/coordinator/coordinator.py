@@ -16,11 +16,14 @@ Parked requests complete on later calls, on ``tick(now_ms)`` or on an ``AppendRe
 Durability before visibility (Kafka's GroupMetadataManager.storeOffsets / storeGroup): an
 OffsetCommit keeps its offsets pending (invisible to OffsetFetch) until its append succeeds,
 then moves them to the committed cache; a leader's SyncGroup assignment is applied (group
-Stable, members answered) only once its group record is appended. On a failed append the
-pending offsets are dropped, or the members get the error and the group rebalances; append
-errors are mapped to client errors as Kafka does (``commit_append_error_code``,
-``group_append_error_code``). Other appends (tombstones, Empty-group records) follow the
-state change, as in Kafka, and their results are not waited for.
+Stable, members answered) only once its group record is appended; a static member that
+rejoins a Stable group without a rebalance gets its new member id answered only once the group
+record carrying it is appended. On a failed append the pending offsets are dropped, the
+members get the error and the group rebalances, or the static member's instance goes back to
+its old member id (Kafka's updateStaticMemberAndRebalance revert); append errors are mapped
+to client errors as Kafka does (``commit_append_error_code``, ``group_append_error_code``).
+Other appends (tombstones, Empty-group records) follow the state change, as in Kafka, and
+their results are not waited for.
 
 Not thread-safe: call from one thread (the broker's event loop).
 """
@@ -30,7 +33,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from headrace import errors
 from headrace.coordinator import store
@@ -131,6 +134,45 @@ class _AssignmentAwaitingAppend:
     assignments: dict[str, bytes]
 
 
+@dataclass(frozen=True, slots=True)
+class _MemberSettings:
+    """What a static rejoin overwrites in its member, kept to restore on a failed append."""
+
+    protocols: tuple[tuple[str, bytes], ...]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    client_id: str
+    client_host: str
+
+    @classmethod
+    def of(cls, member: Member) -> _MemberSettings:
+        return cls(
+            member.protocols, member.session_timeout_ms, member.rebalance_timeout_ms,
+            member.client_id, member.client_host,
+        )
+
+    def restore(self, member: Member) -> None:
+        member.protocols = self.protocols
+        member.session_timeout_ms = self.session_timeout_ms
+        member.rebalance_timeout_ms = self.rebalance_timeout_ms
+        member.client_id = self.client_id
+        member.client_host = self.client_host
+
+
+@dataclass(slots=True)
+class _StaticRejoinAwaitingAppend:
+    group: Group
+    token: int
+    old_member_id: str
+    new_member_id: str
+    previous: _MemberSettings
+    leader_before: str | None
+    supports_skip_assignment: bool
+
+
+_AwaitingAppend = _CommitAwaitingAppend | _AssignmentAwaitingAppend | _StaticRejoinAwaitingAppend
+
+
 def random_member_id(client_id: str) -> str:
     """Kafka's member id: ``<client_id>-<uuid4>``."""
     return f"{client_id}-{uuid.uuid4()}"
@@ -148,7 +190,7 @@ class GroupCoordinator:
         self._loading: dict[int, store.PartitionLoader] = {}
         self._tokens = itertools.count(1)
         self._append_ids = itertools.count(1)
-        self._awaiting_append: dict[int, _CommitAwaitingAppend | _AssignmentAwaitingAppend] = {}
+        self._awaiting_append: dict[int, _AwaitingAppend] = {}
         self._next_retention_check_ms: int | None = None
         self.loaded_record_count = 0  # records replayed from the offsets topic so far
 
@@ -191,7 +233,7 @@ class GroupCoordinator:
         group_id: str,
         records: tuple,
         effects: list[Effect],
-        follow_up: _CommitAwaitingAppend | _AssignmentAwaitingAppend | None = None,
+        follow_up: _AwaitingAppend | None = None,
     ) -> int:
         """Queue an append to the group's offsets-topic partition; its ``AppendResult`` runs
         ``follow_up`` (none: the result changes nothing)."""
@@ -278,20 +320,70 @@ class GroupCoordinator:
 
     def _rejoin_static_member(
         self, group: Group, request: JoinGroupRequest, now_ms: int, effects: list[Effect]
-    ):
+    ) -> Pending:
+        """A known group.instance.id joins with an unknown member id: the member takes a new
+        id (the old one is fenced). A Stable group whose selected protocol stays is not
+        rebalanced: the new id is persisted first and the join answered by the append's result
+        (Kafka's updateStaticMemberAndRebalance); otherwise the group rebalances."""
         old_member_id = group.static_members[request.group_instance_id]
-        self._complete_parked(group.members[old_member_id], errors.FencedInstanceId.code, effects)
+        old_member = group.members[old_member_id]
+        self._complete_parked(old_member, errors.FencedInstanceId.code, effects)
+        previous = _MemberSettings.of(old_member)
+        leader_before = group.leader_id
         member = group.replace_static_member(old_member_id, self._new_member_id(request.client_id))
         _update_member(member, request, now_ms)
-        if group.is_in(GroupState.STABLE) and group.select_protocol() == group.protocol_name:
-            self._persist_group(group, effects)
-            is_leader = member.member_id == group.leader_id
-            response = self._join_response(group, member, include_members=is_leader)
-            return _with_skip_assignment(response, is_leader)
         token = member.join_token = next(self._tokens)
+        if group.is_in(GroupState.STABLE) and group.select_protocol() == group.protocol_name:
+            follow_up = _StaticRejoinAwaitingAppend(
+                group, token, old_member_id, member.member_id, previous, leader_before,
+                request.supports_skip_assignment,
+            )
+            self._append(group.group_id, (store.group_metadata_record(group),), effects, follow_up)
+            return Pending(token)
         self._maybe_prepare_rebalance(group, now_ms, effects)
         self._try_complete_join(group, now_ms, effects)
         return Pending(token)
+
+    def _on_static_rejoin_appended(
+        self, waiting: _StaticRejoinAwaitingAppend, error_code: int, now_ms: int,
+        effects: list[Effect],
+    ) -> None:
+        """Answer the rejoined static member, or on failure give the instance back to its old
+        member id (which keeps its place and its session) and answer the mapped error."""
+        group = waiting.group
+        member = group.members.get(waiting.new_member_id)
+        if member is None or member.join_token != waiting.token:
+            return  # the join was already answered: the member left, was replaced or rebalanced
+        member.join_token = None
+        if error_code == NO_ERROR:
+            self._heartbeat_refreshed(member, now_ms)
+            effects.append(Completed(waiting.token, self._static_rejoin_response(group, waiting)))
+            return
+        group.replace_static_member(waiting.new_member_id, waiting.old_member_id)
+        waiting.previous.restore(member)
+        self._heartbeat_refreshed(member, now_ms)
+        response = JoinGroupResponse(
+            group_append_error_code(error_code),
+            UNKNOWN_MEMBER_ID,
+            group.generation_id,
+            group.protocol_type,
+            group.protocol_name,
+            waiting.leader_before or "",
+        )
+        effects.append(Completed(waiting.token, response))
+
+    def _static_rejoin_response(
+        self, group: Group, waiting: _StaticRejoinAwaitingAppend
+    ) -> JoinGroupResponse:
+        """JoinGroup v9+ tells a rejoined static leader to skip the assignment; older versions
+        name the leader as it was before the rejoin, so a rejoined leader does not assign."""
+        member = group.members[waiting.new_member_id]
+        if waiting.supports_skip_assignment:
+            is_leader = member.member_id == group.leader_id
+            response = self._join_response(group, member, include_members=is_leader)
+            return replace(response, skip_assignment=is_leader)
+        response = self._join_response(group, member, include_members=False)
+        return replace(response, leader=waiting.leader_before or "")
 
     def _add_member_and_rebalance(
         self,
@@ -722,6 +814,8 @@ class GroupCoordinator:
             self._on_commit_appended(result.append_id, waiting, result.error_code, now_ms, effects)
         elif isinstance(waiting, _AssignmentAwaitingAppend):
             self._on_assignment_appended(waiting, result.error_code, now_ms, effects)
+        elif isinstance(waiting, _StaticRejoinAwaitingAppend):
+            self._on_static_rejoin_appended(waiting, result.error_code, now_ms, effects)
         return Outcome(None, tuple(effects))
 
     def _group_for_commit(self, request: OffsetCommitRequest, now_ms: int) -> Group:
@@ -928,19 +1022,6 @@ def _update_member(member: Member, request: JoinGroupRequest, now_ms: int) -> No
     member.client_id = request.client_id
     member.client_host = request.client_host
     member.heartbeat_deadline_ms = now_ms + request.session_timeout_ms
-
-
-def _with_skip_assignment(response: JoinGroupResponse, skip: bool) -> JoinGroupResponse:
-    return JoinGroupResponse(
-        response.error_code,
-        response.member_id,
-        response.generation_id,
-        response.protocol_type,
-        response.protocol_name,
-        response.leader,
-        response.members,
-        skip,
-    )
 
 
 def _group_id_of(listed: ListedGroup) -> str:

@@ -10,11 +10,13 @@ Effects are what the broker must carry out, in order, after each call:
   ``__consumer_offsets`` partition; a None value is a tombstone. When the append has finished
   the broker reports it back with ``handle(AppendResult(append_id, error_code))``: state that
   must not be visible before it is durable (committed offsets, a SyncGroup's assignment) is
-  applied, or rolled back, only then, and the requests waiting on it are answered through
-  the ``Completed`` effects of that call (Kafka's GroupMetadataManager append callbacks).
+  applied, or rolled back, only then; a static member's rejoin is answered, or reverted to
+  the old member id, only then. The requests waiting on it are answered through the
+  ``Completed`` effects of that call (Kafka's GroupMetadataManager append callbacks).
 * ``Completed(token, response)``: answer a request parked earlier (the call returned
   ``Pending(token)``), e.g. a JoinGroup that waited for the rebalance, a follower's SyncGroup
-  that waited for the leader's assignment, or an OffsetCommit that waited for its append.
+  that waited for the leader's assignment, or an OffsetCommit or static member's JoinGroup
+  that waited for its append.
 
 Immutable values; thread-safe.
 """
@@ -92,6 +94,7 @@ class JoinGroupRequest:
     client_id: str = ""
     client_host: str = ""
     require_known_member_id: bool = True  # JoinGroup v4+
+    supports_skip_assignment: bool = True  # JoinGroup v9+ (KIP-814)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+from headrace import errors
 from headrace.coordinator.config import CoordinatorConfig
 from headrace.coordinator.coordinator import GroupCoordinator
 from headrace.coordinator.messages import (
@@ -29,6 +30,14 @@ from headrace.protocol.assignors import Subscription, encode_subscription
 GROUP = "payments"
 SESSION_TIMEOUT_MS = 10_000
 REBALANCE_TIMEOUT_MS = 30_000
+
+# (the log's error, what members get) when a group record's append fails: Kafka's mapping.
+GROUP_APPEND_ERRORS = [
+    (errors.NotLeaderOrFollower, errors.NotCoordinator),
+    (errors.UnknownTopicOrPartition, errors.CoordinatorNotAvailable),
+    (errors.RequestTimedOut, errors.RebalanceInProgress),
+    (errors.MessageTooLarge, errors.UnknownServerError),
+]
 
 
 def consumer_protocols(topics=("orders",), names=("range",)):
@@ -95,6 +104,7 @@ class Driver:
         client_id="client",
         protocol_type="consumer",
         require_known_member_id=True,
+        supports_skip_assignment=True,
     ):
         return self.call(
             JoinGroupRequest(
@@ -108,6 +118,7 @@ class Driver:
                 client_id=client_id,
                 client_host="/127.0.0.1",
                 require_known_member_id=require_known_member_id,
+                supports_skip_assignment=supports_skip_assignment,
             )
         )
 

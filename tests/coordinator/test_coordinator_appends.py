@@ -5,7 +5,7 @@ mapped error codes; the loader counts the records it replays."""
 from __future__ import annotations
 
 import pytest
-from coordinator_driver import GROUP, form_group
+from coordinator_driver import GROUP, GROUP_APPEND_ERRORS, form_group
 
 from headrace import errors
 from headrace.coordinator.coordinator import commit_append_error_code, group_append_error_code
@@ -141,15 +141,7 @@ def test_sync_answers_only_after_the_assignment_is_stored(driver):
     assert driver.coordinator.group_state(GROUP) is GroupState.STABLE
 
 
-@pytest.mark.parametrize(
-    ("append_error", "client_error"),
-    [
-        (errors.NotLeaderOrFollower, errors.NotCoordinator),
-        (errors.UnknownTopicOrPartition, errors.CoordinatorNotAvailable),
-        (errors.RequestTimedOut, errors.RebalanceInProgress),
-        (errors.MessageTooLarge, errors.UnknownServerError),
-    ],
-)
+@pytest.mark.parametrize(("append_error", "client_error"), GROUP_APPEND_ERRORS)
 def test_failed_sync_append_answers_the_error_and_rebalances(driver, append_error, client_error):
     leader, follower, generation, leader_sync, follower_sync = two_member_group_awaiting_sync(
         driver

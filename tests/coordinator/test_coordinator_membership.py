@@ -294,7 +294,7 @@ def test_static_member_rejoin_replaces_member_id_without_rebalance(driver):
     driver.sync(old_id, generation, {old_id: b"A", other_id: b"B"})
     driver.sync(other_id, generation)
     assert driver.coordinator.group_state(GROUP) is GroupState.STABLE
-    rejoin = driver.join(instance_id="instance-a", client_id="a")
+    rejoin = driver.result(driver.join(instance_id="instance-a", client_id="a"))
     assert rejoin.error_code == 0 and rejoin.member_id != old_id
     assert rejoin.generation_id == generation
     assert rejoin.skip_assignment and rejoin.leader == rejoin.member_id

@@ -109,7 +109,7 @@ def test_member_commit_checks(driver):
 def test_commit_from_fenced_static_member(driver):
     joined = driver.result(driver.join(instance_id="i", client_id="a"))
     driver.sync(joined.member_id, joined.generation_id, {joined.member_id: b""})
-    replacement = driver.join(instance_id="i", client_id="a")
+    replacement = driver.result(driver.join(instance_id="i", client_id="a"))
     assert replacement.member_id != joined.member_id
     result = driver.commit(
         {ORDERS_0: (1,)}, joined.generation_id, joined.member_id, instance_id="i"

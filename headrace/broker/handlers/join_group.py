@@ -17,6 +17,7 @@ MIN_VERSION = 0
 MAX_VERSION = 9
 
 REQUIRE_KNOWN_MEMBER_ID_VERSION = 4
+SKIP_ASSIGNMENT_VERSION = 9  # KIP-814: a static leader rejoining may skip assignment
 
 
 def _to_coordinator(ctx, request) -> JoinGroupRequest:
@@ -34,6 +35,7 @@ def _to_coordinator(ctx, request) -> JoinGroupRequest:
         client_id=ctx.header.client_id or "",
         client_host=ctx.client_host,
         require_known_member_id=ctx.api_version >= REQUIRE_KNOWN_MEMBER_ID_VERSION,
+        supports_skip_assignment=ctx.api_version >= SKIP_ASSIGNMENT_VERSION,
     )
 
 
