@@ -75,10 +75,12 @@ def plain_loop(bootstrap: str, topic: str, records: int, handler) -> float:
     return records / elapsed
 
 
-def parallel(bootstrap: str, topic: str, records: int, handler, workers: int, ordering: str) -> float:
+def parallel(bootstrap: str, topic: str, records: int, handler, workers: int,
+             ordering: str) -> tuple[float, int]:
     """records/s of the ParallelConsumer running ``handler`` itself (no counting wrapper, so
     both loops run the same handler): from the first completed run to ``records`` processed,
-    read from its metrics every METRICS_POLL_S."""
+    read from its metrics every METRICS_POLL_S; and the active workers it ended with (its
+    adaptive parallelism, see headrace/client/parallelism.py)."""
     consumer = ParallelConsumer(group_config(bootstrap), [topic], handler,
                                 ParallelConsumerOptions(workers=workers, ordering=ordering))
     started = None
@@ -88,7 +90,8 @@ def parallel(bootstrap: str, topic: str, records: int, handler, workers: int, or
                 started = time.perf_counter()
             time.sleep(METRICS_POLL_S)
         elapsed = time.perf_counter() - started  # before close: its commit is not timed
-    return records / elapsed
+        active_workers = consumer.metrics().active_workers
+    return records / elapsed, active_workers
 
 
 def main() -> None:
@@ -108,17 +111,19 @@ def main() -> None:
         io_topic = make_topic(args.bootstrap, args.partitions, args.io_records)
         plain_io = plain_loop(args.bootstrap, io_topic, args.io_records // 10,
                               lambda _m: time.sleep(IO_HANDLER_S))
-        parallel_io = parallel(args.bootstrap, io_topic, args.io_records,
+        parallel_io, io_active_workers = parallel(args.bootstrap, io_topic, args.io_records,
                                lambda _m: time.sleep(IO_HANDLER_S), args.workers, args.ordering)
         result.update(plain_io_rps=round(plain_io), parallel_io_rps=round(parallel_io),
-                      io_speedup=round(parallel_io / plain_io, 2))
+                      io_speedup=round(parallel_io / plain_io, 2),
+                      io_active_workers=io_active_workers)
     if args.only in (None, "noop"):
         noop_topic = make_topic(args.bootstrap, args.partitions, args.noop_records)
         plain_noop = plain_loop(args.bootstrap, noop_topic, args.noop_records, lambda _m: None)
-        parallel_noop = parallel(args.bootstrap, noop_topic, args.noop_records, lambda _m: None,
+        parallel_noop, noop_active_workers = parallel(args.bootstrap, noop_topic, args.noop_records, lambda _m: None,
                                  args.workers, args.ordering)
         result.update(plain_noop_rps=round(plain_noop), parallel_noop_rps=round(parallel_noop),
-                      noop_cost_ratio=round(plain_noop / parallel_noop, 2))
+                      noop_cost_ratio=round(plain_noop / parallel_noop, 2),
+                      noop_active_workers=noop_active_workers)
     print(json.dumps(result))
     print(f"| parallel_consumer | {args.partitions} | {args.workers} | {args.ordering} | "
           f"{result.get('io_speedup', '-')}x (>=25x) | "

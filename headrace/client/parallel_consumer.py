@@ -15,6 +15,16 @@ Owns the poll thread, the worker pool and the commit policy around a ``WorkSched
   function run on one private event loop). Runs last at most about ``max_run_ms`` of handler
   time and ``max_run_records`` records, so a no-op handler pays one hand-out per many records
   while a slow one is spread over every worker.
+* Adaptive parallelism (see ``parallelism``): not every worker takes runs. Each worker measures
+  its runs' handler wall time and its own CPU time; every ``parallelism_window_ms`` the poll
+  thread sizes the active workers to them. A run shorter than ``single_worker_max_run_us`` (a
+  no-op or cheap handler) goes to one worker and the others sleep untouched, so the cost is that
+  of a plain loop plus one hand-off per run. A handler that waits (wall >> CPU: I/O, sleeps)
+  gets about ``cpu_share_max / (CPU/wall)`` workers, at most ``workers``, growing only while the
+  active ones are saturated; a CPU-bound Python handler gets one (the GIL admits no more). A
+  handler blocking every active worker while records wait doubles them each window. Handlers
+  never run on the poll thread, so polling (and ``max.poll.interval.ms``) never waits for them.
+  The active count starts at 1 and is the ``active_workers`` metric.
 * A handler that raises is retried with exponential backoff (``retry_backoff_ms`` doubling up to
   ``retry_backoff_max_ms``, +/-20 % jitter, Kafka's client defaults). With ``dead_letter_topic``
   set, a record failing ``dead_letter_after_attempts`` times is produced there (same key, value
@@ -43,6 +53,7 @@ import inspect
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
@@ -56,9 +67,17 @@ from headrace.client.offset_tracker import (
     OffsetRange,
     decode_done_ranges,
 )
+from headrace.client.parallelism import (
+    CPU_SHARE_MAX_DEFAULT,
+    PARALLELISM_WINDOW_MS_DEFAULT,
+    SINGLE_WORKER_MAX_RUN_US_DEFAULT,
+    ParallelismLimits,
+    target_workers,
+)
 from headrace.client.work_scheduler import (
     MAX_RUN_MS_DEFAULT,
     MAX_RUN_RECORDS_DEFAULT,
+    NS_PER_MS,
     BufferLimits,
     Ordering,
     PartitionMetrics,
@@ -96,6 +115,9 @@ class ParallelConsumerOptions:
     max_run_records: int = MAX_RUN_RECORDS_DEFAULT
     max_run_ms: int = MAX_RUN_MS_DEFAULT
     pause_after_full_ms: int = PAUSE_AFTER_FULL_MS_DEFAULT
+    single_worker_max_run_us: int = SINGLE_WORKER_MAX_RUN_US_DEFAULT
+    cpu_share_max: float = CPU_SHARE_MAX_DEFAULT
+    parallelism_window_ms: int = PARALLELISM_WINDOW_MS_DEFAULT
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +131,7 @@ class ConsumerMetrics:
     failed_attempts: int
     dead_lettered_records: int
     commits: int
+    active_workers: int
     partitions: list[PartitionMetrics]
 
 
@@ -127,6 +150,11 @@ class ParallelConsumer:
         self._clock = clock or SystemClock()
         self._scheduler = WorkScheduler(options.ordering, options.buffer_limits,
                                         options.max_run_records, options.max_run_ms)
+        self._parallelism_limits = ParallelismLimits(
+            max_workers=options.workers, single_worker_max_run_us=options.single_worker_max_run_us,
+            cpu_share_max=options.cpu_share_max)
+        self._single_topic = (self._topics[0] if len(self._topics) == 1
+                              and not self._topics[0].startswith("^") else None)
         self._consumer_config = {**consumer_config, "enable.auto.commit": False,
                                  "on_commit": self._on_commit}
         self._consumer: Consumer | None = None
@@ -142,8 +170,9 @@ class ParallelConsumer:
         self._full_since_ms: dict[TopicPartitionKey, int] = {}
         self._poll_failure: BaseException | None = None
         self._poll_thread = threading.Thread(target=self._poll_loop, name="pc-poll", daemon=True)
-        self._workers = [threading.Thread(target=self._work_loop, name=f"pc-worker-{index}",
-                                          daemon=True) for index in range(options.workers)]
+        self._workers = [threading.Thread(target=self._work_loop, args=(index,),
+                                          name=f"pc-worker-{index}", daemon=True)
+                         for index in range(options.workers)]
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._event_loop_thread: threading.Thread | None = None
 
@@ -163,6 +192,10 @@ class ParallelConsumer:
                              f"max.poll.interval.ms {max_poll_interval_ms}")
         if options.dead_letter_after_attempts < 1:
             raise ValueError("dead_letter_after_attempts must be at least 1")
+        if not 0 < options.cpu_share_max <= 1:
+            raise ValueError("cpu_share_max must be in (0, 1]: a share of one interpreter")
+        if options.parallelism_window_ms < 1:
+            raise ValueError("parallelism_window_ms must be at least 1")
 
     @staticmethod
     def _make_dead_letter_producer(consumer_config: dict[str, Any],
@@ -225,9 +258,14 @@ class ParallelConsumer:
             self._consumer.subscribe(self._topics, on_assign=self._on_assign,
                                      on_revoke=self._on_revoke, on_lost=self._on_lost)
             next_commit_ms = self._clock.monotonic_ms() + self._options.commit_interval_ms
+            window_started_ms = self._clock.monotonic_ms()
             while not self._stopping.is_set():
                 self._apply_backpressure()
                 self._poll_once()
+                now_ms = self._clock.monotonic_ms()
+                if now_ms - window_started_ms >= self._options.parallelism_window_ms:
+                    self._adjust_parallelism(now_ms - window_started_ms)
+                    window_started_ms = now_ms
                 if self._clock.monotonic_ms() >= next_commit_ms:
                     self._refresh_high_watermarks()
                     self._commit(None, asynchronous=True)
@@ -250,6 +288,13 @@ class ParallelConsumer:
         self._buffer(self._consumer.consume(max(1, min(self._options.poll_batch_records, capacity)),
                                             self._options.poll_timeout_ms / 1000))
 
+    def _adjust_parallelism(self, window_ms: int) -> None:
+        window = self._scheduler.take_handler_window(window_ms * NS_PER_MS)
+        target = target_workers(window, self._parallelism_limits)
+        if target != window.active_workers:
+            log.debug("active workers %d -> %d after %s", window.active_workers, target, window)
+            self._scheduler.set_active_workers(target)
+
     def _shut_down_consumer(self) -> None:
         assert self._consumer is not None
         self._scheduler.stop_dispatch()
@@ -266,6 +311,13 @@ class ParallelConsumer:
         if any(map(Message.error, messages)):
             messages = self._without_errors(messages)
         by_partition: dict[TopicPartitionKey, list[Message]] = {}
+        if self._single_topic is not None:
+            topic = self._single_topic
+            for partition, group in groupby(messages, key=Message.partition):
+                by_partition.setdefault((topic, partition), []).extend(group)
+            if by_partition:
+                self._scheduler.add_batch(by_partition)
+            return
         keyed = zip(zip(map(Message.topic, messages), map(Message.partition, messages),
                         strict=True), messages, strict=True)
         for tp, group in groupby(keyed, key=itemgetter(0)):  # librdkafka returns runs per partition
@@ -391,18 +443,23 @@ class ParallelConsumer:
 
     # ---- workers ----
 
-    def _work_loop(self) -> None:
+    def _work_loop(self, worker_index: int) -> None:
+        """Take runs while this worker is active. The handler's wall and CPU time are measured
+        with the process's performance counter and this thread's CPU clock: figures about the
+        handler, not time the consumer's logic depends on."""
+        take, complete = self._scheduler.take, self._scheduler.complete
+        perf_counter_ns, thread_time_ns = time.perf_counter_ns, time.thread_time_ns
         while True:
-            run = self._scheduler.take()
+            run = take(None, worker_index)
             if run is None:
                 return
-            started_ms = self._clock.monotonic_ms()
+            started_ns, started_cpu_ns = perf_counter_ns(), thread_time_ns()
             done_records = 0
             try:
                 done_records = self._process_run(run)
             finally:
-                self._scheduler.complete(run, done_records,
-                                         self._clock.monotonic_ms() - started_ms)
+                complete(run, done_records, perf_counter_ns() - started_ns,
+                         thread_time_ns() - started_cpu_ns)
 
     def _process_run(self, run: Run) -> int:
         """Process the run's records in order; how many were done before one was abandoned."""
@@ -498,4 +555,5 @@ class ParallelConsumer:
                 in_flight=in_flight, processed_records=self._processed_records,
                 failed_attempts=self._failed_attempts,
                 dead_lettered_records=self._dead_lettered_records, commits=self._commits,
+                active_workers=self._scheduler.active_workers,
                 partitions=self._scheduler.partition_metrics())

@@ -25,6 +25,9 @@ PARTITION_GAUGES = {
     "high_watermark": "partition high watermark seen by the consumer",
     "lag": "high watermark minus committed offset",
 }
+TOTAL_GAUGES = {
+    "active_workers": "workers currently taking runs (sized to the handler's cost)",
+}
 TOTAL_COUNTERS = {
     "processed_records": "records whose handler succeeded",
     "failed_attempts": "handler invocations that raised",
@@ -48,5 +51,7 @@ class ParallelConsumerCollector(Collector):
                 if value is not None:
                     gauge.add_metric([partition.topic, str(partition.partition)], value)
             yield gauge
+        for name, documentation in TOTAL_GAUGES.items():
+            yield GaugeMetricFamily(PREFIX + name, documentation, value=getattr(snapshot, name))
         for name, documentation in TOTAL_COUNTERS.items():
             yield CounterMetricFamily(PREFIX + name, documentation, value=getattr(snapshot, name))

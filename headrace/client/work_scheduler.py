@@ -21,7 +21,12 @@ Owns the state shared between the parallel consumer's poll thread and its worker
   own (the same overshoot pausing after the fact allows); partitions full
   for long (``full_partitions``) are paused by the poll thread. Pausing is the last resort:
   librdkafka purges a paused partition's prefetched records and fetches them again on resume;
-* each partition's ``PartitionOffsets`` (what may be committed) and metric figures.
+* each partition's ``PartitionOffsets`` (what may be committed) and metric figures;
+* how many workers take runs (``active_workers``, set by the consumer's parallelism policy, see
+  ``parallelism``): worker ``i`` takes runs only while ``i < active_workers`` and otherwise
+  sleeps on its own condition, so a no-op handler's records go to one worker without waking the
+  others. ``complete`` sums the handler wall and CPU time of finished runs for the policy
+  (``take_handler_window``).
 
 A partition's state object is replaced on re-assignment and flagged ``revoked`` when its
 buffered records are dropped: a worker stops a run of a revoked partition before its next record,
@@ -43,6 +48,7 @@ from typing import Any, Literal
 from confluent_kafka import Message
 
 from headrace.client.offset_tracker import OffsetRange, PartitionOffsets
+from headrace.client.parallelism import HandlerWindow
 
 Ordering = Literal["partition", "key", "unordered"]
 ORDERINGS: tuple[Ordering, ...] = ("partition", "key", "unordered")
@@ -50,6 +56,7 @@ TopicPartitionKey = tuple[str, int]
 
 MAX_RUN_RECORDS_DEFAULT = 500
 MAX_RUN_MS_DEFAULT = 10
+NS_PER_MS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,7 @@ class _Chunk:
 
     messages: list[Any]
     slot_start: int
+    size_bytes: int
 
 
 @dataclass(slots=True)
@@ -119,6 +127,7 @@ class Run:
     keys: frozenset[bytes]
     state: _PartitionState
     scheduler: WorkScheduler
+    size_bytes: int
 
     def is_current(self) -> bool:
         """False once the partition was revoked or dispatch stopped (stop before next record)."""
@@ -149,8 +158,12 @@ class WorkScheduler:
         self._ordering = ordering
         self._limits = limits
         self._max_run_records = max_run_records
-        self._max_run_ms = max_run_ms
+        self._max_run_ns = max_run_ms * NS_PER_MS
         self.run_records = 1
+        self.active_workers = 1
+        self._runs_in_flight = 0
+        self._window_runs = self._window_records = 0
+        self._window_wall_ns = self._window_cpu_ns = 0
         self._states: dict[TopicPartitionKey, _PartitionState] = {}
         self._round_robin: list[TopicPartitionKey] = []
         self._cursor = 0
@@ -163,6 +176,7 @@ class WorkScheduler:
         self._work_available = threading.Condition(self._lock)
         self._partition_idle = threading.Condition(self._lock)
         self._space_available = threading.Condition(self._lock)
+        self._worker_activated = threading.Condition(self._lock)
 
     # ---- assignment (poll thread) ----
 
@@ -227,7 +241,7 @@ class WorkScheduler:
         first_offset, last_offset = messages[0].offset(), messages[-1].offset()
         slot_start = offsets.register_fetched(first_offset, last_offset)
         if not offsets.skip.active_below(first_offset):
-            self._append_chunk(state, _Chunk(messages, slot_start))
+            self._append_chunk(state, _Chunk(messages, slot_start, size_bytes(messages)))
             return len(messages)
         added = 0
         kept: list[Any] = []
@@ -236,7 +250,7 @@ class WorkScheduler:
             offset = message.offset()
             if offsets.skip.contains(offset):
                 if kept:
-                    self._append_chunk(state, _Chunk(kept, kept_slot_start))
+                    self._append_chunk(state, _Chunk(kept, kept_slot_start, size_bytes(kept)))
                     added += len(kept)
                     kept = []
                 offsets.mark_done(slot_start, offset + 1)
@@ -245,12 +259,12 @@ class WorkScheduler:
                 kept.append(message)
             slot_start = offset + 1
         if kept:
-            self._append_chunk(state, _Chunk(kept, kept_slot_start))
+            self._append_chunk(state, _Chunk(kept, kept_slot_start, size_bytes(kept)))
             added += len(kept)
         return added
 
     def _append_chunk(self, state: _PartitionState, chunk: _Chunk) -> None:
-        count, chunk_bytes = len(chunk.messages), size_bytes(chunk.messages)
+        count, chunk_bytes = len(chunk.messages), chunk.size_bytes
         state.chunks.append(chunk)
         state.buffered_records += count
         state.buffered_bytes += chunk_bytes
@@ -296,16 +310,44 @@ class WorkScheduler:
 
     # ---- hand-out (workers) ----
 
-    def take(self, timeout_s: float | None = None) -> Run | None:
-        """The next run for a worker, or None once dispatch stopped (or on timeout)."""
+    def take(self, timeout_s: float | None = None, worker_index: int = 0) -> Run | None:
+        """The next run for worker ``worker_index``, or None once dispatch stopped (or on
+        timeout). A worker not among the ``active_workers`` first waits to be activated."""
         with self._lock:
             while self.dispatching:
+                if worker_index >= self.active_workers:
+                    if self._buffered_records:  # pass on a wake-up meant for an active worker
+                        self._work_available.notify()
+                    if not self._worker_activated.wait(timeout_s):
+                        return None
+                    continue
                 run = self._next_run()
                 if run is not None:
                     return run
                 if not self._work_available.wait(timeout_s):
                     return None
             return None
+
+    def set_active_workers(self, count: int) -> None:
+        """Let workers ``0 .. count-1`` take runs (the others sleep once their run is done)."""
+        with self._lock:
+            grown = count > self.active_workers
+            self.active_workers = count
+            if grown:
+                self._worker_activated.notify_all()
+
+    def take_handler_window(self, window_ns: int) -> HandlerWindow:
+        """Handler figures of runs completed since the last call (which are then reset)."""
+        with self._lock:
+            window = HandlerWindow(
+                runs=self._window_runs, records=self._window_records,
+                handler_wall_ns=self._window_wall_ns, handler_cpu_ns=self._window_cpu_ns,
+                window_ns=window_ns, active_workers=self.active_workers,
+                blocked=(self._window_runs == 0 and self._buffered_records > 0
+                         and self._runs_in_flight >= self.active_workers))
+            self._window_runs = self._window_records = 0
+            self._window_wall_ns = self._window_cpu_ns = 0
+            return window
 
     def _next_run(self) -> Run | None:
         count = len(self._round_robin)
@@ -335,14 +377,17 @@ class WorkScheduler:
 
     def _take_prefix(self, state: _PartitionState, chunk: _Chunk, messages: list[Any],
                      keys: frozenset[bytes]) -> Run:
-        run = Run(state.topic, state.partition, messages, [(0, chunk.slot_start)], keys, state,
-                  self)
+        slot_start = chunk.slot_start
         if len(messages) == len(chunk.messages):
+            run_bytes = chunk.size_bytes
             state.chunks.popleft()
         else:
+            run_bytes = size_bytes(messages)
             chunk.messages = chunk.messages[len(messages):]
             chunk.slot_start = messages[-1].offset() + 1
-        return run
+            chunk.size_bytes -= run_bytes
+        return Run(state.topic, state.partition, messages, [(0, slot_start)], keys, state,
+                   self, run_bytes)
 
     def _cut_key_run(self, state: _PartitionState) -> Run | None:
         chunk = state.chunks[0]
@@ -374,8 +419,9 @@ class WorkScheduler:
                 left.append((index, message))
         if not taken:
             return None
-        run = Run(state.topic, state.partition, [m for _, m in taken],
-                  self._segments(chunk, taken), frozenset(run_keys), state, self)
+        run_messages = [m for _, m in taken]
+        run = Run(state.topic, state.partition, run_messages, self._segments(chunk, taken),
+                  frozenset(run_keys), state, self, size_bytes(run_messages))
         del state.chunks[chunk_index]
         for piece in reversed(self._pieces(chunk, left)):
             state.chunks.insert(chunk_index, piece)
@@ -396,25 +442,34 @@ class WorkScheduler:
         pieces: list[_Chunk] = []
         for position, (index, message) in enumerate(left):
             if position == 0 or left[position - 1][0] != index - 1:
-                pieces.append(_Chunk([], self._slot_start_of(chunk, index)))
+                pieces.append(_Chunk([], self._slot_start_of(chunk, index), 0))
             pieces[-1].messages.append(message)
+        for piece in pieces:
+            piece.size_bytes = size_bytes(piece.messages)
         return pieces
 
     def _start(self, tp: TopicPartitionKey, state: _PartitionState, run: Run) -> None:
-        count, run_bytes = len(run.messages), size_bytes(run.messages)
+        count, run_bytes = len(run.messages), run.size_bytes
         state.buffered_records -= count
         state.buffered_bytes -= run_bytes
         self._buffered_records -= count
         self._buffered_bytes -= run_bytes
         self._in_flight_by_partition[tp] += count
         self._in_flight_keys |= run.keys
+        self._runs_in_flight += 1
         self._space_available.notify()
 
-    def complete(self, run: Run, done_records: int, elapsed_ms: int) -> None:
+    def complete(self, run: Run, done_records: int, wall_ns: int, cpu_ns: int = 0) -> None:
         """A worker finished ``run``: its first ``done_records`` records were processed, the
-        rest abandoned (not processed); ``elapsed_ms`` tunes the run length."""
+        rest abandoned (not processed). Its handler took ``wall_ns`` (tunes the run length) and
+        ``cpu_ns`` of the worker's CPU (both feed the parallelism policy)."""
         tp = (run.topic, run.partition)
         with self._lock:
+            self._runs_in_flight -= 1
+            self._window_runs += 1
+            self._window_records += done_records
+            self._window_wall_ns += wall_ns
+            self._window_cpu_ns += cpu_ns
             self._in_flight_by_partition[tp] -= len(run.messages)
             if not self._in_flight_by_partition[tp]:
                 del self._in_flight_by_partition[tp]
@@ -423,14 +478,14 @@ class WorkScheduler:
             if done_records and self._states.get(tp) is run.state:
                 for start, end in run.done_ranges(done_records):
                     run.state.offsets.mark_done(start, end)
-            self._tune_run_length(len(run.messages), done_records, elapsed_ms)
+            self._tune_run_length(len(run.messages), done_records, wall_ns)
             if self._ordering != "unordered" and run.state.chunks:
                 self._work_available.notify()
 
-    def _tune_run_length(self, run_records: int, done_records: int, elapsed_ms: int) -> None:
-        if elapsed_ms > self._max_run_ms:
+    def _tune_run_length(self, run_records: int, done_records: int, wall_ns: int) -> None:
+        if wall_ns > self._max_run_ns:
             self.run_records = max(1, self.run_records // 2)
-        elif done_records == run_records and elapsed_ms * 2 <= self._max_run_ms:
+        elif done_records == run_records and wall_ns * 2 <= self._max_run_ns:
             self.run_records = min(self._max_run_records, self.run_records * 2)
 
     def wait_idle(self, tps: list[TopicPartitionKey], timeout_s: float) -> bool:
@@ -446,6 +501,7 @@ class WorkScheduler:
             for state in self._states.values():
                 self._discard_buffer(state)
             self._work_available.notify_all()
+            self._worker_activated.notify_all()
 
     # ---- offsets (poll thread) ----
 

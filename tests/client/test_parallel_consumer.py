@@ -220,3 +220,54 @@ def test_metrics_and_prometheus(bootstrap):
     assert f'headrace_parallel_consumer_committed_offset{{partition="0",topic="{topic}"}} 25.0' \
         in exposition
     assert "headrace_parallel_consumer_processed_records_total 50.0" in exposition
+
+
+def test_cheap_handler_runs_on_one_worker_without_fan_out(bootstrap):
+    """A no-op-like handler: every record on the same worker thread, one active worker."""
+    topic = create_topic(bootstrap, 3)
+    produce_records(bootstrap, topic, 3_000, 3, keys=50)
+    recorder = Recorder(3_000, handler_s=0)
+    threads: set[int] = set()
+
+    def handler(message):
+        threads.add(threading.get_ident())
+        recorder.end(message)
+
+    # 10 ms per run: far above what a run of this handler takes even on a loaded machine, so
+    # the policy's cheap rule applies whatever the scheduling noise.
+    options = ParallelConsumerOptions(workers=16, ordering="key", single_worker_max_run_us=10_000,
+                                      parallelism_window_ms=5)
+    consumer = _run(bootstrap, topic, handler, options, recorder)
+    assert len(threads) == 1
+    assert threads != {threading.get_ident()}
+    assert consumer.metrics().active_workers == 1
+
+
+def test_sleeping_handler_fans_out_to_every_worker(bootstrap):
+    topic = create_topic(bootstrap, 2)
+    produce_records(bootstrap, topic, 400, 2)
+    recorder = Recorder(400, handler_s=0.02)  # waits 20 ms, next to no CPU
+    consumer = _run(bootstrap, topic, recorder, ParallelConsumerOptions(
+        workers=8, ordering="unordered"), recorder)
+    assert recorder.max_in_flight == 8
+    assert consumer.metrics().active_workers == 8
+
+
+def test_handler_blocking_every_active_worker_does_not_stall_the_rest(bootstrap):
+    """The first record blocks until all others are done: the one active worker is stuck with
+    nothing completing, so the consumer must activate more workers to process the rest."""
+    topic = create_topic(bootstrap, 1)
+    produce_records(bootstrap, topic, 50, 1)
+    recorder = Recorder(50, handler_s=0)
+    others_done = threading.Event()
+
+    def handler(message):
+        if message.offset() == 0:
+            assert others_done.wait(WAIT_TIMEOUT_S)
+        recorder(message)
+        if len(recorder.processed) == 49:
+            others_done.set()
+
+    options = ParallelConsumerOptions(workers=4, ordering="unordered", max_run_records=1)
+    consumer = _run(bootstrap, topic, handler, options, recorder)
+    assert consumer.metrics().active_workers > 1

@@ -9,7 +9,7 @@ from headrace.client.work_scheduler import BufferLimits, WorkScheduler
 
 NO_WAIT_S = 0.0
 VALUE = b"v" * 10
-FAST_MS, SLOW_MS = 0, 1_000
+FAST_NS, SLOW_NS = 0, 1_000_000_000  # handler wall time of a run
 
 
 def _scheduler(ordering, max_run_records=1, skip=None, **limits):
@@ -36,7 +36,7 @@ def _offsets(run):
 def _grow_runs(scheduler, to_records):
     """Fast complete runs double the run length (a no-op handler's effect)."""
     while scheduler.run_records < to_records:
-        scheduler._tune_run_length(scheduler.run_records, scheduler.run_records, FAST_MS)
+        scheduler._tune_run_length(scheduler.run_records, scheduler.run_records, FAST_NS)
 
 
 def test_round_robin_across_partitions():
@@ -52,15 +52,15 @@ def test_run_length_adapts_to_handler_time():
     scheduler = _scheduler("unordered", max_run_records=8)
     _fill(scheduler, 0, range(100))
     run = scheduler.take(NO_WAIT_S)
-    scheduler.complete(run, 1, FAST_MS)
+    scheduler.complete(run, 1, FAST_NS)
     lengths = []
     for _ in range(4):
         run = scheduler.take(NO_WAIT_S)
         lengths.append(len(run.messages))
-        scheduler.complete(run, len(run.messages), FAST_MS)
+        scheduler.complete(run, len(run.messages), FAST_NS)
     assert lengths == [2, 4, 8, 8]  # doubles up to max_run_records
     run = scheduler.take(NO_WAIT_S)
-    scheduler.complete(run, len(run.messages), SLOW_MS)
+    scheduler.complete(run, len(run.messages), SLOW_NS)
     assert len(scheduler.take(NO_WAIT_S).messages) == 4  # a slow run halves it
 
 
@@ -71,7 +71,7 @@ def test_partition_ordering_one_run_in_flight_per_partition():
     first = scheduler.take(NO_WAIT_S)
     assert _offsets(first) == [0, 1]
     assert scheduler.take(NO_WAIT_S) is None
-    scheduler.complete(first, 2, FAST_MS)
+    scheduler.complete(first, 2, FAST_NS)
     assert _offsets(scheduler.take(NO_WAIT_S)) == [2, 3]
 
 
@@ -84,14 +84,14 @@ def test_key_ordering_one_run_per_key():
     second = scheduler.take(NO_WAIT_S)  # a and b are in flight: only c and the keyless one
     assert _offsets(second) == [3, 5]
     assert scheduler.take(NO_WAIT_S) is None
-    scheduler.complete(first, 2, FAST_MS)
+    scheduler.complete(first, 2, FAST_NS)
     third, fourth = scheduler.take(NO_WAIT_S), scheduler.take(NO_WAIT_S)
     assert (_offsets(third), _offsets(fourth)) == ([2], [4])  # the rest, split around 3
-    scheduler.complete(second, 2, FAST_MS)
-    scheduler.complete(fourth, 1, FAST_MS)
+    scheduler.complete(second, 2, FAST_NS)
+    scheduler.complete(fourth, 1, FAST_NS)
     ((_, _, committable, metadata),) = scheduler.commit_candidates([("t", 0)], 4096)
     assert (committable, decode_done_offsets(committable, metadata)) == (2, {3, 4, 5})
-    scheduler.complete(third, 1, FAST_MS)
+    scheduler.complete(third, 1, FAST_NS)
     assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 6, "")]
 
 
@@ -125,10 +125,10 @@ def test_commit_stops_at_first_unfinished_record():
     scheduler = _scheduler("unordered")
     _fill(scheduler, 0, [0, 1, 5])  # a gap: offsets 2-4 were compacted away
     runs = [scheduler.take(NO_WAIT_S) for _ in range(3)]
-    scheduler.complete(runs[1], 1, FAST_MS)
-    scheduler.complete(runs[2], 1, FAST_MS)
+    scheduler.complete(runs[1], 1, FAST_NS)
+    scheduler.complete(runs[2], 1, FAST_NS)
     assert scheduler.commit_candidates([("t", 0)], 4096)[0][:3] == ("t", 0, 0)
-    scheduler.complete(runs[0], 1, FAST_MS)
+    scheduler.complete(runs[0], 1, FAST_NS)
     assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 6, "")]
     assert scheduler.commit_candidates([("t", 0)], None) == []  # unchanged: nothing to send
 
@@ -138,7 +138,7 @@ def test_abandoned_rest_of_a_run_is_not_committed():
     _grow_runs(scheduler, 4)
     _fill(scheduler, 0, range(4))
     run = scheduler.take(NO_WAIT_S)
-    scheduler.complete(run, 2, FAST_MS)  # records 2 and 3 abandoned
+    scheduler.complete(run, 2, FAST_NS)  # records 2 and 3 abandoned
     assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 2, "")]
 
 
@@ -152,7 +152,7 @@ def test_revocation_stops_runs_and_later_completion_does_not_leak():
     scheduler.assign(("t", 0))
     _fill(scheduler, 0, [0, 1])
     assert scheduler.take(NO_WAIT_S) is None  # the stale run is still in flight
-    scheduler.complete(stale, 1, FAST_MS)
+    scheduler.complete(stale, 1, FAST_NS)
     assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 0, "")]
     assert _offsets(scheduler.take(NO_WAIT_S)) == [0]
 
@@ -163,7 +163,7 @@ def test_records_done_by_a_previous_owner_are_skipped():
     assert _fill(scheduler, 0, range(10, 16)) == 4
     first, second = scheduler.take(NO_WAIT_S), scheduler.take(NO_WAIT_S)
     assert (_offsets(first), _offsets(second)) == ([10, 11], [14, 15])
-    scheduler.complete(first, 2, FAST_MS)
+    scheduler.complete(first, 2, FAST_NS)
     assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 14, "")]
 
 
@@ -180,3 +180,30 @@ def test_stop_dispatch_ends_takes_and_current_runs():
 def test_unknown_ordering_rejected():
     with pytest.raises(ValueError):
         WorkScheduler("random", BufferLimits())
+
+
+def test_only_active_workers_take_runs():
+    scheduler = _scheduler("unordered")
+    _fill(scheduler, 0, range(4))
+    assert scheduler.take(NO_WAIT_S, worker_index=1) is None  # one active worker: index 0
+    assert _offsets(scheduler.take(NO_WAIT_S, worker_index=0)) == [0]
+    scheduler.set_active_workers(2)
+    assert _offsets(scheduler.take(NO_WAIT_S, worker_index=1)) == [1]
+    scheduler.set_active_workers(1)
+    assert scheduler.take(NO_WAIT_S, worker_index=1) is None
+
+
+def test_handler_window_sums_completed_runs_then_resets():
+    scheduler = _scheduler("unordered", max_run_records=2)
+    _grow_runs(scheduler, 2)
+    _fill(scheduler, 0, range(8))
+    first, second = scheduler.take(NO_WAIT_S), scheduler.take(NO_WAIT_S)
+    scheduler.complete(first, 2, wall_ns=3_000, cpu_ns=1_000)
+    scheduler.complete(second, 1, wall_ns=5_000, cpu_ns=2_000)
+    window = scheduler.take_handler_window(window_ns=10_000)
+    assert (window.runs, window.records, window.handler_wall_ns, window.handler_cpu_ns,
+            window.window_ns, window.active_workers, window.blocked) == (
+        2, 3, 8_000, 3_000, 10_000, 1, False)
+    scheduler.take(NO_WAIT_S)  # runs and never completes while records wait: blocked
+    blocked = scheduler.take_handler_window(window_ns=10_000)
+    assert (blocked.runs, blocked.handler_wall_ns, blocked.blocked) == (0, 0, True)
