@@ -66,12 +66,12 @@ def consume_plain(bootstrap: str, topic: str, ends: dict[int, int]) -> float:
     return elapsed
 
 
-def spark_session():
+def spark_session(master: str):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("headrace-spark-bench")
+    session = (SparkSession.builder.master(master).appName("headrace-spark-bench")
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.ui.enabled", "false")
@@ -106,12 +106,16 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--master", default="local[2]",
+                        help="Spark master: local[2] is one task slot per core here; the "
+                             "source's tasks mostly wait on the network, so local[4] is worth "
+                             "measuring too")
     args = parser.parse_args()
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
     topic = _create_topic(admin, args.partitions)
     produce_s = produce_plain(args.bootstrap, topic, args.records, args.partitions)
     ends = {p: len(range(p, args.records, args.partitions)) for p in range(args.partitions)}
-    spark = spark_session()
+    spark = spark_session(args.master)
     read_spark(spark, args.bootstrap, topic, ends)  # warm-up: JVM, Python workers
     producer_s, consumer_s, source_s, sink_s = [produce_s], [], [], []
     for run in range(args.repeat):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -21,6 +22,8 @@ from headrace.spark.options import parse_source_options
 from headrace.spark.wire_fetch import FetchClientConfig, PartitionFetchClient
 
 pytestmark = pytest.mark.spark
+
+PREFETCH_THREAD_EXIT_TIMEOUT_S = 30
 
 
 def _read(spark, bootstrap, **options):
@@ -143,6 +146,19 @@ def test_read_range_trims_batches_keeps_nulls_and_chunks(bootstrap):
     assert [[(h["key"], h["value"]) for h in row["headers"]] for row in rows] == headers[2:9]
     assert {(row["topic"], row["partition"], row["timestampType"]) for row in rows} == {
         (topic, 0, 0)}
+
+
+def test_read_range_closed_early_ends_its_prefetch_thread(bootstrap):
+    topic = new_topic(bootstrap, 1)
+    append(bootstrap, topic, 0, [b"v%d" % i for i in range(40)])
+    options = dataclasses.replace(_options(bootstrap), records_per_arrow_batch=2)
+    batches = read_range(options, OffsetRange(topic, 0, 0, 40))
+    assert next(batches).column("offset").to_pylist() == [0, 1]
+    [prefetch_thread] = [thread for thread in threading.enumerate()
+                         if thread.name == f"headrace-fetch-{topic}-0"]
+    batches.close()  # Spark stops reading (a LIMIT): 18 batches never consumed
+    prefetch_thread.join(PREFETCH_THREAD_EXIT_TIMEOUT_S)
+    assert not prefetch_thread.is_alive()
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
