@@ -188,6 +188,8 @@ class CleanerManager:
             candidates = []
             max_delay_ms = 0
             ratios = {k: v for k, v in self._dirty_ratios.items() if k in logs}
+            for gone in [k for k in self.uncleanable_partitions if k not in logs]:
+                self._forget_uncleanable(gone)  # deleted: a new topic of that name starts clean
             for key, (log_dir, log) in logs.items():
                 if not log.config.compact_enabled or log.closed or key in self._in_progress:
                     continue

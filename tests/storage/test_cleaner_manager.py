@@ -96,3 +96,7 @@ def test_corrupt_segment_marks_only_that_partition_uncleanable(scratch, clock):
     broken.update_config(compact_config(delete_retention_ms=5))  # a config change: retried
     manager.clean_filthiest(logs)
     assert ("a", 0) in manager.uncleanable_partitions  # retried, still corrupt
+    del logs[("a", 0)]  # the topic is deleted: its uncleanable mark goes with it
+    manager.clean_filthiest(logs)
+    assert manager.uncleanable_partitions == {}
+    assert manager.metrics()["uncleanable-partitions-count"] == 0
