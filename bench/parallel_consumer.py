@@ -4,7 +4,10 @@ Two figures, each a records/s ratio measured against the same topic in one run:
   io:   a 10 ms I/O-bound handler (time.sleep), ParallelConsumer with --workers (32) vs a plain loop
         (target >= 25x);
   noop: a handler doing nothing: plain loop records/s / ParallelConsumer records/s (target <= 1.3).
-Prints one JSON line and one markdown row. Run against any broker, e.g. the Tansu peer:
+Both loops run with the same librdkafka settings (the ParallelConsumer's defaults,
+LIBRDKAFKA_CONFIG_DEFAULTS, are given to the plain loop too). Each topic holds TAIL_FRACTION more
+records than either loop counts, so neither ends on a consume() waiting out its timeout for a
+batch the topic cannot fill. Prints one JSON line and one markdown row. Run against any broker, e.g. the Tansu peer:
   /work/shared/bench/run-peer.sh -- sh -c '.venv/bin/python bench/parallel_consumer.py --bootstrap $BOOTSTRAP'
 Scratch: topics named pcbench-*; nothing on disk.
 """
@@ -24,13 +27,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from headrace.client import ParallelConsumer, ParallelConsumerOptions  # noqa: E402
+from headrace.client.parallel_consumer import LIBRDKAFKA_CONFIG_DEFAULTS  # noqa: E402
 
 IO_HANDLER_S = 0.010
 METRICS_POLL_S = 0.001
 VALUE_BYTES = 100
+TAIL_FRACTION = 0.1  # records produced beyond those counted (see module doc)
 
 
 def make_topic(bootstrap: str, partitions: int, records: int) -> str:
+    """A new topic holding ``records`` plus a tail of TAIL_FRACTION more."""
+    records += int(records * TAIL_FRACTION)
     name = f"pcbench-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
@@ -52,8 +59,9 @@ def make_topic(bootstrap: str, partitions: int, records: int) -> str:
 
 
 def group_config(bootstrap: str) -> dict:
-    return {"bootstrap.servers": bootstrap, "group.id": f"pcbench-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest", "enable.auto.commit": False}
+    return {**LIBRDKAFKA_CONFIG_DEFAULTS, "bootstrap.servers": bootstrap,
+            "group.id": f"pcbench-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest",
+            "enable.auto.commit": False}
 
 
 def plain_loop(bootstrap: str, topic: str, records: int, handler) -> float:
@@ -72,7 +80,7 @@ def plain_loop(bootstrap: str, topic: str, records: int, handler) -> float:
             next_commit = time.perf_counter() + 1
     elapsed = time.perf_counter() - started
     consumer.close()
-    return records / elapsed
+    return seen / elapsed
 
 
 def parallel(bootstrap: str, topic: str, records: int, handler, workers: int,

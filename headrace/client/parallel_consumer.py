@@ -42,8 +42,18 @@ Owns the poll thread, the worker pool and the commit policy around a ``WorkSched
   partitions (session expired) are dropped without a commit.
 
 The consumer config is librdkafka's (``bootstrap.servers``, ``group.id``, ...); this class forces
-``enable.auto.commit=false``. Thread-safety: ``start``, ``close`` and ``metrics`` may be called
-from any thread; the handler runs concurrently on up to ``workers`` threads.
+``enable.auto.commit=false`` and defaults ``LIBRDKAFKA_CONFIG_DEFAULTS`` (a user's value wins):
+librdkafka stops fetching a partition for ``fetch.queue.backoff.ms`` (its default: 1,000 ms)
+whenever its local queue is over ``queued.min.messages`` (100,000, counted over the consumer's
+whole queue) or ``queued.max.messages.kbytes``. A consumer that drains the queue in less than
+that (100,000 small records take ~0.1 s) then finds it empty and waits out the rest of the
+second in ``consume()`` (confluentinc/librdkafka#2879); a 10 ms backoff keeps the queue fed. The
+benchmark's plain loop runs with the same settings. A partition is resumed after an assignment
+only if this consumer had paused it when it was released (in case librdkafka kept the pause):
+resuming one that is not paused is wasted work.
+
+Thread-safety: ``start``, ``close`` and ``metrics`` may be called from any thread; the handler
+runs concurrently on up to ``workers`` threads.
 """
 
 from __future__ import annotations
@@ -94,6 +104,8 @@ RETRY_JITTER_FRACTION = 0.2  # Kafka's CommonClientConfigs exponential backoff j
 # A full buffer that workers drain within this long is not worth a pause (and refetch).
 PAUSE_AFTER_FULL_MS_DEFAULT = 500
 SUCCEEDED, DEAD_LETTERED = "succeeded", "dead-lettered"  # outcomes of a retried record
+# librdkafka settings this class defaults (see module doc); a consumer_config value wins.
+LIBRDKAFKA_CONFIG_DEFAULTS: dict[str, Any] = {"fetch.queue.backoff.ms": 10}
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +167,8 @@ class ParallelConsumer:
             cpu_share_max=options.cpu_share_max)
         self._single_topic = (self._topics[0] if len(self._topics) == 1
                               and not self._topics[0].startswith("^") else None)
-        self._consumer_config = {**consumer_config, "enable.auto.commit": False,
+        self._consumer_config = {**LIBRDKAFKA_CONFIG_DEFAULTS, **consumer_config,
+                                 "enable.auto.commit": False,
                                  "on_commit": self._on_commit}
         self._consumer: Consumer | None = None
         self._dead_letter_producer = self._make_dead_letter_producer(consumer_config, options)
@@ -167,6 +180,7 @@ class ParallelConsumer:
         self._commits = 0
         self._paused: set[TopicPartitionKey] = set()
         self._resume_after_assign: set[TopicPartitionKey] = set()
+        self._released_while_paused: set[TopicPartitionKey] = set()
         self._full_since_ms: dict[TopicPartitionKey, int] = {}
         self._poll_failure: BaseException | None = None
         self._poll_thread = threading.Thread(target=self._poll_loop, name="pc-poll", daemon=True)
@@ -411,7 +425,9 @@ class ParallelConsumer:
         for tp in partitions:
             key = (tp.topic, tp.partition)
             self._scheduler.assign(key, skip_by_partition.get(key))
-            self._resume_after_assign.add(key)
+            if key in self._released_while_paused:
+                self._released_while_paused.discard(key)
+                self._resume_after_assign.add(key)
         log.info("assigned %s", [(tp.topic, tp.partition) for tp in partitions])
 
     def _done_offsets_from_metadata(self, consumer: Consumer, partitions: list[TopicPartition]
@@ -437,6 +453,7 @@ class ParallelConsumer:
 
     def _release(self, keys: list[TopicPartitionKey]) -> None:
         self._scheduler.remove(keys)
+        self._released_while_paused.update(self._paused.intersection(keys))
         self._paused.difference_update(keys)
         self._resume_after_assign.difference_update(keys)
         log.info("released %s", keys)

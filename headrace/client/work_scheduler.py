@@ -117,14 +117,16 @@ class Run:
     """Records of one partition for one worker, in offset order.
 
     ``segments``: (index in ``messages`` where a stretch of consecutively fetched records begins,
-    slot start of that record); ``keys``: the keys this run holds in flight (key ordering).
+    slot start of that record); ``keys``: the keys this run holds in flight (key ordering), left
+    None by a run cut while no other was in flight until another cut needs them (``key_set``):
+    a single worker then never builds a key set.
     """
 
     topic: str
     partition: int
     messages: list[Any]
     segments: list[tuple[int, int]]
-    keys: frozenset[bytes]
+    keys: frozenset[bytes] | None  # None: not computed yet (see key_set)
     state: _PartitionState
     scheduler: WorkScheduler
     size_bytes: int
@@ -132,6 +134,14 @@ class Run:
     def is_current(self) -> bool:
         """False once the partition was revoked or dispatch stopped (stop before next record)."""
         return not self.state.revoked and self.scheduler.dispatching
+
+    def key_set(self) -> frozenset[bytes]:
+        """The record keys of this run (None keys excluded), computed once."""
+        if self.keys is None:
+            keys = set(map(Message.key, self.messages))
+            keys.discard(None)
+            self.keys = frozenset(keys)
+        return self.keys
 
     def done_ranges(self, done_records: int) -> list[OffsetRange]:
         """Slot ranges of the first ``done_records`` records."""
@@ -168,7 +178,7 @@ class WorkScheduler:
         self._round_robin: list[TopicPartitionKey] = []
         self._cursor = 0
         self._in_flight_by_partition: Counter[TopicPartitionKey] = Counter()
-        self._in_flight_keys: set[bytes] = set()
+        self._key_runs_in_flight: dict[int, Run] = {}  # id(run) -> run, key ordering only
         self._buffered_records = 0
         self._buffered_bytes = 0
         self.dispatching = True
@@ -376,7 +386,7 @@ class WorkScheduler:
         return self._take_prefix(state, chunk, messages, frozenset())
 
     def _take_prefix(self, state: _PartitionState, chunk: _Chunk, messages: list[Any],
-                     keys: frozenset[bytes]) -> Run:
+                     keys: frozenset[bytes] | None) -> Run:
         slot_start = chunk.slot_start
         if len(messages) == len(chunk.messages):
             run_bytes = chunk.size_bytes
@@ -392,26 +402,30 @@ class WorkScheduler:
     def _cut_key_run(self, state: _PartitionState) -> Run | None:
         chunk = state.chunks[0]
         messages = chunk.messages[:self.run_records]
+        if not self._key_runs_in_flight:  # nothing to conflict with: keys computed when needed
+            return self._take_prefix(state, chunk, messages, None)
         keys = set(map(Message.key, messages))
         keys.discard(None)
-        if keys.isdisjoint(self._in_flight_keys):  # fast path: the whole prefix may run
+        in_flight = [run.key_set() for run in self._key_runs_in_flight.values()]
+        if all(map(keys.isdisjoint, in_flight)):  # fast path: the whole prefix may run
             return self._take_prefix(state, chunk, messages, frozenset(keys))
+        in_flight_keys = set().union(*in_flight)
         for chunk_index, chunk in enumerate(state.chunks):
-            run = self._cut_key_run_from(state, chunk_index, chunk)
+            run = self._cut_key_run_from(state, chunk_index, chunk, in_flight_keys)
             if run is not None:
                 return run
         return None
 
-    def _cut_key_run_from(self, state: _PartitionState, chunk_index: int,
-                          chunk: _Chunk) -> Run | None:
-        """Eligible records of one chunk (keys not in flight, up to ``run_records``); the rest
-        stay, split into chunks of consecutively fetched records."""
+    def _cut_key_run_from(self, state: _PartitionState, chunk_index: int, chunk: _Chunk,
+                          in_flight_keys: set[bytes]) -> Run | None:
+        """Eligible records of one chunk (keys not in ``in_flight_keys``, up to
+        ``run_records``); the rest stay, split into chunks of consecutively fetched records."""
         taken, left = [], []  # (index in chunk, message)
         run_keys: set[bytes] = set()
         for index, message in enumerate(chunk.messages):
             key = message.key()
             if len(taken) < self.run_records and (
-                    key is None or key in run_keys or key not in self._in_flight_keys):
+                    key is None or key in run_keys or key not in in_flight_keys):
                 taken.append((index, message))
                 if key is not None:
                     run_keys.add(key)
@@ -455,7 +469,8 @@ class WorkScheduler:
         self._buffered_records -= count
         self._buffered_bytes -= run_bytes
         self._in_flight_by_partition[tp] += count
-        self._in_flight_keys |= run.keys
+        if self._ordering == "key":
+            self._key_runs_in_flight[id(run)] = run
         self._runs_in_flight += 1
         self._space_available.notify()
 
@@ -474,7 +489,7 @@ class WorkScheduler:
             if not self._in_flight_by_partition[tp]:
                 del self._in_flight_by_partition[tp]
                 self._partition_idle.notify_all()
-            self._in_flight_keys -= run.keys
+            self._key_runs_in_flight.pop(id(run), None)
             if done_records and self._states.get(tp) is run.state:
                 for start, end in run.done_ranges(done_records):
                     run.state.offsets.mark_done(start, end)

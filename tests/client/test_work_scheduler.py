@@ -95,6 +95,23 @@ def test_key_ordering_one_run_per_key():
     assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 6, "")]
 
 
+def test_key_ordering_spans_partitions_and_revoked_runs():
+    """A run cut while nothing was in flight (its key set built only when a later cut needs it)
+    still holds its keys against other partitions, and after its partition is revoked."""
+    scheduler = _scheduler("key", max_run_records=4)
+    _grow_runs(scheduler, 2)
+    _fill(scheduler, 0, range(2), keys=[b"a", b"b"])
+    first = scheduler.take(NO_WAIT_S)
+    scheduler.drop_buffered([("t", 0)])
+    _fill(scheduler, 1, range(3), keys=[b"b", b"c", b"a"])
+    second = scheduler.take(NO_WAIT_S)
+    assert (second.partition, _offsets(second)) == (1, [1])  # a and b still in flight
+    scheduler.complete(first, 0, FAST_NS)
+    third, fourth = scheduler.take(NO_WAIT_S), scheduler.take(NO_WAIT_S)
+    assert (_offsets(third), _offsets(fourth)) == ([0], [2])  # the rest, split around 1
+    assert scheduler.take(NO_WAIT_S) is None
+
+
 def test_limits_pause_full_partitions_then_all():
     scheduler = _scheduler("unordered", max_buffered_records_per_partition=2,
                            max_buffered_records=5)
