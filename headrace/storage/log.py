@@ -548,15 +548,35 @@ class Log:
         full by size, index or relative offset range, or older than segment.ms (Kafka's
         ``shouldRoll``)."""
         active = self._segments[-1]
-        if active.size_bytes and (
-                now_ms > self._roll_deadline_ms(active)
-                or active.size_bytes + size_bytes > self.config.segment_bytes
-                or len(active.offset_index.positions) >= active.offset_index.max_entries
-                or len(active.time_index.timestamps) >= active.time_index.max_entries
-                or last_offset - active.base_offset > MAX_RELATIVE_OFFSET):
+        if active.size_bytes and self._must_roll(active, size_bytes, last_offset, now_ms):
             self._roll_locked(now_ms)
             active = self._segments[-1]
         return active
+
+    def _must_roll(self, active: LogSegment, size_bytes: int, last_offset: int,
+                   now_ms: int) -> bool:
+        return (now_ms > self._roll_deadline_ms(active)
+                or active.size_bytes + size_bytes > self.config.segment_bytes
+                or len(active.offset_index.positions) >= active.offset_index.max_entries
+                or len(active.time_index.timestamps) >= active.time_index.max_entries
+                or last_offset - active.base_offset > MAX_RELATIVE_OFFSET)
+
+    def append_needs_no_io_wait(self, size_bytes: int, now_ms: int) -> bool:
+        """Whether appending ``size_bytes`` of records now certainly neither fsyncs nor rolls
+        (flush.messages not reached even if every byte were a record; no roll by size,
+        index, offset range or age) and is not on a compacted log (whose lock the cleaner
+        takes for a swap). The broker runs such small appends inline on its event loop.
+        A hint read without the lock: a racing append can only make the answer stale
+        towards "a roll or flush happens", which the append then simply performs."""
+        config = self.config
+        if config.compact_enabled or self._closed:
+            return False
+        log_end_offset = self._view.log_end_offset
+        if log_end_offset + size_bytes - self.recovery_point >= config.flush_messages:
+            return False
+        active = self._segments[-1]
+        return not (active.size_bytes and self._must_roll(
+            active, size_bytes, log_end_offset + size_bytes, now_ms))
 
     def _roll_deadline_ms(self, segment: LogSegment) -> int:
         """The broker time after which ``segment`` is too old to append to; cached per

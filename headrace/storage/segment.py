@@ -46,7 +46,7 @@ INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 DELETED_SUFFIX = ".deleted"
 MAX_RELATIVE_OFFSET = 2**31 - 1
-RECOVERY_READ_CHUNK_BYTES = 8 * 1024 * 1024
+RECOVERY_READ_CHUNK_BYTES = 4 * 1024 * 1024  # also bounds the index rebuild after a cleaning
 _HEADER_PREFIX = struct.Struct(">qiibIhi")  # base_offset .. last_offset_delta: 27 bytes
 HEADER_PREFIX_BYTES = _HEADER_PREFIX.size
 
@@ -87,6 +87,12 @@ class BatchLocation:
 
 class LogSegment:
     """A segment file and its indexes; created, loaded or recovered by ``Log``."""
+
+    # Slots: every append reads and writes several of these attributes.
+    __slots__ = ("fs", "directory", "base_offset", "index_interval_bytes", "log_path", "fd",
+                 "size_bytes", "offset_index", "time_index", "bytes_since_last_index_entry",
+                 "max_timestamp_ms", "offset_of_max_timestamp", "first_batch_timestamp_ms",
+                 "created_ms", "last_modified_ms", "closed")
 
     def __init__(self, fs: FileSystem, directory: Path, base_offset: int, index_max_bytes: int,
                  index_interval_bytes: int, created_ms: int) -> None:
