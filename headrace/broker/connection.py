@@ -13,11 +13,17 @@ and our ranges, as Kafka does, so clients can downgrade.
 
 Responses are kio entities (encoded here) or ``RawResponse``s: bytes written as they are and
 storage ``FileSlice``s sent with ``loop.sendfile`` (zero-copy ``os.sendfile`` on the default
-selector event loop); slices totalling under ``SENDFILE_MIN_BYTES``, and every slice on a
-loop without native sendfile (uvloop), are read with pread and written, which is cheaper
-than a sendfile round trip for tiny fetches. A slice is first offered to one direct
+selector event loop); slices totalling under ``SENDFILE_MIN_BYTES`` are read with pread and
+the whole response goes out in one write (each separate write to a loopback socket is a
+segment and a wake-up of the reader, the largest fixed cost of a small fetch), as is every
+slice on a loop without native sendfile (uvloop). A slice is first offered to one direct
 non-blocking ``os.sendfile`` when the transport has nothing queued; only what does not fit
-in the socket buffer goes through ``loop.sendfile``.
+in the socket buffer goes through ``loop.sendfile``. A sendfile response is written with
+TCP_CORK set, so its few bytes after the file data do not leave as a segment of their own.
+
+Request handling starts on the stack of ``data_received`` ("eager", as Python 3.12's eager
+tasks) and moves to a task only if it has to wait (an append-thread job, a long poll, a full
+socket buffer).
 
 Runs on the event loop thread only; not thread-safe.
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import struct
 import time
 from collections import deque
@@ -41,6 +48,7 @@ log = logging.getLogger(__name__)
 
 MAX_QUEUED_REQUESTS = 64
 SENDFILE_MIN_BYTES = 64 * 1024
+TCP_CORK = getattr(socket, "TCP_CORK", None)  # Linux
 _INT32 = struct.Struct(">i")
 
 
@@ -57,6 +65,41 @@ class _FileAtOffset:
 
     def seek(self, position: int, whence: int = 0) -> int:
         return position  # the slice's position is always passed explicitly
+
+
+class _Resumed:
+    """Awaitable that continues a coroutine started by hand (``coroutine.send(None)``) which
+    suspended by yielding ``yielded``: the task running it sees what the coroutine yields,
+    and the coroutine sees what the task sends or throws in (cancellation)."""
+
+    __slots__ = ("_coroutine", "_yielded")
+
+    def __init__(self, coroutine, yielded) -> None:
+        self._coroutine = coroutine
+        self._yielded = yielded
+
+    def __await__(self):
+        coroutine, yielded = self._coroutine, self._yielded
+        while True:
+            try:
+                sent = yield yielded
+            except GeneratorExit:
+                coroutine.close()
+                raise
+            except BaseException as error:  # noqa: BLE001 -- every throw goes to the coroutine
+                try:
+                    yielded = coroutine.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    yielded = coroutine.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _continue(coroutine, yielded):
+    return await _Resumed(coroutine, yielded)
 
 
 def has_native_sendfile(loop: asyncio.AbstractEventLoop) -> bool:
@@ -82,6 +125,7 @@ class KafkaConnection(asyncio.Protocol):
         self.queue: deque[bytes] = deque()
         self.transport: asyncio.Transport | None = None
         self.socket_fd = -1
+        self.sock = None
         self.peer = ""
         self.last_active_monotonic_s = time.monotonic()
         self.worker: asyncio.Task | None = None
@@ -96,6 +140,7 @@ class KafkaConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         self.socket_fd = sock.fileno() if sock is not None else -1
+        self.sock = sock if TCP_CORK is not None else None
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.registry.add(self)
@@ -120,7 +165,7 @@ class KafkaConnection(asyncio.Protocol):
             self.transport.pause_reading()
             self.reading_paused = True
         if self.queue and (self.worker is None or self.worker.done()):
-            self.worker = asyncio.get_running_loop().create_task(self._work())
+            self._start_worker()
 
     def pause_writing(self) -> None:
         self.writable.clear()
@@ -141,6 +186,18 @@ class KafkaConnection(asyncio.Protocol):
         self.queue.clear()
         if self.transport is not None:
             self.transport.abort()
+
+    def _start_worker(self) -> None:
+        """Run ``_work`` right away on this call stack ("eager" start): most requests finish
+        without suspending (inline appends, fetches with data, a writable socket), which
+        saves creating a task and a trip around the event loop per request. A ``_work`` that
+        suspends continues in a task (``self.worker``) from where it stopped."""
+        work = self._work()
+        try:
+            suspended_at = work.send(None)
+        except StopIteration:
+            return
+        self.worker = asyncio.get_running_loop().create_task(_continue(work, suspended_at))
 
     async def _work(self) -> None:
         while self.queue and not self.closing:
@@ -190,25 +247,51 @@ class KafkaConnection(asyncio.Protocol):
         header_bytes = wire.response_header_bytes(header, flexible)
         head = _INT32.pack(len(header_bytes) + response.size_bytes) + header_bytes
         parts = response.parts
+        file_bytes = sum(p.length for p in parts if not isinstance(p, bytes | bytearray))
+        if file_bytes < SENDFILE_MIN_BYTES:  # one write, so one segment and one wake-up
+            await self._write(b"".join([head, *(
+                p if isinstance(p, bytes | bytearray) else p.read_bytes() for p in parts)]))
+            return
         if parts and isinstance(parts[0], bytes | bytearray):
             head, parts = head + parts[0], parts[1:]  # one write for the header and body start
-        await self._write(head)
-        file_bytes = sum(p.length for p in parts if not isinstance(p, bytes | bytearray))
         loop = asyncio.get_running_loop()
-        use_sendfile = file_bytes >= SENDFILE_MIN_BYTES and has_native_sendfile(loop)
+        if not has_native_sendfile(loop):
+            for part in (head, *parts):
+                if self.closing:
+                    return
+                await self._write(part if isinstance(part, bytes | bytearray)
+                                  else part.read_bytes())
+            return
+        self._set_cork(True)
+        try:
+            await self._write(head)
+            await self._send_parts(parts, loop)
+        finally:
+            self._set_cork(False)
+
+    async def _send_parts(self, parts: tuple[Any, ...], loop: asyncio.AbstractEventLoop) -> None:
         for part in parts:
             if self.closing:
                 return
             if isinstance(part, bytes | bytearray):
                 await self._write(part)
-            elif not use_sendfile:
-                await self._write(part.read_bytes())
             elif part.length:
                 await self.writable.wait()
                 sent = self._sendfile_at_once(part)
                 if sent < part.length and not self.closing:
                     await loop.sendfile(self.transport, _FileAtOffset(part.fd),
                                         part.position + sent, part.length - sent)
+
+    def _set_cork(self, corked: bool) -> None:
+        """TCP_CORK around a sendfile response: the header, the file data and the few bytes
+        after it leave in full segments, the tail not as a segment (and a wake-up of the
+        client) of its own."""
+        if self.sock is None or self.closing or self.transport.is_closing():
+            return
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, TCP_CORK, 1 if corked else 0)
+        except OSError:  # the peer went away; connection_lost follows
+            pass
 
     def _sendfile_at_once(self, part: Any) -> int:
         """Bytes of ``part`` that one non-blocking ``os.sendfile`` sends right now, when nothing

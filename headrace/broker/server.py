@@ -16,15 +16,17 @@ comparison; a value other than ``asyncio``/``uvloop`` is a configuration error.
 
 Start-up: load every log (recovering after an unclean shutdown), bind, then log the time
 from process start to serving. Maintenance (``LogManager.maintenance(now_ms)``: time-based
-flush, rolls, retention, checkpoints) runs every ``MAINTENANCE_INTERVAL_MS`` on the append
-thread, so it never runs concurrently with an append. The log cleaner (``CleanerService``)
-starts after the group coordinator has created ``__consumer_offsets``. Idle connections are
-closed after ``connections.max.idle.ms``. SIGTERM/SIGINT: stop accepting, let in-flight
-requests finish (up to ``SHUTDOWN_GRACE_MS``), close connections, stop the cleaner threads
-(cleanings abort at their next chunk), then ``LogManager.shutdown()``.
+flush, rolls, retention) runs every ``MAINTENANCE_INTERVAL_MS`` on the append thread, so it
+never runs concurrently with an append; after it, the changed checkpoints are written on the
+background thread (``LogManager.write_checkpoints``), so no produce waits for their fsyncs.
+The log cleaner (``CleanerService``) starts after the group coordinator has created
+``__consumer_offsets``. Idle connections are closed after ``connections.max.idle.ms``.
+SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
+close connections, stop the cleaner threads (cleanings abort at their next chunk), then
+``LogManager.shutdown()``.
 
-Everything runs on one event-loop thread, plus the single append thread of BrokerState and
-the ``log.cleaner.threads`` cleaner threads.
+Everything runs on one event-loop thread, plus the single append thread and the single
+background thread of BrokerState and the ``log.cleaner.threads`` cleaner threads.
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ DEFAULT_EVENT_LOOP = "asyncio"
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, clock=None) -> None:
+    def __init__(self, config: BrokerConfig, clock=None, fs=None) -> None:
+        """``fs``: the storage file system (``headrace.storage.fs.FileSystem``; the real one
+        unless a test injects faults)."""
         self.config = config
         self.clock = clock or SystemClock()
+        self.fs = fs
         self.connections: set[KafkaConnection] = set()
         self.state: BrokerState | None = None
         self._server: asyncio.Server | None = None
@@ -74,7 +79,7 @@ class Broker:
         log_dirs = config.log_dirs
         for log_dir in log_dirs:
             log_dir.mkdir(parents=True, exist_ok=True)
-        log_manager = LogManager(log_dirs, config.properties(), self.clock)
+        log_manager = LogManager(log_dirs, config.properties(), self.clock, fs=self.fs)
         log_manager.startup()
         config.add_change_listener(log_manager.set_broker_defaults)
         host, port = config.listener
@@ -119,6 +124,10 @@ class Broker:
                 await state.run_append(state.log_manager.maintenance, self.clock.now_ms())
             except Exception:
                 log.exception("log maintenance failed")
+            try:
+                await state.run_background(state.log_manager.write_checkpoints)
+            except Exception:
+                log.exception("writing checkpoints failed")
 
     async def _idle_reaper_loop(self) -> None:
         idle_limit_s = self.config.get_int("connections.max.idle.ms") / 1000
@@ -149,8 +158,8 @@ class Broker:
             if state.cleaner is not None:
                 await asyncio.get_running_loop().run_in_executor(None, state.cleaner.stop)
             await asyncio.get_running_loop().run_in_executor(
-                state.append_executor, state.log_manager.shutdown
-            )
+                None, state.background_executor.shutdown, True)
+            await state.run_append(state.log_manager.shutdown)
             state.append_executor.shutdown(wait=True)
 
 

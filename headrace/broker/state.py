@@ -12,9 +12,13 @@ Files, in the first log directory (Java properties text):
   block end is fsynced before any id of it is used, so ids are never reused after a crash.
 
 Thread-safety: handlers run on the event loop thread. ``AppendHub.notify`` may be called from
-any thread (log append listeners) and hops to the loop with ``call_soon_threadsafe``.
+any thread (log append listeners) and hops to the loop with ``call_soon_threadsafe`` (plain
+``call_soon`` when already on it). ``AppendHub`` must be created on the loop's thread.
 ``ProducerIdAllocator`` takes a lock. Appends run on ``append_executor``, a single thread,
-because ``Log.append`` may fsync; reads are thread-safe and run on the loop.
+because ``Log.append`` may fsync; reads are thread-safe and run on the loop. A small produce
+may append on the loop thread instead, only while ``append_thread_idle`` (see there).
+Checkpoint writes run on ``background_executor`` (one thread; the server awaits each job
+before scheduling the next, so at most one is pending): no append waits for their fsyncs.
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ class AppendHub:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._loop_thread_id = threading.get_ident()
         self._waiters: dict[tuple[str, int], set[asyncio.Event]] = {}
         self._hooked_logs: dict[tuple[str, int], Any] = {}
 
@@ -135,6 +140,9 @@ class AppendHub:
         misses in that read finds the registration here (``in`` on a dict is atomic)."""
         if key not in self._waiters:
             return
+        if threading.get_ident() == self._loop_thread_id:  # an inline append on the loop
+            self._loop.call_soon(self._wake, key)
+            return
         try:
             self._loop.call_soon_threadsafe(self._wake, key)
         except RuntimeError:  # the loop is closed: the broker is shutting down
@@ -161,8 +169,36 @@ class BrokerState:
     append_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="headrace-append")
     )
+    background_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="headrace-background")
+    )
+
+    appends_submitted: int = 0  # jobs handed to the append thread; the loop thread writes it
+    appends_completed: int = 0  # jobs it finished; only the append thread writes it
 
     async def run_append(self, function, *args):
         """Run a log-mutating call (append, create, delete...) on the single append thread."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.append_executor, function, *args)
+        self.appends_submitted += 1
+        return await loop.run_in_executor(self.append_executor, self._counted, function, args)
+
+    def _counted(self, function, args):
+        try:
+            return function(*args)
+        finally:
+            self.appends_completed += 1
+
+    @property
+    def append_thread_idle(self) -> bool:
+        """Event loop thread only: no job is queued on or running on the append thread.
+
+        Only the loop thread submits append-thread jobs, so while this holds, log-mutating
+        work done on the loop thread (``handlers.produce``'s inline appends) is serialized
+        with every append-thread job, as if it ran there."""
+        return self.appends_completed == self.appends_submitted
+
+    async def run_background(self, function, *args):
+        """Run work no request waits for (checkpoint writes and their fsyncs) on the single
+        background thread, never on the append thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.background_executor, function, *args)

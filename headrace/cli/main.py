@@ -3,6 +3,11 @@
 ``headrace broker [--config server.properties] [--override key=value ...]`` runs a
 single-node broker in the foreground until SIGTERM/SIGINT. A bad configuration is reported
 in one line with exit status 2. Stateless; runs on the main thread.
+
+Registration is lazy: ``main`` adds the client command groups (topics, produce, consume,
+groups, cleaner, spark, ...: their modules import the client, numpy and pyarrow paths) only
+when the command line is not ``headrace broker ...``, so starting a broker imports the broker
+path alone. ``headrace --help`` and every other command see the full set.
 """
 
 from __future__ import annotations
@@ -50,7 +55,10 @@ def broker(
         raise typer.Exit(2) from None
 
 
-def _register_client_commands() -> None:
+BROKER_COMMAND = "broker"
+
+
+def register_client_commands() -> None:
     """The client commands (topics, produce, consume, ...) live in their own modules."""
     from headrace.cli import cleaner, client_commands, groups
 
@@ -61,10 +69,14 @@ def _register_client_commands() -> None:
     app.add_typer(spark_app, name="spark")
 
 
-_register_client_commands()
+def runs_broker_only(arguments: list[str]) -> bool:
+    """Whether the command line names ``headrace broker`` (the root takes no options)."""
+    return arguments[:1] == [BROKER_COMMAND]
 
 
 def main() -> None:
+    if not runs_broker_only(sys.argv[1:]):
+        register_client_commands()
     app()
 
 

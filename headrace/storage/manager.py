@@ -18,19 +18,27 @@ On-disk layout of each data directory (Kafka's, plus one headrace file)::
     <first log.dir>/__topic_configs/<topic>.properties
                                                 the topic's config overrides, key=value lines
 
+Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
+``partition.metadata`` files, then of the new directories and once of each log directory)
+before the topic is published, so a topic a client has seen survives a crash.
+
 Thread-safety: mutating calls (create/delete/alter/maintenance/shutdown) are serialized by one
 lock (deleting a topic first waits for a cleaning of its partitions to stop, see
 ``Log.stop_cleaning``); ``get_log``/``topic``/``topics`` read dictionaries that are replaced, not mutated, so they
-are safe from any thread.
+are safe from any thread. ``write_checkpoints`` may run on its own thread (the broker's
+background thread): it takes a checkpoint lock, then the manager's lock only to read offsets,
+and writes the files outside it.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import os
 import re
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +80,8 @@ DELETE_DIR_SUFFIX = "-delete"
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+CREATION_FSYNC_THREADS = 8
+_CREATE_TRUNCATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +124,7 @@ class LogManager:
         self.clock = clock
         self.fs = fs or RealFileSystem()
         self._lock = threading.RLock()
+        self._checkpoint_lock = threading.Lock()  # taken before ``_lock``, never after
         self._topics: dict[str, TopicInfo] = {}
         self._logs: dict[tuple[str, int], Log] = {}
         self._log_dir_of: dict[tuple[str, int], Path] = {}
@@ -136,7 +147,9 @@ class LogManager:
         marker; then remove the markers (the logs are live again)."""
         with self._lock:
             LogConfig.from_properties({}, self.broker_properties)  # fail fast on bad defaults
-            self.fs.mkdir(self._configs_dir)
+            if not self.fs.exists(self._configs_dir):
+                self.fs.mkdir(self._configs_dir)
+                self.fs.fsync_dir(self.log_dirs[0])
             overrides_by_topic = self._load_topic_configs()
             found: dict[str, dict[int, tuple[Path, uuid.UUID | None]]] = {}
             for log_dir in self.log_dirs:
@@ -242,21 +255,56 @@ class LogManager:
                               format_properties_text(overrides).encode())
 
     def _create_partitions(self, info: TopicInfo, partitions: range) -> None:
+        """Create the partitions' directories, ``partition.metadata`` files and first segments,
+        then make them durable in one batch: the metadata files' fsyncs run concurrently, then
+        the renames, then the fsyncs of every new partition directory (its metadata and
+        segment entries) and, once each, of the log directories holding them. The caller
+        publishes the topic only after this returns."""
+        created: list[tuple[Path, Path, int]] = []  # (partition dir, log dir, metadata fd)
+        metadata = f"version: 0\ntopic_id: {encode_topic_id(info.topic_id)}\n".encode()
+        try:
+            for partition in partitions:
+                log_dir = self._least_loaded_log_dir([d for _, d, _ in created])
+                path = log_dir / f"{info.name}-{partition}"
+                self.fs.mkdir(path)
+                fd = self.fs.open(path / (PARTITION_METADATA + ".tmp"), _CREATE_TRUNCATE_FLAGS)
+                created.append((path, log_dir, fd))
+                self.fs.write(fd, metadata)
+            self._fsync_concurrently(self.fs.fsync, [fd for _, _, fd in created])
+        finally:
+            for _, _, fd in created:
+                self.fs.close(fd)
         logs = dict(self._logs)
-        for partition in partitions:
-            log_dir = self._least_loaded_log_dir()
-            path = log_dir / f"{info.name}-{partition}"
-            self.fs.mkdir(path)
-            write_file_atomically(self.fs, path / PARTITION_METADATA,
-                                  f"version: 0\ntopic_id: {encode_topic_id(info.topic_id)}\n".encode())
+        for partition, (path, _, _) in zip(partitions, created, strict=True):
+            self.fs.rename(path / (PARTITION_METADATA + ".tmp"), path / PARTITION_METADATA)
             logs[(info.name, partition)] = Log(info.name, partition, path, info.config, self.fs,
                                                self.clock.now_ms(), clean_shutdown=True)
+        directories = [path for path, _, _ in created]
+        directories += sorted({log_dir for _, log_dir, _ in created})
+        self._fsync_concurrently(self.fs.fsync_dir, directories)
+        for partition, (_, log_dir, _) in zip(partitions, created, strict=True):
             self._log_dir_of[(info.name, partition)] = log_dir
-            self._logs = logs
+        self._logs = logs
 
-    def _least_loaded_log_dir(self) -> Path:
+    @staticmethod
+    def _fsync_concurrently(fsync, targets: list) -> None:
+        """``fsync(target)`` for every target, up to ``CREATION_FSYNC_THREADS`` at a time: the
+        file system commits concurrent fsyncs together, so N of them cost a few fsyncs'
+        time rather than N."""
+        if len(targets) <= 1:
+            for target in targets:
+                fsync(target)
+            return
+        threads = min(CREATION_FSYNC_THREADS, len(targets))
+        with ThreadPoolExecutor(threads, thread_name_prefix="headrace-create-fsync") as pool:
+            for _ in pool.map(fsync, targets):
+                pass
+
+    def _least_loaded_log_dir(self, being_created: list[Path]) -> Path:
+        """The log directory holding the fewest partitions, counting ``being_created`` (the
+        directories of partitions placed but not yet published)."""
         counts = {d: 0 for d in self.log_dirs}
-        for log_dir in self._log_dir_of.values():
+        for log_dir in [*self._log_dir_of.values(), *being_created]:
             counts[log_dir] += 1
         return min(self.log_dirs, key=lambda d: counts[d])
 
@@ -336,7 +384,8 @@ class LogManager:
 
     def maintenance(self, now_ms: int) -> None:
         """Roll by segment.ms, flush by flush.ms (and after rolls), apply retention, remove
-        expired ``.deleted`` files and deleted partitions, write changed checkpoints."""
+        expired ``.deleted`` files and deleted partitions. Checkpoints are not written here:
+        ``write_checkpoints`` runs on another thread so appends never wait for its fsyncs."""
         with self._lock:
             for log in list(self._logs.values()):
                 log.maybe_roll_by_time(now_ms)
@@ -344,7 +393,6 @@ class LogManager:
                 log.delete_old_segments(now_ms)
                 log.remove_deleted_files(now_ms)
             self._remove_deleted_dirs(now_ms)
-            self._write_checkpoints(only_if_changed=True)
 
     def _remove_deleted_dirs(self, now_ms: int, force: bool = False) -> None:
         still_pending = []
@@ -357,21 +405,37 @@ class LogManager:
                 still_pending.append((due_ms, path, logs))
         self._pending_dir_deletions = still_pending
 
+    def write_checkpoints(self) -> None:
+        """Write the recovery-point and log-start-offset checkpoints of every data directory
+        whose offsets changed since the last write. Safe from any thread, concurrently with
+        appends and maintenance: the offsets are read under the manager's lock, the files are
+        written (and fsynced) outside it. Checkpoints only shorten recovery; data is durable
+        by the flush policy (flush.messages, flush.ms) alone."""
+        with self._checkpoint_lock:
+            self._write_checkpoints(only_if_changed=True)
+
     def _write_checkpoints(self, only_if_changed: bool) -> None:
-        for log_dir in self.log_dirs:
-            keys = [k for k, d in self._log_dir_of.items() if d == log_dir]
-            recovery = {k: self._logs[k].recovery_point for k in keys}
-            starts = {k: self._logs[k].log_start_offset for k in keys}
+        """Callers hold ``_checkpoint_lock``, so snapshots reach the files in the order they
+        were taken."""
+        with self._lock:
+            snapshots = [self._checkpoint_snapshot(log_dir) for log_dir in self.log_dirs]
+        for log_dir, (recovery, starts) in zip(self.log_dirs, snapshots, strict=True):
             if only_if_changed and self._last_checkpoints.get(log_dir) == (recovery, starts):
                 continue
             write_checkpoint(self.fs, log_dir / RECOVERY_POINT_CHECKPOINT, recovery)
             write_checkpoint(self.fs, log_dir / LOG_START_OFFSET_CHECKPOINT, starts)
             self._last_checkpoints[log_dir] = (recovery, starts)
 
+    def _checkpoint_snapshot(self, log_dir: Path) -> tuple[dict, dict]:
+        keys = [k for k, d in self._log_dir_of.items() if d == log_dir]
+        recovery = {k: self._logs[k].recovery_point for k in keys}
+        starts = {k: self._logs[k].log_start_offset for k in keys}
+        return recovery, starts
+
     def shutdown(self) -> None:
         """Flush and close every log, write the checkpoints, then the clean-shutdown
         markers."""
-        with self._lock:
+        with self._checkpoint_lock, self._lock:
             for log in self._logs.values():
                 log.close()
             self._remove_deleted_dirs(0, force=True)

@@ -1,8 +1,10 @@
 """The broker over raw Kafka wire requests: version negotiation, error codes, idempotent
-retries, fetch limits and long polls, and a fuzz of malformed frames (a real subprocess)."""
+retries, fetch limits and long polls, and a fuzz of malformed frames (a real subprocess); a
+produce answered while a checkpoint's fsync stalls (an in-process broker on a stalling disk)."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import threading
 import time
@@ -12,9 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from headrace.broker.config import BrokerConfig
+from headrace.broker.server import Broker
 from headrace.protocol import records as record_codec
 from headrace.protocol import wire
+from headrace.storage.checkpoint import RECOVERY_POINT_CHECKPOINT
+from headrace.storage.fs import RealFileSystem
 from tests.broker.raw_client import RawClient
+from tests.conftest import STARTUP_TIMEOUT_S, free_port
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
 
@@ -279,3 +286,68 @@ def test_produce_response_encoder_matches_kio_byte_for_byte(version):
     expected = wire.encode_body(wire.build(wire.response_class(PRODUCE, version),
                                            {"responses": responses, "throttle_time": 0}))
     assert encode_produce_body(version, responses) == expected
+
+
+class _CheckpointFsyncGate(RealFileSystem):
+    """Fault injection: an fsync of a recovery-point checkpoint being written hangs until
+    ``release`` (a disk stalling on exactly that file)."""
+
+    def __init__(self) -> None:
+        self.path_of_fd: dict[int, str] = {}
+        self.entered = threading.Event()
+        self.released = threading.Event()
+
+    def open(self, path, flags: int) -> int:
+        fd = super().open(path, flags)
+        self.path_of_fd[fd] = str(path)
+        return fd
+
+    def fsync(self, fd: int) -> None:
+        if self.path_of_fd.get(fd, "").endswith(RECOVERY_POINT_CHECKPOINT + ".tmp"):
+            self.entered.set()
+            self.released.wait()
+        super().fsync(fd)
+
+
+class _InProcessBroker:
+    """A ``Broker`` on its own event-loop thread, for tests that inject storage faults."""
+
+    def __init__(self, data_dir, fs) -> None:
+        config = BrokerConfig.load(None, overrides=[
+            f"listeners=PLAINTEXT://127.0.0.1:{free_port()}", f"log.dirs={data_dir}",
+            "offsets.topic.num.partitions=1"])
+        self.broker = Broker(config, fs=fs)
+        self.serving = threading.Event()
+        self.thread = threading.Thread(target=asyncio.run, args=(self._serve(),))
+        self.thread.start()
+        assert self.serving.wait(STARTUP_TIMEOUT_S), "in-process broker did not start"
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stop_requested = asyncio.Event()
+        await self.broker.start()
+        self.serving.set()
+        await self.stop_requested.wait()
+        await self.broker.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.broker.port}"
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop_requested.set)
+        self.thread.join()
+
+
+def test_produce_is_answered_while_a_checkpoint_fsync_hangs(tmp_path):
+    gate = _CheckpointFsyncGate()
+    broker = _InProcessBroker(tmp_path / "data", gate)
+    try:
+        with RawClient(broker.bootstrap) as client:
+            _create(client, "checkpoint-stall")
+            assert gate.entered.wait(STARTUP_TIMEOUT_S), "maintenance never wrote a checkpoint"
+            answer = _produce(client, "checkpoint-stall", _batch([b"not blocked"]), acks=-1)
+            assert answer.error_code == 0 and not gate.released.is_set()
+    finally:
+        gate.released.set()
+        broker.stop()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import random
+import shutil
+from pathlib import Path
+
 import pytest
 
 from headrace.errors import (
@@ -15,6 +20,7 @@ from headrace.storage.checkpoint import read_checkpoint
 from headrace.storage.manager import CLEAN_SHUTDOWN_MARKER, LogManager
 
 from .batches import build_batch
+from .faulty_fs import CrashingFileSystem
 from .helpers import read_all
 
 
@@ -84,8 +90,9 @@ def test_unclean_restart_recovers_from_the_checkpointed_recovery_point(scratch, 
     for _ in range(5):
         log.append(build_batch([b"v"]), clock.now_ms())
     manager.maintenance(clock.now_ms())
+    manager.write_checkpoints()
     expected = read_all(log)
-    restarted = start([scratch], clock)  # no shutdown: no marker, checkpoints from maintenance
+    restarted = start([scratch], clock)  # no shutdown: no marker, checkpoints written
     assert read_all(restarted.get_log("t", 0)) == expected
     restarted.shutdown()
 
@@ -123,5 +130,75 @@ def test_maintenance_applies_retention_and_broker_defaults_live(scratch, clock):
     manager.set_broker_defaults({"log.segment.bytes": "300", "log.retention.bytes": "1"})
     manager.maintenance(clock.now_ms())
     assert len(log.segments) == 1 and log.log_start_offset == log.segments[0].base_offset
+    manager.write_checkpoints()
     starts = read_checkpoint(manager.fs, scratch / "log-start-offset-checkpoint")
     assert starts[("r", 0)] == log.log_start_offset
+
+
+class EntryLosingFileSystem(CrashingFileSystem):
+    """Also forgets directory entries whose parent directory was not fsynced after they were
+    made (mkdir, create, rename target): ``crash()`` tears unsynced file contents, then
+    removes those entries, deepest first, as a power loss may."""
+
+    def __init__(self) -> None:
+        super().__init__(random.Random(7))
+        self.unsynced_entries: set[Path] = set()
+
+    def mkdir(self, path: Path) -> None:
+        if not Path(path).exists():
+            self.unsynced_entries.add(Path(path))
+        super().mkdir(path)
+
+    def open(self, path: Path, flags: int) -> int:
+        if flags & os.O_CREAT and not Path(path).exists():
+            self.unsynced_entries.add(Path(path))
+        return super().open(path, flags)
+
+    def rename(self, source: Path, target: Path) -> None:
+        super().rename(source, target)
+        self.unsynced_entries.discard(Path(source))
+        self.unsynced_entries.add(Path(target))
+
+    def fsync_dir(self, path: Path) -> None:
+        super().fsync_dir(path)
+        self.unsynced_entries = {p for p in self.unsynced_entries if p.parent != Path(path)}
+
+    def crash(self) -> int:
+        torn = super().crash()
+        for path in sorted(self.unsynced_entries, key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+        self.unsynced_entries.clear()
+        return torn
+
+
+def test_a_created_topic_survives_losing_everything_not_fsynced(scratch, clock):
+    fs = EntryLosingFileSystem()
+    dirs = [scratch / "a", scratch / "b"]
+    for log_dir in dirs:
+        log_dir.mkdir()
+    manager = LogManager(dirs, {}, clock, fs=fs)
+    manager.startup()
+    info = manager.create_topic("durable", 5, {"cleanup.policy": "compact"})
+    fs.crash()
+    restarted = start(dirs, clock)
+    assert restarted.topic("durable").topic_id == info.topic_id
+    assert restarted.topic("durable").partitions == 5
+    assert restarted.topic("durable").config.compact_enabled
+    assert sorted(p.name for d in dirs for p in d.glob("durable-*/partition.metadata*")) == \
+        ["partition.metadata"] * 5
+    restarted.shutdown()
+
+
+def test_checkpoints_are_written_by_write_checkpoints_not_by_maintenance(scratch, clock):
+    manager = start([scratch], clock)
+    manager.create_topic("t", 1, {"flush.messages": "1"})
+    manager.get_log("t", 0).append(build_batch([b"v"]), clock.now_ms())
+    manager.maintenance(clock.now_ms())
+    assert read_checkpoint(manager.fs, scratch / "recovery-point-offset-checkpoint") == {}
+    manager.write_checkpoints()
+    assert read_checkpoint(manager.fs, scratch / "recovery-point-offset-checkpoint") == {
+        ("t", 0): 1}
+    manager.shutdown()
