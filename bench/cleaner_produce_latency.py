@@ -1,22 +1,23 @@
 """Produce p99 latency while the log cleaner runs in the broker, against idle (goal <= 2x).
 
-Each of ``--runs`` rounds:
+One broker (cleaner enabled, ``log.cleaner.backoff.ms=100``) serves every round, and one
+warmed-up paced producer (confluent-kafka, acks=1, linger.ms=0, ``--rate`` msgs/s of
+``--record-bytes`` records to the plain topic ``latency``) measures both windows, so start-up
+and connection set-up are in neither. Each of ``--runs`` rounds:
 
-1. a broker with ``log.cleaner.enable=false`` gets ``--megabytes`` of keyed updates to the
-   compacted topic ``dirty`` (``--keys`` distinct keys, ``--value-bytes`` values; the dirty
-   section grows each round); it restarts (still without cleaner) and a paced producer (confluent-kafka, acks=1, linger.ms=0,
-   ``--rate`` msgs/s of ``--record-bytes`` records) writes to the plain topic ``latency``
-   for ``--seconds``: the idle p99;
-2. the broker restarts with the cleaner enabled (``log.cleaner.backoff.ms=100``) on the same
-   data and the same paced producer runs from start-up until the broker logs the cleaning's
-   summary line (at most ``--max-cleaning-seconds``): the cleaning p99, over exactly the
-   cleaning.
+1. the topic ``dirty`` is set to ``cleanup.policy=delete`` (infinite retention: nothing is
+   removed, nothing is cleaned) and gets ``--megabytes`` of keyed updates (``--keys`` distinct
+   keys, ``--value-bytes`` values);
+2. idle window: the paced producer runs ``--seconds``;
+3. ``dirty`` is altered to ``cleanup.policy=compact`` and the paced producer runs until the
+   broker logs this round's cleaning summary line (at most ``--max-cleaning-seconds``): the
+   cleaning window, over exactly the cleaning.
 
 Prints each round's p99s, the medians of the rounds and the ratio cleaning / idle.
 
-    .venv/bin/python bench/cleaner_produce_latency.py --megabytes 300 --runs 3
+    .venv/bin/python bench/cleaner_produce_latency.py --megabytes 1200 --rate 1000 --runs 3
 
-Scratch data under /tmp/cleaner-bench (or ``--scratch``); brokers bind 127.0.0.1 only.
+Scratch data under /tmp/cleaner-bench (or ``--scratch``); the broker binds 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -34,7 +35,14 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 60.0
@@ -88,41 +96,47 @@ def fill(bootstrap: str, megabytes: int, keys: int, value_bytes: int, round_numb
     assert producer.flush(300) == 0
 
 
-def paced_p99_ms(bootstrap: str, rate: int, seconds: float, record_bytes: int,
-                 until=lambda: False) -> tuple[float, float]:
-    """(p99 ms, window s) of a paced producer running ``seconds`` or until ``until()``."""
-    latencies_ms: list[float] = []
+class PacedProducer:
+    """A warmed-up acks=1 producer sending ``rate`` records/s to ``latency``."""
 
-    def delivered(error, _message, sent_s):
-        if error is None:
-            latencies_ms.append((time.perf_counter() - sent_s) * 1000)
+    def __init__(self, bootstrap: str, rate: int, record_bytes: int) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "1"})
+        self.interval_s = 1.0 / rate
+        self.payload = b"x" * record_bytes
+        for _ in range(rate):  # a second of traffic: connections, metadata, buffers settle
+            self.producer.produce("latency", value=self.payload)
+            time.sleep(self.interval_s)
+        assert self.producer.flush(30) == 0
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "1"})
-    payload = b"x" * record_bytes
-    producer.produce("latency", value=b"warm-up")
-    producer.flush(10)
-    interval_s = 1.0 / rate
-    start = time.perf_counter()
-    sequence = 0
-    while sequence < rate * seconds and not (sequence % 50 == 0 and until()):
-        due = start + sequence * interval_s
-        sequence += 1
-        while (now := time.perf_counter()) < due:
-            producer.poll(min(due - now, 0.001))
-        sent = time.perf_counter()
-        producer.produce("latency", value=payload,
-                         on_delivery=lambda e, m, s=sent: delivered(e, m, s))
-        producer.poll(0)
-    window_s = time.perf_counter() - start
-    producer.flush(30)
-    latencies_ms.sort()
-    return latencies_ms[int(0.99 * (len(latencies_ms) - 1))], window_s
+    def p99_ms(self, seconds: float, until=lambda: False) -> tuple[float, float]:
+        """(p99 ms, window s) of pacing for ``seconds`` or until ``until()``."""
+        latencies_ms: list[float] = []
+
+        def delivered(error, _message, sent_s):
+            if error is None:
+                latencies_ms.append((time.perf_counter() - sent_s) * 1000)
+
+        start = time.perf_counter()
+        sequence = 0
+        while sequence * self.interval_s < seconds and not (sequence % 50 == 0 and until()):
+            due = start + sequence * self.interval_s
+            sequence += 1
+            while (now := time.perf_counter()) < due:
+                self.producer.poll(min(due - now, 0.001))
+            sent = time.perf_counter()
+            self.producer.produce("latency", value=self.payload,
+                                  on_delivery=lambda e, m, s=sent: delivered(e, m, s))
+            self.producer.poll(0)
+        window_s = time.perf_counter() - start
+        self.producer.flush(30)
+        latencies_ms.sort()
+        return latencies_ms[int(0.99 * (len(latencies_ms) - 1))], window_s
 
 
 def create_topics(bootstrap: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([
-        NewTopic("dirty", 1, 1, config={"cleanup.policy": "compact",
+        NewTopic("dirty", 1, 1, config={"cleanup.policy": "delete", "retention.ms": "-1",
                                         "segment.bytes": str(SEGMENT_BYTES)}),
         NewTopic("latency", 1, 1),
     ])
@@ -130,56 +144,64 @@ def create_topics(bootstrap: str) -> None:
         future.result(30)
 
 
-def cleaning_done(broker_log: Path) -> bool:
-    """True once the broker logged the summary line of a cleaning of ``dirty``."""
-    return "cleaned log dirty-0" in broker_log.read_text(errors="replace")
+def set_cleanup_policy(bootstrap: str, policy: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.TOPIC, "dirty", incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result(30)
+
+
+def cleanings_logged(broker_log: Path) -> int:
+    """How many cleanings of ``dirty`` the broker has logged a summary line for."""
+    return broker_log.read_text(errors="replace").count("cleaned log dirty-0")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--megabytes", type=int, default=300)
+    parser.add_argument("--megabytes", type=int, default=1200)
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--value-bytes", type=int, default=1000)
-    parser.add_argument("--rate", type=int, default=250)
+    parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--record-bytes", type=int, default=100)
     parser.add_argument("--max-cleaning-seconds", type=float, default=120.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/cleaner-bench"))
     parser.add_argument("--override", action="append", default=[],
-                        help="extra broker key=value for the cleaning broker")
+                        help="extra broker key=value")
     args = parser.parse_args()
     shutil.rmtree(args.scratch, ignore_errors=True)
     data_dir = args.scratch / "data"
     data_dir.mkdir(parents=True)
     port = free_port()
     bootstrap = f"127.0.0.1:{port}"
-    base = {"log.cleaner.backoff.ms": "100", "offsets.topic.num.partitions": "1"}
     extra = dict(item.split("=", 1) for item in args.override)
+    broker = Broker(data_dir, port, {"log.cleaner.backoff.ms": "100",
+                                     "offsets.topic.num.partitions": "1", **extra})
     idle, cleaning = [], []
-    for round_number in range(args.runs):
-        broker = Broker(data_dir, port, {**base, "log.cleaner.enable": "false"})
-        if round_number == 0:
-            create_topics(bootstrap)
-        fill(bootstrap, args.megabytes, args.keys, args.value_bytes, round_number)
-        broker.stop()  # both windows start on a freshly started broker
-        broker = Broker(data_dir, port, {**base, "log.cleaner.enable": "false"})
-        idle_p99, idle_s = paced_p99_ms(bootstrap, args.rate, args.seconds, args.record_bytes)
-        idle.append(idle_p99)
+    try:
+        create_topics(bootstrap)
+        paced = PacedProducer(bootstrap, args.rate, args.record_bytes)
+        for round_number in range(args.runs):
+            set_cleanup_policy(bootstrap, "delete")
+            fill(bootstrap, args.megabytes, args.keys, args.value_bytes, round_number)
+            idle_p99, idle_s = paced.p99_ms(args.seconds)
+            done_before = cleanings_logged(broker.log_path)
+            set_cleanup_policy(bootstrap, "compact")
+            cleaning_p99, cleaning_s = paced.p99_ms(
+                args.max_cleaning_seconds,
+                until=lambda done=done_before: cleanings_logged(broker.log_path) > done)
+            idle.append(idle_p99)
+            cleaning.append(cleaning_p99)
+            print(json.dumps({"round": round_number, "idle_p99_ms": round(idle_p99, 2),
+                              "idle_window_s": round(idle_s, 1),
+                              "cleaning_p99_ms": round(cleaning_p99, 2),
+                              "cleaning_window_s": round(cleaning_s, 1),
+                              "cleaning_finished_in_window":
+                                  cleanings_logged(broker.log_path) > done_before}),
+                  flush=True)
+    finally:
         broker.stop()
-        broker.log_path.write_text("")
-        broker = Broker(data_dir, port, {**base, "log.cleaner.enable": "true", **extra})
-        cleaning_p99, cleaning_s = paced_p99_ms(
-            bootstrap, args.rate, args.max_cleaning_seconds, args.record_bytes,
-            until=lambda log_path=broker.log_path: cleaning_done(log_path))
-        cleaning.append(cleaning_p99)
-        finished = cleaning_done(broker.log_path)
-        broker.stop()
-        print(json.dumps({"round": round_number, "idle_p99_ms": round(idle_p99, 2),
-                          "idle_window_s": round(idle_s, 1),
-                          "cleaning_p99_ms": round(cleaning_p99, 2),
-                          "cleaning_window_s": round(cleaning_s, 1),
-                          "cleaning_finished_in_window": finished}), flush=True)
     idle_median, cleaning_median = statistics.median(idle), statistics.median(cleaning)
     print(json.dumps({"dirty_megabytes_per_round": args.megabytes, "rate": args.rate,
                       "idle_p99_ms_median": round(idle_median, 2),

@@ -8,7 +8,9 @@ owns a ``Cleaner`` with an offset map of ``log.cleaner.dedupe.buffer.size / thre
 allocates its map itself, repeatedly asks the shared ``CleanerManager`` to clean the filthiest
 compacted partition of every log of the ``LogManager`` (``__consumer_offsets`` included) and
 waits ``log.cleaner.backoff.ms`` when none is eligible. All threads share one ``Throttler``
-holding the bytes read by the cleaner to ``log.cleaner.io.max.bytes.per.second``.
+holding the bytes read by the cleaner to ``log.cleaner.io.max.bytes.per.second``. Each
+cleaner thread lowers its own CPU priority by ``CLEANER_THREAD_NICENESS`` (Linux nice values
+are per thread), so a full-speed cleaning yields the CPU to the event loop and append thread.
 
 Live reconfiguration (Kafka's ``LogCleaner.reconfigure``; the broker config validates first,
 see ``headrace.broker.config``): ``log.cleaner.backoff.ms`` and
@@ -70,6 +72,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -90,10 +93,27 @@ log = logging.getLogger(__name__)
 
 STATUS_FILE = "cleaner-status.json"
 STATUS_VERSION = 1
+# Cleaner threads run this much nicer than the broker's other threads: cleaning is
+# background work, and "cleaning must not stall the broker" (produce p99 during a cleaning
+# within 2x idle) on a machine with few cores. Kafka has no such setting (the JVM cannot
+# set per-thread priorities); log.cleaner.io.max.bytes.per.second still caps the rate.
+CLEANER_THREAD_NICENESS = 10
 THROTTLE_CHECK_INTERVAL_MS = 300  # Kafka's LogCleaner throttler checkIntervalMs
 THROTTLE_SLEEP_SLICE_MS = 100  # how often a throttling sleep rechecks the rate and aborts
 MIN_IO_CHUNK_BYTES = 64 * 1024
 MAX_OFFSET_MAP_BYTES = 2**31 - 1  # Kafka's per-thread cap (Int.MaxValue)
+
+
+def _lower_this_threads_priority(niceness: int) -> None:
+    """Make the calling thread ``niceness`` nicer than the process (Linux schedules threads
+    separately, and raising niceness needs no privilege), so a cleaner at full speed yields the
+    CPU to the event loop and the append thread whenever they are runnable."""
+    try:
+        thread_id = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread_id,
+                       os.getpriority(os.PRIO_PROCESS, thread_id) + niceness)
+    except (AttributeError, OSError) as error:  # not Linux, or a sandbox forbids it
+        log.warning("log cleaner thread keeps the broker's CPU priority: %s", error)
 
 
 class Throttler:
@@ -293,6 +313,7 @@ class CleanerService:
                        on_chunk=functools.partial(self._between_chunks, stop))
 
     def _run(self, settings: CleanerSettings, stop: threading.Event) -> None:
+        _lower_this_threads_priority(CLEANER_THREAD_NICENESS)
         try:
             cleaner = self._new_cleaner(settings, stop)
         except (MemoryError, ValueError):

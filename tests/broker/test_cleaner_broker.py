@@ -13,6 +13,7 @@ oracle, and the next cleaning completes.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -22,6 +23,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from headrace.broker.cleaner_service import CLEANER_THREAD_NICENESS
 from tests.conftest import BrokerProcess
 
 DEADLINE_S = 30.0
@@ -255,3 +257,27 @@ def test_sigkill_during_cleaning_then_restart_keeps_the_oracle(tmp_path):
         assert not leftovers
     finally:
         process.stop()
+
+
+def _thread_nice_values(pid: int) -> list[int]:
+    """The nice value of every thread of ``pid`` (field 19 of /proc/PID/task/TID/stat)."""
+    values = []
+    for stat_path in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            after_name = stat_path.read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        values.append(int(after_name[16]))
+    return values
+
+
+def test_cleaner_threads_run_nicer_than_the_broker(cleaner_broker):
+    own_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        values = _thread_nice_values(cleaner_broker.pid)
+        if values.count(own_nice + CLEANER_THREAD_NICENESS) >= 1:
+            break
+        time.sleep(POLL_INTERVAL_S)
+    assert values.count(own_nice + CLEANER_THREAD_NICENESS) == 1, values  # one cleaner thread
+    assert values.count(own_nice) >= 2, values  # the event loop and the append thread
