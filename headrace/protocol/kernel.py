@@ -315,14 +315,14 @@ def _decompress_records(view: memoryview, start: int, end: int, codec: int) -> b
     return decompress(codec, view[start:end])
 
 
-def validate_batches(buf: BufferLike) -> tuple[tuple[int, int, int, int, int, int, int, int], ...]:
-    """Check that ``buf`` is whole v2 batches (magic 2, plausible length, valid CRC-32C) and
-    summarise each: ``(position, size_bytes, attributes, last_offset_delta, base_timestamp,
-    max_timestamp, producer_id, records_count)``. Raises CorruptMessage naming the byte
-    position of the first bad batch; an empty buffer gives ``()``. One C call per request:
-    the storage append path's integrity check. It releases the GIL only for buffers of
-    256 KiB or more: re-taking it can cost a thread switch interval."""
-    return _kernel.validate_batches(buf)
+# validate_batches(buf) -> tuple of (position, size_bytes, attributes, last_offset_delta,
+# base_timestamp, max_timestamp, producer_id, records_count), one per batch: checks that
+# ``buf`` is whole v2 batches (magic 2, plausible length, valid CRC-32C); raises CorruptMessage
+# naming the byte position of the first bad batch; an empty buffer gives ``()``. One C call
+# per request: the storage append path's integrity check, bound without a Python wrapper. It
+# releases the GIL only for buffers of 256 KiB or more: re-taking it can cost a thread switch
+# interval.
+validate_batches = _kernel.validate_batches
 
 
 # first_batch_outside_limits(summaries, max_message_bytes, now_ms, before_max_ms, after_max_ms,

@@ -555,7 +555,10 @@ class Log:
 
     def _must_roll(self, active: LogSegment, size_bytes: int, last_offset: int,
                    now_ms: int) -> bool:
-        return (now_ms > self._roll_deadline_ms(active)
+        cached_segment, deadline_ms = self._roll_deadline
+        if cached_segment is not active:
+            deadline_ms = self._roll_deadline_ms(active)
+        return (now_ms > deadline_ms
                 or active.size_bytes + size_bytes > self.config.segment_bytes
                 or len(active.offset_index.positions) >= active.offset_index.max_entries
                 or len(active.time_index.timestamps) >= active.time_index.max_entries
