@@ -3,7 +3,8 @@
 Two figures, each a records/s ratio measured against the same topic in one run:
   io:   a 10 ms I/O-bound handler (time.sleep), ParallelConsumer with --workers (32) vs a plain loop
         (target >= 25x);
-  noop: a handler doing nothing: plain loop records/s / ParallelConsumer records/s (target <= 1.3).
+  noop: a handler doing nothing: plain loop records/s / ParallelConsumer records/s (target <= 1.3);
+        noop_active_workers 0 means the consumer ran it on its poll thread (inline mode).
 Both loops run with the same librdkafka settings (the ParallelConsumer's defaults,
 LIBRDKAFKA_CONFIG_DEFAULTS, are given to the plain loop too). Each topic holds TAIL_FRACTION more
 records than either loop counts, so neither ends on a consume() waiting out its timeout for a

@@ -18,13 +18,34 @@ Owns the poll thread, the worker pool and the commit policy around a ``WorkSched
 * Adaptive parallelism (see ``parallelism``): not every worker takes runs. Each worker measures
   its runs' handler wall time and its own CPU time; every ``parallelism_window_ms`` the poll
   thread sizes the active workers to them. A run shorter than ``single_worker_max_run_us`` (a
-  no-op or cheap handler) goes to one worker and the others sleep untouched, so the cost is that
-  of a plain loop plus one hand-off per run. A handler that waits (wall >> CPU: I/O, sleeps)
-  gets about ``cpu_share_max / (CPU/wall)`` workers, at most ``workers``, growing only while the
-  active ones are saturated; a CPU-bound Python handler gets one (the GIL admits no more). A
-  handler blocking every active worker while records wait doubles them each window. Handlers
-  never run on the poll thread, so polling (and ``max.poll.interval.ms``) never waits for them.
-  The active count starts at 1 and is the ``active_workers`` metric.
+  no-op or cheap handler) goes to one worker and the others sleep untouched; if the handler
+  also runs rather than waits (CPU time at least ``inline_min_duty`` of its wall time, default
+  one half) and is a plain function, no worker takes runs at all (*inline mode*,
+  ``active_workers`` 0, below). A handler that waits (wall >> CPU: I/O, sleeps) gets about
+  ``cpu_share_max / (CPU/wall)`` workers, at most ``workers``, growing only while the active
+  ones are saturated; a CPU-bound Python handler gets one (the GIL admits no more). A handler
+  blocking every active worker while records wait doubles them each window. The active count
+  starts at 1 and is the ``active_workers`` metric.
+* Inline mode: the poll thread runs the records itself between ``consume()`` calls -- a batch
+  straight from ``consume()`` when nothing is in flight (``WorkScheduler.add_batch_inline``),
+  else buffered runs (``take_inline``) -- with the same ordering, offset tracking
+  (``complete``) and measurements as a worker: no thread hand-off and no wait for the
+  interpreter lock held by a worker, so a no-op handler costs about what a plain consume loop
+  costs. The delay to the next ``consume()`` is bounded: the poll thread starts no new run
+  after ``max_run_ms`` of inline runs (those not started go back to the buffer), and a run is
+  cut once its handler time passes ``max_run_ms`` -- checked after its first record, then
+  every ``INLINE_CHECK_MAX_RECORDS`` (32) records -- which ends inline mode at once (the run's
+  records not yet started go back to the buffer, for a worker; the policy sizes the pool from
+  the next window on). So polling waits at most 2 x ``max_run_ms`` plus 32 calls of a handler
+  that turned slow; ``max.poll.interval.ms`` is respected as long as those stay below it
+  (librdkafka heartbeats from its own thread). The cut is ``max_run_ms``, not the
+  much smaller ``single_worker_max_run_us`` that admits a handler to inline mode (measured as
+  a window's mean): one run's wall time also counts the thread being preempted or waiting for
+  the interpreter lock, which on a busy machine often exceeds 100 us. A record whose handler raises
+  inline is never retried on the poll thread: its run, still in flight, is handed to a worker
+  (``WorkScheduler.hand_over``), which retries it with backoff, and inline mode ends.
+  Rebalance callbacks run inside ``consume()``, so no inline run is in progress during a
+  revocation's commit.
 * A handler that raises is retried with exponential backoff (``retry_backoff_ms`` doubling up to
   ``retry_backoff_max_ms``, +/-20 % jitter, Kafka's client defaults). With ``dead_letter_topic``
   set, a record failing ``dead_letter_after_attempts`` times is produced there (same key, value
@@ -53,7 +74,7 @@ only if this consumer had paused it when it was released (in case librdkafka kep
 resuming one that is not paused is wasted work.
 
 Thread-safety: ``start``, ``close`` and ``metrics`` may be called from any thread; the handler
-runs concurrently on up to ``workers`` threads.
+runs concurrently on up to ``workers`` threads, or on the poll thread alone in inline mode.
 """
 
 from __future__ import annotations
@@ -79,6 +100,8 @@ from headrace.client.offset_tracker import (
 )
 from headrace.client.parallelism import (
     CPU_SHARE_MAX_DEFAULT,
+    INLINE_MIN_DUTY_DEFAULT,
+    NS_PER_US,
     PARALLELISM_WINDOW_MS_DEFAULT,
     SINGLE_WORKER_MAX_RUN_US_DEFAULT,
     ParallelismLimits,
@@ -103,6 +126,8 @@ MAX_POLL_INTERVAL_MS_DEFAULT = 300_000  # librdkafka / Kafka max.poll.interval.m
 RETRY_JITTER_FRACTION = 0.2  # Kafka's CommonClientConfigs exponential backoff jitter
 # A full buffer that workers drain within this long is not worth a pause (and refetch).
 PAUSE_AFTER_FULL_MS_DEFAULT = 500
+# Inline mode reads the clock at least every this many records of a run (see _process_run_inline).
+INLINE_CHECK_MAX_RECORDS = 32
 SUCCEEDED, DEAD_LETTERED = "succeeded", "dead-lettered"  # outcomes of a retried record
 # librdkafka settings this class defaults (see module doc); a consumer_config value wins.
 LIBRDKAFKA_CONFIG_DEFAULTS: dict[str, Any] = {"fetch.queue.backoff.ms": 10}
@@ -130,11 +155,13 @@ class ParallelConsumerOptions:
     single_worker_max_run_us: int = SINGLE_WORKER_MAX_RUN_US_DEFAULT
     cpu_share_max: float = CPU_SHARE_MAX_DEFAULT
     parallelism_window_ms: int = PARALLELISM_WINDOW_MS_DEFAULT
+    inline_min_duty: float = INLINE_MIN_DUTY_DEFAULT
 
 
 @dataclass(frozen=True, slots=True)
 class ConsumerMetrics:
-    """A point-in-time snapshot; per-partition figures in ``partitions``."""
+    """A point-in-time snapshot; per-partition figures in ``partitions``. ``active_workers`` 0:
+    inline mode (the poll thread runs the handler)."""
 
     buffered_records: int
     buffered_bytes: int
@@ -164,7 +191,11 @@ class ParallelConsumer:
                                         options.max_run_records, options.max_run_ms)
         self._parallelism_limits = ParallelismLimits(
             max_workers=options.workers, single_worker_max_run_us=options.single_worker_max_run_us,
-            cpu_share_max=options.cpu_share_max)
+            cpu_share_max=options.cpu_share_max, inline_min_duty=options.inline_min_duty,
+            inline_allowed=not self._handler_is_async)
+        self._inline_max_run_ns = options.max_run_ms * NS_PER_MS
+        self._inline_budget_ns = options.max_run_ms * NS_PER_MS
+        self._window_started_ms = 0
         self._single_topic = (self._topics[0] if len(self._topics) == 1
                               and not self._topics[0].startswith("^") else None)
         self._consumer_config = {**LIBRDKAFKA_CONFIG_DEFAULTS, **consumer_config,
@@ -272,14 +303,18 @@ class ParallelConsumer:
             self._consumer.subscribe(self._topics, on_assign=self._on_assign,
                                      on_revoke=self._on_revoke, on_lost=self._on_lost)
             next_commit_ms = self._clock.monotonic_ms() + self._options.commit_interval_ms
-            window_started_ms = self._clock.monotonic_ms()
+            self._window_started_ms = self._clock.monotonic_ms()
             while not self._stopping.is_set():
                 self._apply_backpressure()
-                self._poll_once()
+                inline_runs = self._poll_once()
+                ran = (self._run_inline(inline_runs or [])
+                       if self._scheduler.active_workers == 0 else 0)
+                if inline_runs is None and not ran:
+                    self._scheduler.wait_for_space(self._options.poll_timeout_ms / 1000)
                 now_ms = self._clock.monotonic_ms()
-                if now_ms - window_started_ms >= self._options.parallelism_window_ms:
-                    self._adjust_parallelism(now_ms - window_started_ms)
-                    window_started_ms = now_ms
+                if now_ms - self._window_started_ms >= self._options.parallelism_window_ms:
+                    self._adjust_parallelism(now_ms - self._window_started_ms)
+                    self._window_started_ms = now_ms
                 if self._clock.monotonic_ms() >= next_commit_ms:
                     self._refresh_high_watermarks()
                     self._commit(None, asynchronous=True)
@@ -290,17 +325,102 @@ class ParallelConsumer:
             self._poll_failure = error
             self._scheduler.stop_dispatch()
 
-    def _poll_once(self) -> None:
-        """consume() as many records as the buffers can take; wait for room when they are full
-        (then poll anyway once every partition is paused, for callbacks and liveness)."""
+    def _poll_once(self) -> list[Run] | None:
+        """consume() as many records as the buffers can take; None (not polled) when they are
+        full, unless every partition is paused (then poll anyway, for callbacks and liveness).
+        Returns the runs started for the poll thread (inline mode, see ``_buffer``)."""
         assert self._consumer is not None
         capacity = self._scheduler.consume_capacity(self._paused,
                                                     self._options.poll_batch_records)
         if capacity <= 0 and not set(self._scheduler.assigned()) <= self._paused:
-            self._scheduler.wait_for_space(self._options.poll_timeout_ms / 1000)
-            return
-        self._buffer(self._consumer.consume(max(1, min(self._options.poll_batch_records, capacity)),
-                                            self._options.poll_timeout_ms / 1000))
+            return None
+        return self._buffer(self._consumer.consume(
+            max(1, min(self._options.poll_batch_records, capacity)),
+            self._options.poll_timeout_ms / 1000))
+
+    def _run_inline(self, started_runs: list[Run]) -> int:
+        """Inline mode: run ``started_runs``, then buffered runs, on the poll thread, starting
+        none after ``max_run_ms``; leave inline mode after a run slower than ``max_run_ms``
+        (its records not yet started go back to the buffer) or
+        whose handler raised (the run goes to a worker, which retries). Runs not started go
+        back to the buffer. Returns the runs taken. Wall time is measured per run as in
+        ``_work_loop``; CPU time once for the whole call (reading this thread's CPU clock is a
+        system call, dearer than a run of a no-op handler), which counts the scheduler's
+        bookkeeping in between as handler CPU: the policy only uses sums."""
+        scheduler = self._scheduler
+        perf_counter_ns = time.perf_counter_ns
+        started_cpu_ns = time.thread_time_ns()
+        deadline_ns = perf_counter_ns() + self._inline_budget_ns
+        pending = started_runs[::-1]
+        runs = 0
+        try:
+            while not self._stopping.is_set():
+                run = pending.pop() if pending else scheduler.take_inline()
+                if run is None:
+                    break
+                runs += 1
+                started_ns = perf_counter_ns()
+                done_records, error = self._process_run_inline(
+                    run, started_ns + self._inline_max_run_ns)
+                finished_ns = perf_counter_ns()
+                wall_ns = finished_ns - started_ns
+                if error is not None:
+                    scheduler.put_back(pending)
+                    pending = []
+                    scheduler.hand_over(run, done_records, error)
+                    self._leave_inline_mode(f"the handler raised {error!r}")
+                    break
+                if done_records < len(run.messages):
+                    scheduler.give_back(run, done_records, wall_ns, 0)
+                    self._leave_inline_mode(f"a run passed {wall_ns // NS_PER_US} us")
+                    break
+                scheduler.complete(run, done_records, wall_ns)
+                if wall_ns > self._inline_max_run_ns:
+                    self._leave_inline_mode(f"a run took {wall_ns // NS_PER_US} us")
+                    break
+                if finished_ns >= deadline_ns:
+                    break
+        finally:
+            if pending:
+                scheduler.put_back(pending)
+            if runs:
+                scheduler.record_handler_cpu(time.thread_time_ns() - started_cpu_ns)
+        return runs
+
+    def _process_run_inline(self, run: Run, check_deadline_ns: int) -> tuple[int, Exception | None]:
+        """Run the handler on the run's records in order on the poll thread: (records done, the
+        error the next one raised, if any). Stops early, without error, once the handler has
+        run past ``check_deadline_ns``; the clock is read after the first record, then after
+        every ``INLINE_CHECK_MAX_RECORDS`` records, not after each one (a clock read costs a
+        no-op handler's time several times over). No revocation check per record: partitions are
+        revoked and dispatch stopped only on this thread."""
+        handler, messages, perf_counter_ns = self._handler, run.messages, time.perf_counter_ns
+        count, done_records, stretch, error = len(messages), 0, 1, None
+        while done_records < count:
+            records = messages[done_records:done_records + stretch]
+            try:
+                for message in records:
+                    handler(message)
+            except Exception as raised:
+                done_records += records.index(message)  # identity: the one that raised
+                error = raised
+                break
+            done_records += len(records)
+            if done_records < count and perf_counter_ns() > check_deadline_ns:
+                break
+            stretch = INLINE_CHECK_MAX_RECORDS
+        with self._counter_lock:
+            self._processed_records += done_records
+        return done_records, error
+
+    def _leave_inline_mode(self, reason: str) -> None:
+        """One worker takes the next runs; the policy's next window starts now, so it sizes the
+        pool from runs measured after the switch."""
+        log.debug("leaving inline mode: %s", reason)
+        if self._scheduler.active_workers == 0:
+            self._scheduler.set_active_workers(1)
+        self._scheduler.take_handler_window(0)
+        self._window_started_ms = self._clock.monotonic_ms()
 
     def _adjust_parallelism(self, window_ms: int) -> None:
         window = self._scheduler.take_handler_window(window_ms * NS_PER_MS)
@@ -316,12 +436,13 @@ class ParallelConsumer:
         self._commit(None, asynchronous=False)
         self._consumer.close()
 
-    def _buffer(self, messages: list[Message]) -> None:
-        """Group a consume() batch by partition and hand it to the scheduler. The per-record
-        steps are C calls (map over method descriptors, groupby on itemgetter): no Python frame
-        per record."""
+    def _buffer(self, messages: list[Message]) -> list[Run]:
+        """Group a consume() batch by partition and hand it to the scheduler; in inline mode,
+        the runs it started for the poll thread (``WorkScheduler.add_batch_inline``). The
+        per-record steps are C calls (map over method descriptors, groupby on itemgetter): no
+        Python frame per record."""
         if not messages:
-            return
+            return []
         if any(map(Message.error, messages)):
             messages = self._without_errors(messages)
         by_partition: dict[TopicPartitionKey, list[Message]] = {}
@@ -329,15 +450,17 @@ class ParallelConsumer:
             topic = self._single_topic
             for partition, group in groupby(messages, key=Message.partition):
                 by_partition.setdefault((topic, partition), []).extend(group)
-            if by_partition:
-                self._scheduler.add_batch(by_partition)
-            return
-        keyed = zip(zip(map(Message.topic, messages), map(Message.partition, messages),
-                        strict=True), messages, strict=True)
-        for tp, group in groupby(keyed, key=itemgetter(0)):  # librdkafka returns runs per partition
-            by_partition.setdefault(tp, []).extend(map(itemgetter(1), group))
-        if by_partition:
-            self._scheduler.add_batch(by_partition)
+        else:
+            keyed = zip(zip(map(Message.topic, messages), map(Message.partition, messages),
+                            strict=True), messages, strict=True)
+            for tp, group in groupby(keyed, key=itemgetter(0)):  # runs per partition
+                by_partition.setdefault(tp, []).extend(map(itemgetter(1), group))
+        if not by_partition:
+            return []
+        if self._scheduler.active_workers == 0:
+            return self._scheduler.add_batch_inline(by_partition)[1]
+        self._scheduler.add_batch(by_partition)
+        return []
 
     def _without_errors(self, messages: list[Message]) -> list[Message]:
         records = []
@@ -479,12 +602,24 @@ class ParallelConsumer:
                          thread_time_ns() - started_cpu_ns)
 
     def _process_run(self, run: Run) -> int:
-        """Process the run's records in order; how many were done before one was abandoned."""
-        done_records = dead_lettered = 0
+        """Process the run's records in order (from ``run.resume_index``, retrying the record
+        that raised inline first); how many were done before one was abandoned."""
+        done_records, dead_lettered = run.resume_index, 0
         handler = self._handler if self._event_loop is None else self._run_async_handler
         state, scheduler = run.state, self._scheduler  # run.is_current(), inlined: per record
+        messages = run.messages
         try:
-            for message in run.messages:
+            if run.resume_error is not None:
+                if not run.is_current():
+                    return done_records
+                outcome = self._retry(run, messages[done_records], run.resume_error)
+                if outcome is None:
+                    return done_records
+                dead_lettered += outcome == DEAD_LETTERED
+                done_records += 1
+            if done_records:
+                messages = messages[done_records:]
+            for message in messages:
                 if state.revoked or not scheduler.dispatching:
                     break
                 try:
@@ -497,7 +632,7 @@ class ParallelConsumer:
                 done_records += 1
         finally:
             with self._counter_lock:
-                self._processed_records += done_records - dead_lettered
+                self._processed_records += done_records - run.resume_index - dead_lettered
         return done_records
 
     def _retry(self, run: Run, message: Message, error: Exception) -> str | None:

@@ -9,9 +9,14 @@ lock, so extra threads add hand-offs and lock contention but no throughput. The 
   runs, records, handler wall time and handler CPU time (the worker thread's own CPU clock), plus
   the window's length, the active workers and whether records were waiting while every active
   worker was busy for the whole window with nothing completing (a blocked handler).
-* cheap: a mean run shorter than ``single_worker_max_run_us`` of wall time -> 1 worker. A run of
-  a no-op handler costs less than waking another thread, so one worker takes every run while
-  the rest sleep (the poll thread never runs handlers, so liveness never depends on them).
+* cheap: a mean run shorter than ``single_worker_max_run_us`` of wall time. If the handler also
+  runs rather than waits (CPU / wall of its runs at least ``inline_min_duty``) and
+  ``inline_allowed``: 0 workers, the *inline* mode -- the poll thread itself runs the runs
+  between ``consume()`` calls: a run of a no-op handler costs less than handing it to another
+  thread, and a second thread would only make the poll thread wait for the interpreter lock.
+  The consumer leaves inline mode as soon as one run takes longer than the bound (see
+  ``parallel_consumer``). A cheap handler that waits (a short sleep) -> 1 worker, the others
+  sleep untouched.
 * blocked: no run completed, all active workers busy, records waiting -> double the active
   workers (a handler that hangs must not stall the partitions behind it).
 * otherwise the handler's *duty* is CPU / wall of its runs: the share of its time it needs the
@@ -33,6 +38,8 @@ from dataclasses import dataclass
 SINGLE_WORKER_MAX_RUN_US_DEFAULT = 100
 CPU_SHARE_MAX_DEFAULT = 0.8  # of one interpreter: the poll thread needs the rest
 BUSY_FRACTION_TO_GROW_DEFAULT = 0.5
+# A handler using at least this share of its runs' wall time as CPU runs rather than waits.
+INLINE_MIN_DUTY_DEFAULT = 0.5
 PARALLELISM_WINDOW_MS_DEFAULT = 50
 NS_PER_US = 1_000
 
@@ -45,6 +52,8 @@ class ParallelismLimits:
     single_worker_max_run_us: int = SINGLE_WORKER_MAX_RUN_US_DEFAULT
     cpu_share_max: float = CPU_SHARE_MAX_DEFAULT
     busy_fraction_to_grow: float = BUSY_FRACTION_TO_GROW_DEFAULT
+    inline_min_duty: float = INLINE_MIN_DUTY_DEFAULT
+    inline_allowed: bool = True  # False: handlers never run on the poll thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +65,20 @@ class HandlerWindow:
     handler_wall_ns: int
     handler_cpu_ns: int
     window_ns: int
-    active_workers: int
+    active_workers: int  # 0: the poll thread ran the runs (inline mode)
     blocked: bool  # no run completed, every active worker busy, records waiting
 
 
 def target_workers(window: HandlerWindow, limits: ParallelismLimits) -> int:
-    """The number of workers that should take runs after ``window``."""
+    """The number of workers that should take runs after ``window``; 0: run them inline."""
     active = window.active_workers
     if window.runs == 0:
-        return min(limits.max_workers, active * 2) if window.blocked else active
+        return min(limits.max_workers, max(1, active * 2)) if window.blocked else active
     mean_run_us = window.handler_wall_ns / window.runs / NS_PER_US
     if mean_run_us < limits.single_worker_max_run_us:
-        return 1
+        duty = window.handler_cpu_ns / max(1, window.handler_wall_ns)
+        return 0 if limits.inline_allowed and duty >= limits.inline_min_duty else 1
+    active = max(1, active)
     wanted = _workers_for_duty(window, limits)
     busy_fraction = window.handler_wall_ns / max(1, active * window.window_ns)
     if busy_fraction < limits.busy_fraction_to_grow:

@@ -26,7 +26,7 @@ PARTITION_GAUGES = {
     "lag": "high watermark minus committed offset",
 }
 TOTAL_GAUGES = {
-    "active_workers": "workers currently taking runs (sized to the handler's cost)",
+    "active_workers": "workers currently taking runs (sized to the handler's cost; 0: the poll thread runs them)",
 }
 TOTAL_COUNTERS = {
     "processed_records": "records whose handler succeeded",

@@ -25,8 +25,16 @@ Owns the state shared between the parallel consumer's poll thread and its worker
 * how many workers take runs (``active_workers``, set by the consumer's parallelism policy, see
   ``parallelism``): worker ``i`` takes runs only while ``i < active_workers`` and otherwise
   sleeps on its own condition, so a no-op handler's records go to one worker without waking the
-  others. ``complete`` sums the handler wall and CPU time of finished runs for the policy
-  (``take_handler_window``).
+  others. At 0 (inline mode) no worker takes runs: the poll thread takes them with
+  ``take_inline`` (never blocks) and runs them itself; while nothing is in flight,
+  ``add_batch_inline`` turns a fetched batch straight into runs (one per partition, never
+  buffered nor sized in bytes) and ``put_back`` returns those the poll thread did not start. ``complete`` sums the handler wall and
+  CPU time of finished runs for the policy (``take_handler_window``), whoever ran them;
+* hand-over: a run the poll thread started inline whose handler raised goes, still in flight
+  (so its ordering claims hold), to the workers with ``hand_over``; the next active worker takes
+  it before any new run and resumes it at ``Run.resume_index``, retrying the failed record
+  first. An inline run that took too long is cut instead: ``give_back`` returns its records
+  not yet started to the front of the partition's buffer.
 
 A partition's state object is replaced on re-assignment and flagged ``revoked`` when its
 buffered records are dropped: a worker stops a run of a revoked partition before its next record,
@@ -130,6 +138,8 @@ class Run:
     state: _PartitionState
     scheduler: WorkScheduler
     size_bytes: int
+    resume_index: int = 0  # records before it were done inline before a hand-over
+    resume_error: Exception | None = None  # what messages[resume_index] raised inline
 
     def is_current(self) -> bool:
         """False once the partition was revoked or dispatch stopped (stop before next record)."""
@@ -142,6 +152,21 @@ class Run:
             keys.discard(None)
             self.keys = frozenset(keys)
         return self.keys
+
+    def rest_chunks(self, done_records: int) -> list[_Chunk]:
+        """The records after the first ``done_records``, as chunks of consecutively fetched
+        records with their slot starts."""
+        chunks = []
+        bounds = [index for index, _ in self.segments[1:]] + [len(self.messages)]
+        for (first, slot_start), end_index in zip(self.segments, bounds, strict=True):
+            if end_index <= done_records:
+                continue
+            begin = max(first, done_records)
+            if begin > first:
+                slot_start = self.messages[begin - 1].offset() + 1
+            messages = self.messages[begin:end_index]
+            chunks.append(_Chunk(messages, slot_start, size_bytes(messages)))
+        return chunks
 
     def done_ranges(self, done_records: int) -> list[OffsetRange]:
         """Slot ranges of the first ``done_records`` records."""
@@ -179,6 +204,7 @@ class WorkScheduler:
         self._cursor = 0
         self._in_flight_by_partition: Counter[TopicPartitionKey] = Counter()
         self._key_runs_in_flight: dict[int, Run] = {}  # id(run) -> run, key ordering only
+        self._handed_over: deque[Run] = deque()  # started inline, to be resumed by a worker
         self._buffered_records = 0
         self._buffered_bytes = 0
         self.dispatching = True
@@ -246,6 +272,50 @@ class WorkScheduler:
                 self._work_available.notify(-(-added // self.run_records))
         return added
 
+    def add_batch_inline(self, by_partition: dict[TopicPartitionKey, list[Any]]
+                         ) -> tuple[int, list[Run]]:
+        """Inline mode's ``add_batch``: (records accepted, runs started for the poll thread).
+        While no run is in flight and no worker is active, a partition's records with nothing
+        buffered before them (and none done by a previous owner) become one run started at once:
+        never buffered, never sized in bytes. The others are buffered as by ``add_batch``.
+        The poll thread runs these runs one after another, so they cannot break an ordering
+        among themselves; it returns any it does not run with ``put_back``."""
+        runs: list[Run] = []
+        added = 0
+        with self._lock:
+            if not self.dispatching:
+                return 0, runs
+            direct = self._runs_in_flight == 0 and self.active_workers == 0
+            for tp, messages in by_partition.items():
+                state = self._states.get(tp)
+                if state is None or state.revoked:
+                    continue
+                first_offset = messages[0].offset()
+                if direct and not state.chunks and not state.offsets.skip.active_below(first_offset):
+                    slot_start = state.offsets.register_fetched(first_offset, messages[-1].offset())
+                    runs.append(self._start_direct(tp, state, messages, slot_start))
+                    added += len(messages)
+                else:
+                    added += self._add_messages(state, messages)
+        return added, runs
+
+    def _start_direct(self, tp: TopicPartitionKey, state: _PartitionState, messages: list[Any],
+                      slot_start: int) -> Run:
+        run = Run(state.topic, state.partition, messages, [(0, slot_start)], None, state, self, 0)
+        self._in_flight_by_partition[tp] += len(messages)
+        if self._ordering == "key":
+            self._key_runs_in_flight[id(run)] = run
+        self._runs_in_flight += 1
+        return run
+
+    def put_back(self, runs: list[Run]) -> None:
+        """Runs the poll thread took but did not start: their records go back to the front of
+        their partitions' buffers, in order (not counted as completed runs)."""
+        with self._lock:
+            for run in runs:
+                self._release(run)
+                self._rebuffer_rest(run, 0)
+
     def _add_messages(self, state: _PartitionState, messages: list[Any]) -> int:
         offsets = state.offsets
         first_offset, last_offset = messages[0].offset(), messages[-1].offset()
@@ -273,9 +343,12 @@ class WorkScheduler:
             added += len(kept)
         return added
 
-    def _append_chunk(self, state: _PartitionState, chunk: _Chunk) -> None:
+    def _append_chunk(self, state: _PartitionState, chunk: _Chunk, at_front: bool = False) -> None:
         count, chunk_bytes = len(chunk.messages), chunk.size_bytes
-        state.chunks.append(chunk)
+        if at_front:
+            state.chunks.appendleft(chunk)
+        else:
+            state.chunks.append(chunk)
         state.buffered_records += count
         state.buffered_bytes += chunk_bytes
         self._buffered_records += count
@@ -331,6 +404,8 @@ class WorkScheduler:
                     if not self._worker_activated.wait(timeout_s):
                         return None
                     continue
+                if self._handed_over:
+                    return self._handed_over.popleft()
                 run = self._next_run()
                 if run is not None:
                     return run
@@ -338,13 +413,55 @@ class WorkScheduler:
                     return None
             return None
 
+    def take_inline(self) -> Run | None:
+        """The next run for the poll thread to run itself (inline mode); None if none can be cut
+        now or dispatch stopped. Never blocks on a condition."""
+        with self._lock:
+            return self._next_run() if self.dispatching else None
+
+    def hand_over(self, run: Run, done_records: int, error: Exception) -> None:
+        """The poll thread's handler raised ``error`` on ``run.messages[done_records]``: let a
+        worker resume the run there, retrying that record first. The run stays in flight; at
+        least one worker becomes active."""
+        with self._lock:
+            run.resume_index, run.resume_error = done_records, error
+            self._handed_over.append(run)
+            if self.active_workers == 0:
+                self.active_workers = 1
+            self._worker_activated.notify_all()
+            self._work_available.notify()
+
+    def give_back(self, run: Run, done_records: int, wall_ns: int, cpu_ns: int) -> None:
+        """The poll thread stopped ``run`` after ``done_records`` records because it took too
+        long: complete those and put the rest back at the front of the partition's buffer, in
+        offset order, to be cut into new runs -- of one record: the run length starts over.
+        Nothing of the partition is in flight in between, so every ordering still holds."""
+        with self._lock:
+            self._complete(run, done_records, wall_ns, cpu_ns)
+            self._rebuffer_rest(run, done_records)
+            self.run_records = 1
+
+    def _rebuffer_rest(self, run: Run, done_records: int) -> None:
+        state = run.state
+        if self.dispatching and not state.revoked and self._states.get(
+                (run.topic, run.partition)) is state:
+            for chunk in reversed(run.rest_chunks(done_records)):
+                self._append_chunk(state, chunk, at_front=True)
+            self._work_available.notify()
+
     def set_active_workers(self, count: int) -> None:
-        """Let workers ``0 .. count-1`` take runs (the others sleep once their run is done)."""
+        """Let workers ``0 .. count-1`` take runs (the others sleep once their run is done);
+        0: none, the poll thread runs them (``take_inline``)."""
         with self._lock:
             grown = count > self.active_workers
             self.active_workers = count
             if grown:
                 self._worker_activated.notify_all()
+
+    def record_handler_cpu(self, cpu_ns: int) -> None:
+        """Handler CPU time measured apart from its runs' completion (inline mode)."""
+        with self._lock:
+            self._window_cpu_ns += cpu_ns
 
     def take_handler_window(self, window_ns: int) -> HandlerWindow:
         """Handler figures of runs completed since the last call (which are then reset)."""
@@ -354,7 +471,7 @@ class WorkScheduler:
                 handler_wall_ns=self._window_wall_ns, handler_cpu_ns=self._window_cpu_ns,
                 window_ns=window_ns, active_workers=self.active_workers,
                 blocked=(self._window_runs == 0 and self._buffered_records > 0
-                         and self._runs_in_flight >= self.active_workers))
+                         and 0 < self.active_workers <= self._runs_in_flight))
             self._window_runs = self._window_records = 0
             self._window_wall_ns = self._window_cpu_ns = 0
             return window
@@ -475,27 +592,37 @@ class WorkScheduler:
         self._space_available.notify()
 
     def complete(self, run: Run, done_records: int, wall_ns: int, cpu_ns: int = 0) -> None:
-        """A worker finished ``run``: its first ``done_records`` records were processed, the
-        rest abandoned (not processed). Its handler took ``wall_ns`` (tunes the run length) and
-        ``cpu_ns`` of the worker's CPU (both feed the parallelism policy)."""
-        tp = (run.topic, run.partition)
+        """A worker (or the poll thread, inline) finished ``run``: its first ``done_records``
+        records were processed, the rest abandoned (not processed). Its handler took ``wall_ns``
+        (tunes the run length) and ``cpu_ns`` of the thread's CPU (both feed the parallelism
+        policy)."""
         with self._lock:
-            self._runs_in_flight -= 1
-            self._window_runs += 1
-            self._window_records += done_records
-            self._window_wall_ns += wall_ns
-            self._window_cpu_ns += cpu_ns
-            self._in_flight_by_partition[tp] -= len(run.messages)
-            if not self._in_flight_by_partition[tp]:
-                del self._in_flight_by_partition[tp]
-                self._partition_idle.notify_all()
-            self._key_runs_in_flight.pop(id(run), None)
-            if done_records and self._states.get(tp) is run.state:
-                for start, end in run.done_ranges(done_records):
-                    run.state.offsets.mark_done(start, end)
-            self._tune_run_length(len(run.messages), done_records, wall_ns)
-            if self._ordering != "unordered" and run.state.chunks:
-                self._work_available.notify()
+            self._complete(run, done_records, wall_ns, cpu_ns)
+            self._space_available.notify()  # the poll thread may wait for runs to be cut
+
+    def _complete(self, run: Run, done_records: int, wall_ns: int, cpu_ns: int) -> None:
+        tp = (run.topic, run.partition)
+        self._window_runs += 1
+        self._window_records += done_records
+        self._window_wall_ns += wall_ns
+        self._window_cpu_ns += cpu_ns
+        self._release(run)
+        if done_records and self._states.get(tp) is run.state:
+            for start, end in run.done_ranges(done_records):
+                run.state.offsets.mark_done(start, end)
+        self._tune_run_length(len(run.messages), done_records, wall_ns)
+        if self._ordering != "unordered" and run.state.chunks:
+            self._work_available.notify()
+
+    def _release(self, run: Run) -> None:
+        """``run`` is no longer in flight."""
+        tp = (run.topic, run.partition)
+        self._runs_in_flight -= 1
+        self._in_flight_by_partition[tp] -= len(run.messages)
+        if not self._in_flight_by_partition[tp]:
+            del self._in_flight_by_partition[tp]
+            self._partition_idle.notify_all()
+        self._key_runs_in_flight.pop(id(run), None)
 
     def _tune_run_length(self, run_records: int, done_records: int, wall_ns: int) -> None:
         if wall_ns > self._max_run_ns:
@@ -515,6 +642,9 @@ class WorkScheduler:
             self.dispatching = False
             for state in self._states.values():
                 self._discard_buffer(state)
+            while self._handed_over:  # abandoned: only what ran inline before the failure is done
+                run = self._handed_over.popleft()
+                self._complete(run, run.resume_index, 0, 0)
             self._work_available.notify_all()
             self._worker_activated.notify_all()
 

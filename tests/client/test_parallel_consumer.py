@@ -222,25 +222,188 @@ def test_metrics_and_prometheus(bootstrap):
     assert "headrace_parallel_consumer_processed_records_total 50.0" in exposition
 
 
-def test_cheap_handler_runs_on_one_worker_without_fan_out(bootstrap):
-    """A no-op-like handler: every record on the same worker thread, one active worker."""
+# Options of the inline-mode tests: a bound per run far above what a run of their cheap handler
+# takes even on a loaded machine, and a duty floor low enough that losing the CPU to other
+# processes does not read as waiting; so the policy's decision does not hang on machine noise.
+INLINE_TEST_OPTIONS = dict(single_worker_max_run_us=20_000, inline_min_duty=0.1,
+                           parallelism_window_ms=5)
+
+
+class ThreadLog:
+    """Which thread ran the handler on each (phase, partition, offset); phase set by the test."""
+
+    def __init__(self) -> None:
+        self.phase = 1
+        self.threads: dict[tuple[int, int, int], set[str]] = defaultdict(set)
+
+    def note(self, message) -> None:
+        self.threads[(self.phase, message.partition(), message.offset())].add(
+            threading.current_thread().name)
+
+    def names(self, phase: int) -> set[str]:
+        return set().union(*(names for (p, _, _), names in self.threads.items() if p == phase))
+
+
+def _wait_for_inline_mode(consumer: ParallelConsumer) -> None:
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while consumer.metrics().active_workers != 0:
+        assert time.monotonic() < deadline, consumer.metrics()
+        time.sleep(0.01)
+
+
+def _next_phase(recorder: Recorder, thread_log: ThreadLog, records: int) -> None:
+    recorder.all_done.clear()
+    recorder.expected += records
+    thread_log.phase += 1
+
+
+def test_cheap_handler_runs_on_the_poll_thread(bootstrap):
+    """A no-op-like handler moves from one worker to the poll thread itself (inline mode):
+    the records produced after the switch are all handled by "pc-poll", none by a worker, and
+    their offsets are committed through the same tracker."""
     topic = create_topic(bootstrap, 3)
-    produce_records(bootstrap, topic, 3_000, 3, keys=50)
-    recorder = Recorder(3_000, handler_s=0)
-    threads: set[int] = set()
+    produce_records(bootstrap, topic, 600, 3, keys=50)
+    recorder, thread_log = Recorder(600, handler_s=0), ThreadLog()
 
     def handler(message):
-        threads.add(threading.get_ident())
+        thread_log.note(message)
         recorder.end(message)
 
-    # 10 ms per run: far above what a run of this handler takes even on a loaded machine, so
-    # the policy's cheap rule applies whatever the scheduling noise.
-    options = ParallelConsumerOptions(workers=16, ordering="key", single_worker_max_run_us=10_000,
-                                      parallelism_window_ms=5)
-    consumer = _run(bootstrap, topic, handler, options, recorder)
-    assert len(threads) == 1
-    assert threads != {threading.get_ident()}
-    assert consumer.metrics().active_workers == 1
+    group = f"{topic}-inline"
+    consumer = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler,
+                                ParallelConsumerOptions(workers=16, ordering="key",
+                                                        **INLINE_TEST_OPTIONS))
+    with consumer:
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S)
+        _wait_for_inline_mode(consumer)
+        _next_phase(recorder, thread_log, 600)
+        produce_records(bootstrap, topic, 600, 3, keys=50)
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S), f"processed {len(recorder.processed)}"
+        assert consumer.metrics().active_workers == 0
+    assert consumer.failure is None
+    assert thread_log.names(1) <= {"pc-worker-0", "pc-poll"}  # never fanned out
+    assert thread_log.names(2) == {"pc-poll"}
+    assert set(recorder.processed.values()) == {1}
+    assert committed_offsets(bootstrap, group, topic, 3) == {0: 400, 1: 400, 2: 400}
+
+
+def test_handler_turning_slow_leaves_the_poll_thread_and_fans_out(bootstrap):
+    """Inline mode, then the handler starts sleeping 30 ms: the poll thread runs just the first
+    slow record (its run passes max_run_ms, 10, and the rest goes back for a worker), then the
+    policy fans the sleeping handler out to every worker."""
+    topic = create_topic(bootstrap, 2)
+    produce_records(bootstrap, topic, 200, 2)
+    recorder, thread_log = Recorder(200, handler_s=0), ThreadLog()
+    slow = threading.Event()
+
+    def handler(message):
+        thread_log.note(message)
+        recorder.begin(message)
+        if slow.is_set():
+            time.sleep(0.03)
+        recorder.end(message)
+
+    consumer = ParallelConsumer(consumer_config(bootstrap, f"{topic}-slow"), [topic], handler,
+                                ParallelConsumerOptions(workers=8, ordering="unordered",
+                                                        **INLINE_TEST_OPTIONS))
+    with consumer:
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S)
+        _wait_for_inline_mode(consumer)
+        _next_phase(recorder, thread_log, 200)
+        slow.set()
+        recorder.max_in_flight = 0
+        produce_records(bootstrap, topic, 200, 2)
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S), f"processed {len(recorder.processed)}"
+        active_workers = consumer.metrics().active_workers
+    assert consumer.failure is None
+    on_poll_thread = [key for key, names in thread_log.threads.items()
+                      if key[0] == 2 and "pc-poll" in names]
+    assert len(on_poll_thread) == 1
+    assert recorder.max_in_flight == 8 and active_workers == 8
+    assert set(recorder.processed.values()) == {1}
+
+
+def test_failing_record_inline_is_retried_on_a_worker(bootstrap):
+    """A record raising on the poll thread is not retried there (no backoff sleep on the poll
+    thread): its run goes to a worker that retries it; attempts are counted once each."""
+    topic = create_topic(bootstrap, 2)
+    produce_records(bootstrap, topic, 100, 2)
+    recorder, thread_log = Recorder(100, handler_s=0), ThreadLog()
+    attempt_threads: dict[tuple[int, int], list[str]] = defaultdict(list)
+    failing = threading.Event()
+
+    def handler(message):
+        if failing.is_set() and message.offset() % 10 == 7:
+            attempts = attempt_threads[(message.partition(), message.offset())]
+            attempts.append(threading.current_thread().name)
+            if len(attempts) % 3:  # twice per record, then succeeds
+                raise RuntimeError("transient")
+        thread_log.note(message)
+        recorder.end(message)
+
+    group = f"{topic}-retry"
+    options = ParallelConsumerOptions(workers=4, ordering="partition", retry_backoff_ms=1,
+                                      retry_backoff_max_ms=5, **INLINE_TEST_OPTIONS)
+    consumer = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler, options)
+    with consumer:
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S)
+        _wait_for_inline_mode(consumer)
+        _next_phase(recorder, thread_log, 100)
+        failing.set()
+        produce_records(bootstrap, topic, 100, 2)
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S), f"processed {len(recorder.processed)}"
+        failed_attempts = consumer.metrics().failed_attempts
+    assert consumer.failure is None
+    assert "pc-poll" in thread_log.names(2)  # inline mode ran some of them
+    first_attempt_inline = [t for t in attempt_threads.values() if t[0] == "pc-poll"]
+    assert first_attempt_inline
+    assert all(len(threads) == 3 and "pc-poll" not in threads[1:]
+               for threads in first_attempt_inline)
+    assert failed_attempts == 2 * len(attempt_threads) == 20
+    assert set(recorder.processed.values()) == {1}
+    assert committed_offsets(bootstrap, group, topic, 2) == {0: 100, 1: 100}
+
+
+def test_rebalance_while_inline_commits_what_the_poll_thread_did(bootstrap):
+    """A second member joins while the first runs its records on the poll thread: the
+    revocation (inside consume(), so after the inline runs) commits them, and the new owners
+    neither skip nor repeat any record."""
+    topic = create_topic(bootstrap, 4)
+    produce_records(bootstrap, topic, 800, 4, keys=40)
+    recorder = Recorder(800, handler_s=0)
+    members_by_record: dict[tuple[int, int], set[str]] = defaultdict(set)
+
+    def handler_of(member: str):
+        def handler(message):
+            members_by_record[(message.partition(), message.offset())].add(
+                f"{member}/{threading.current_thread().name}")
+            recorder.end(message)
+        return handler
+
+    group = f"{topic}-rebalance"
+    options = ParallelConsumerOptions(workers=4, ordering="key", **INLINE_TEST_OPTIONS)
+    first = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler_of("first"),
+                             options)
+    second = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler_of("second"),
+                              options)
+    with first:
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S)
+        _wait_for_inline_mode(first)
+        recorder.all_done.clear()
+        recorder.expected += 800
+        with second:
+            deadline = time.monotonic() + WAIT_TIMEOUT_S
+            while len(first.metrics().partitions) != 2 or len(second.metrics().partitions) != 2:
+                assert time.monotonic() < deadline, (first.metrics(), second.metrics())
+                time.sleep(0.01)
+            assert first.metrics().active_workers == 0  # the revocation happened inline
+            produce_records(bootstrap, topic, 800, 4, keys=40)
+            assert recorder.all_done.wait(WAIT_TIMEOUT_S), f"processed {len(recorder.processed)}"
+    assert first.failure is None and second.failure is None
+    members = set().union(*members_by_record.values())
+    assert "first/pc-poll" in members and any(m.startswith("second/") for m in members)
+    assert set(recorder.processed.values()) == {1}
+    assert committed_offsets(bootstrap, group, topic, 4) == {p: 400 for p in range(4)}
 
 
 def test_sleeping_handler_fans_out_to_every_worker(bootstrap):

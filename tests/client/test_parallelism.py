@@ -13,9 +13,27 @@ def _window(runs, wall_ns_per_run, cpu_ns_per_run, active, blocked=False, window
                          active_workers=active, blocked=blocked)
 
 
-def test_cheap_runs_shrink_to_one_worker():
-    assert target_workers(_window(1_000, 40_000, 40_000, active=32), LIMITS) == 1
+def test_cheap_running_handler_goes_inline():
+    assert target_workers(_window(1_000, 40_000, 40_000, active=32), LIMITS) == 0
+    assert target_workers(_window(1_000, 40_000, 21_000, active=1), LIMITS) == 0
+    assert target_workers(_window(1_000, 40_000, 40_000, active=0), LIMITS) == 0
+
+
+def test_cheap_waiting_handler_shrinks_to_one_worker():
     assert target_workers(_window(1_000, 99_000, 1_000, active=4), LIMITS) == 1  # waits, but briefly
+    assert target_workers(_window(1_000, 40_000, 19_000, active=0), LIMITS) == 1
+
+
+def test_inline_not_allowed_keeps_one_worker():
+    no_inline = ParallelismLimits(max_workers=32, inline_allowed=False)
+    assert target_workers(_window(1_000, 40_000, 40_000, active=32), no_inline) == 1
+
+
+def test_leaving_inline_mode_sizes_from_one_worker():
+    ten_ms_sleep = _window(5, 10_000_000, 20_000, active=0)
+    assert target_workers(ten_ms_sleep, LIMITS) == 32
+    idle = _window(1, 1_000_000, 10_000, active=0)
+    assert target_workers(idle, LIMITS) == 1
 
 
 def test_saturated_waiting_handler_fans_out_to_all_workers():
@@ -42,3 +60,4 @@ def test_blocked_workers_double_and_quiet_window_keeps_the_count():
     assert target_workers(_window(0, 0, 0, active=4, blocked=True), LIMITS) == 8
     assert target_workers(_window(0, 0, 0, active=32, blocked=True), LIMITS) == 32
     assert target_workers(_window(0, 0, 0, active=4), LIMITS) == 4
+    assert target_workers(_window(0, 0, 0, active=0), LIMITS) == 0  # inline, nothing to do

@@ -224,3 +224,87 @@ def test_handler_window_sums_completed_runs_then_resets():
     scheduler.take(NO_WAIT_S)  # runs and never completes while records wait: blocked
     blocked = scheduler.take_handler_window(window_ns=10_000)
     assert (blocked.runs, blocked.handler_wall_ns, blocked.blocked) == (0, 0, True)
+
+
+def test_inline_mode_no_worker_takes_runs_the_poll_thread_does():
+    scheduler = _scheduler("partition")
+    scheduler.set_active_workers(0)
+    _fill(scheduler, 0, range(3))
+    assert scheduler.take(NO_WAIT_S, worker_index=0) is None
+    run = scheduler.take_inline()
+    assert _offsets(run) == [0]
+    assert scheduler.take_inline() is None  # partition ordering: one run in flight
+    scheduler.complete(run, 1, FAST_NS)
+    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 1, "")]
+    blocked = scheduler.take_handler_window(window_ns=10_000)
+    assert (blocked.active_workers, blocked.blocked) == (0, False)  # nobody to be blocked
+
+
+def test_failed_inline_run_is_handed_to_a_worker_still_in_flight():
+    scheduler = _scheduler("partition", max_run_records=4)
+    _grow_runs(scheduler, 4)
+    scheduler.set_active_workers(0)
+    _fill(scheduler, 0, range(8))
+    run = scheduler.take_inline()
+    error = RuntimeError("inline failure")
+    scheduler.hand_over(run, 2, error)
+    assert scheduler.active_workers == 1
+    assert scheduler.take_inline() is None  # the handed-over run still holds the partition
+    resumed = scheduler.take(NO_WAIT_S, worker_index=0)
+    assert resumed is run and (run.resume_index, run.resume_error) == (2, error)
+    scheduler.complete(run, 4, FAST_NS)
+    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 4, "")]
+    assert _offsets(scheduler.take(NO_WAIT_S)) == [4, 5, 6, 7]
+
+
+def test_slow_inline_run_gives_its_rest_back_in_order():
+    scheduler = _scheduler("key", max_run_records=8, skip={0: [(3, 4)]})
+    _grow_runs(scheduler, 8)
+    scheduler.set_active_workers(0)
+    _fill(scheduler, 0, range(6), keys=[b"a", b"b", b"c", b"d", b"a", b"b"])
+    run = scheduler.take_inline()
+    assert _offsets(run) == [0, 1, 2]  # offset 3 done by a previous owner: a separate chunk
+    scheduler.give_back(run, 1, SLOW_NS, 0)
+    assert scheduler.run_records == 1
+    assert scheduler.totals()[0] == 4  # 1, 2, 4, 5 buffered again
+    assert scheduler.commit_candidates([("t", 0)], None)[0][2] == 1
+    taken = []
+    while (next_run := scheduler.take_inline()) is not None:
+        taken.append(_offsets(next_run))
+        scheduler.complete(next_run, len(next_run.messages), FAST_NS)
+    assert taken == [[1], [2], [4, 5]]  # runs of one record, growing as they finish fast
+    assert scheduler.commit_candidates([("t", 0)], None)[0][2] == 6
+
+
+def test_stop_dispatch_abandons_handed_over_runs():
+    scheduler = _scheduler("unordered", max_run_records=4)
+    _grow_runs(scheduler, 4)
+    scheduler.set_active_workers(0)
+    _fill(scheduler, 0, range(4))
+    scheduler.hand_over(scheduler.take_inline(), 1, RuntimeError("x"))
+    scheduler.stop_dispatch()
+    assert scheduler.take(NO_WAIT_S) is None
+    assert scheduler.totals() == (0, 0, 0)  # nothing left in flight for close() to wait for
+    assert scheduler.commit_candidates([("t", 0)], None) == [("t", 0, 1, "")]
+
+
+def test_inline_batch_starts_runs_directly_while_nothing_is_in_flight():
+    scheduler = _scheduler("key", max_run_records=8, skip={2: [(1, 2)]})
+    scheduler.set_active_workers(0)
+    added, runs = scheduler.add_batch_inline({
+        ("t", 0): _messages(0, range(3)), ("t", 1): _messages(1, range(2)),
+        ("t", 2): _messages(2, range(3))})  # partition 2: offset 1 done before, so buffered
+    assert added == 7 and [(run.partition, _offsets(run)) for run in runs] == [
+        (0, [0, 1, 2]), (1, [0, 1])]
+    assert scheduler.totals() == (2, 20, 5)  # partition 2's two records buffered, 5 in flight
+    later_added, later_runs = scheduler.add_batch_inline({("t", 0): _messages(0, range(3, 5))})
+    assert (later_added, later_runs) == (2, [])  # runs in flight: buffered behind them
+    scheduler.complete(runs[1], 2, FAST_NS)
+    scheduler.put_back([runs[0]])  # not started: back in front of offsets 3 and 4
+    assert scheduler.totals() == (7, 70, 0)
+    assert scheduler.commit_candidates([("t", 0), ("t", 1)], None) == [
+        ("t", 0, 0, ""), ("t", 1, 2, "")]
+    _grow_runs(scheduler, 8)
+    assert _offsets(scheduler.take_inline()) == [0, 1, 2]  # one chunk for each fetch
+    assert _offsets(scheduler.take_inline()) == [0]  # partition 2, before the skipped offset
+    assert _offsets(scheduler.take_inline()) == [3, 4]
