@@ -13,7 +13,9 @@ and connection set-up are in neither. Each of ``--runs`` rounds:
    broker logs this round's cleaning summary line (at most ``--max-cleaning-seconds``): the
    cleaning window, over exactly the cleaning.
 
-Prints each round's p99s, the medians of the rounds and the ratio cleaning / idle.
+Prints each round's p99s (with the 1-minute load average: on a shared 2-core machine other
+load moves the idle p99 by 10x, so rounds on a busy machine say little), the medians of the
+rounds and the ratio cleaning / idle.
 
     .venv/bin/python bench/cleaner_produce_latency.py --megabytes 1200 --rate 1000 --runs 3
 
@@ -198,7 +200,8 @@ def main() -> None:
                               "cleaning_p99_ms": round(cleaning_p99, 2),
                               "cleaning_window_s": round(cleaning_s, 1),
                               "cleaning_finished_in_window":
-                                  cleanings_logged(broker.log_path) > done_before}),
+                                  cleanings_logged(broker.log_path) > done_before,
+                              "load_average_1m": round(os.getloadavg()[0], 2)}),
                   flush=True)
     finally:
         broker.stop()

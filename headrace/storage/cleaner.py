@@ -39,7 +39,9 @@ batches (transaction markers) and aborted transactional data are copied unchange
 removed yet).
 
 I/O: both passes read segments with ``os.preadv`` into one reused buffer of
-``io_chunk_bytes`` (no bytes object per chunk); pass 1 uses a map table sized to the dirty
+``io_chunk_bytes`` (no bytes object per chunk), grown for the rest of a segment when one of
+its batches is larger (Kafka's ``growBuffersOrFail``: the broker reads 256 KiB chunks by
+default, producers write batches of up to 1 MB); pass 1 uses a map table sized to the dirty
 section's offset span (``OffsetMap.clear``), falling back to the whole buffer.
 
 Files: each group is written to ``<base>.log.cleaned``, fsynced, and swapped in by
@@ -132,7 +134,10 @@ def iter_chunks(segment: LogSegment, start_position: int, end_position: int,
                 buffer: bytearray) -> Iterator[tuple[int, memoryview]]:
     """(position, view) of runs of whole batches of ``segment``, read into ``buffer`` (so
     about ``len(buffer)`` bytes each, and each view is valid until the next one is asked
-    for); one batch larger than the buffer comes alone, in a buffer of its own."""
+    for). A batch larger than the buffer makes it grow, as Kafka's ``growBuffersOrFail``
+    does: the rest of the segment is read into one buffer of that batch's size rounded up to
+    a multiple of ``len(buffer)`` (so a log of 1 MB batches costs one allocation and one
+    re-read of ``len(buffer)`` bytes per segment, not per batch)."""
     view = memoryview(buffer)
     position = start_position
     while position < end_position:
@@ -140,10 +145,13 @@ def iter_chunks(segment: LogSegment, start_position: int, end_position: int,
                                  position)]
         whole = whole_batches_bytes(chunk)
         if whole == 0:
-            whole = parse_header(chunk).size_bytes
-            chunk = memoryview(bytearray(whole))
-            if _read_into(segment.fd, chunk, position) < whole:
+            batch_bytes = parse_header(chunk).size_bytes
+            view = memoryview(bytearray(-(-batch_bytes // len(buffer)) * len(buffer)))
+            chunk = view[:_read_into(segment.fd, view[:min(len(view), end_position - position)],
+                                     position)]
+            if len(chunk) < batch_bytes:
                 raise CorruptMessage(f"{segment.log_path}: batch at {position} runs past the end")
+            whole = whole_batches_bytes(chunk) or batch_bytes
         yield position, chunk[:whole]
         position += whole
 

@@ -64,6 +64,21 @@ def test_tiny_buffer_cleans_thousands_of_keys_in_several_hash_ranges(scratch):
     assert latest_values(read_records(log)) == oracle
 
 
+def test_batches_larger_than_the_read_buffer_grow_it_and_clean_alike(scratch):
+    log = open_log(scratch / "t-0", compact_config(segment_bytes=16 * 1024))
+    oracle = append_workload(log, 8, keys=200, batches=800, delete_fraction=0.1)
+    log.roll(NOW_MS)
+    before = read_records(log)
+    sizes = [header.size_bytes for segment in log.segments[:-1]
+             for _, header in segment.iter_batches()]
+    io_chunk_bytes = 64
+    assert min(sizes) < io_chunk_bytes * 2 < max(sizes)  # grown once, then grown again
+    stats = Cleaner(OffsetMap(1 << 20), io_chunk_bytes=io_chunk_bytes).clean(log, 0, NOW_MS)
+    assert stats.bytes_read == sum(sizes)  # every batch read once, none skipped
+    _assert_compacted(log, before, oracle, stats.end_offset)
+    assert latest_values(read_records(log)) == oracle
+
+
 def test_active_segment_and_records_past_the_end_are_untouched(scratch):
     log = open_log(scratch / "t-0", compact_config())
     append_workload(log, 4, keys=50, batches=200, delete_fraction=0.0)
