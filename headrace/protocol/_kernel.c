@@ -765,6 +765,17 @@ static PyObject *bufs_to_tuple(Buf *bufs, int buf_count)
     return tuple;
 }
 
+/* A pass's output buffers as a tuple of owned buffers, or, if the pass failed, its error
+ * (the buffers freed). */
+static PyObject *outputs_or_raise(Buf *outputs, int count, int status, const Failure *failure)
+{
+    if (status < 0) {
+        free_bufs(outputs, count);
+        return raise_failure(failure);
+    }
+    return bufs_to_tuple(outputs, count);
+}
+
 static PyObject *py_decode_columns(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -1400,11 +1411,7 @@ static PyObject *py_index_batches(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     Buf outputs[3] = {out.offset_entries, out.time_entries, out.positions};
-    if (status < 0) {
-        free_bufs(outputs, 3);
-        return raise_failure(&failure);
-    }
-    PyObject *buffers = bufs_to_tuple(outputs, 3);
+    PyObject *buffers = outputs_or_raise(outputs, 3, status, &failure);
     if (buffers == NULL)
         return NULL;
     const IndexState *st = &out.state;
@@ -1992,11 +1999,7 @@ static PyObject *py_filter_batches(PyObject *self, PyObject *args)
     free(bf.kept.data);
     free(bf.decisions.data);
     Buf outputs[3] = {bf.out, bf.pending, bf.pending_batches};
-    if (status < 0) {
-        free_bufs(outputs, 3);
-        return raise_failure(&failure);
-    }
-    PyObject *buffers = bufs_to_tuple(outputs, 3);
+    PyObject *buffers = outputs_or_raise(outputs, 3, status, &failure);
     if (buffers == NULL)
         return NULL;
     return Py_BuildValue("NLLL", buffers, (long long)bf.records_read, (long long)bf.records_kept,

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headrace.broker.cleaner_service import CLEANER_THREAD_NICENESS
@@ -81,13 +81,19 @@ def _produce_workload(bootstrap: str, topic: str, seed: int, records: int, keys:
 
 
 def _scan(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes | None]]:
-    """Every record of partition 0 from the beginning up to the current high watermark."""
+    """Every record of partition 0 from the log start up to the current high watermark."""
+    return scan_from_log_start(bootstrap, topic)[1]
+
+
+def scan_from_log_start(bootstrap: str, topic: str
+                        ) -> tuple[int, list[tuple[int, bytes, bytes | None]]]:
+    """(low watermark, every record of partition 0 from the log start to the high watermark)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "cleaner-scan",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 10})
     try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        records = []
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        records: list[tuple[int, bytes, bytes | None]] = []
         deadline = time.monotonic() + DEADLINE_S
         while (not records or records[-1][0] < high - 1) and time.monotonic() < deadline:
             message = consumer.poll(0.2)
@@ -96,7 +102,7 @@ def _scan(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes | None]]:
             assert message.error() is None, message.error()
             records.append((message.offset(), message.key(), message.value()))
         assert records and records[-1][0] == high - 1, "scan did not reach the high watermark"
-        return records
+        return low, records
     finally:
         consumer.close()
 

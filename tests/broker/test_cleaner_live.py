@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -28,7 +28,7 @@ from confluent_kafka.admin import (
 )
 
 from headrace.broker.cleaner_service import THROTTLE_CHECK_INTERVAL_MS
-from tests.broker.test_cleaner_broker import _produce_workload
+from tests.broker.test_cleaner_broker import _produce_workload, scan_from_log_start
 from tests.cli.cli_runner import run_json, run_ok
 from tests.conftest import BrokerProcess
 
@@ -133,23 +133,7 @@ def _produce(broker: BrokerProcess, topic: str, seed: int, records: int = 4000):
 
 def _scan_from_start(broker: BrokerProcess, topic: str) -> tuple[int, list]:
     """(low watermark, every record from the log start to the high watermark)."""
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "live-scan",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 10})
-    try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        records: list[tuple[int, bytes, bytes | None]] = []
-        deadline = time.monotonic() + DEADLINE_S
-        while (not records or records[-1][0] < high - 1) and time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            records.append((message.offset(), message.key(), message.value()))
-        assert records and records[-1][0] == high - 1, "scan did not reach the high watermark"
-        return low, records
-    finally:
-        consumer.close()
+    return scan_from_log_start(broker.bootstrap, topic)
 
 
 def _latest_per_key(records, produced) -> dict[bytes, bytes | None]:
