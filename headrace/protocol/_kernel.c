@@ -442,6 +442,25 @@ static int walk_batch_records(const Batch *b, Cursor records, RecordVisitor visi
     return 0;
 }
 
+/* The records of batch b (ending at batch_end): its bytes after the header, or, for a
+ * compressed batch, the next of the caller's decompressed sections (*section counts them).
+ * Returns 0, or -1 with f set when fewer sections were given than compressed batches. */
+static int batch_records(const Input *in, const Batch *b, size_t batch_end, Py_ssize_t *section,
+                         Cursor *records, Failure *f)
+{
+    records->p = in->buf + b->position + BATCH_HEADER_BYTES;
+    records->end = in->buf + batch_end;
+    if (!(b->attributes & ATTR_COMPRESSION_MASK))
+        return 0;
+    if (*section >= in->section_count)
+        return fail(f, FAIL_USAGE, "%lld decompressed sections given, more needed",
+                    (long long)in->section_count);
+    records->p = in->sections[*section].buf;
+    records->end = records->p + in->sections[*section].len;
+    (*section)++;
+    return 0;
+}
+
 /* Visit every record of every whole, non-skipped batch. Returns 0, 1 (stopped) or -1. */
 static int walk_records(const Input *in, RecordVisitor visit, void *state, Failure *f)
 {
@@ -452,15 +471,9 @@ static int walk_records(const Input *in, RecordVisitor visit, void *state, Failu
     while ((status = next_batch(in->buf, in->len, &pos, &b, f)) == 1) {
         if (batch_is_skipped(&b, in->skip_control))
             continue;
-        Cursor records = {in->buf + b.position + BATCH_HEADER_BYTES, in->buf + pos};
-        if (b.attributes & ATTR_COMPRESSION_MASK) {
-            if (section >= in->section_count)
-                return fail(f, FAIL_USAGE, "%lld decompressed sections given, more needed",
-                            (long long)in->section_count);
-            records.p = in->sections[section].buf;
-            records.end = records.p + in->sections[section].len;
-            section++;
-        }
+        Cursor records;
+        if (batch_records(in, &b, pos, &section, &records, f))
+            return -1;
         status = walk_batch_records(&b, records, visit, state, f);
         if (status)
             return status;
@@ -1874,15 +1887,9 @@ static int filter_batches(const Input *in, BatchFilter *bf, Failure *f)
                 return fail_no_memory(f);
             continue;
         }
-        Cursor records = {raw + BATCH_HEADER_BYTES, in->buf + pos};
-        if (b.attributes & ATTR_COMPRESSION_MASK) {
-            if (section >= in->section_count)
-                return fail(f, FAIL_USAGE, "%lld decompressed sections given, more needed",
-                            (long long)in->section_count);
-            records.p = in->sections[section].buf;
-            records.end = records.p + in->sections[section].len;
-            section++;
-        }
+        Cursor records;
+        if (batch_records(in, &b, pos, &section, &records, f))
+            return -1;
         if (filter_batch(bf, raw, &b, records, f))
             return -1;
     }
