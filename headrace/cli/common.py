@@ -201,14 +201,12 @@ def connection_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return with_connection
 
 
-def topic_spark_session(
-    master: str, app_name: str, bootstrap_server: str, topic: str, request_timeout_ms: int
-):
+def topic_spark_session(master: str, app_name: str, connection: Connection, topic: str):
     """Start Spark for a job on ``topic`` once the broker has shown the topic exists (a
     JobError names the unreachable broker or the unknown topic, before Spark starts)."""
     from headrace.spark.jobs.session import build_session, topic_partition_ids
 
-    topic_partition_ids(bootstrap_server, topic, request_timeout_ms)
+    topic_partition_ids(connection.bootstrap_server, topic, connection.request_timeout_ms)
     return build_session(master, app_name)
 
 

@@ -25,12 +25,11 @@ from typing import Annotated
 import typer
 
 from headrace.cli.common import (
-    DEFAULT_BOOTSTRAP_SERVER,
-    DEFAULT_REQUEST_TIMEOUT_MS,
-    BootstrapOption,
+    DEFAULT_CONNECTION,
+    Connection,
     OutputFormat,
     OutputOption,
-    RequestTimeoutOption,
+    connection_options,
     emit,
     fail,
     make_table,
@@ -69,6 +68,7 @@ def _job_errors() -> Iterator[None]:
 
 
 @app.command()
+@connection_options
 def load(
     topic: Annotated[str, typer.Argument(help="topic to load")],
     output_dir: OutputDirOption,
@@ -80,17 +80,15 @@ def load(
         int | None, typer.Option("--max-offsets", min=1, help="at most this many per run")
     ] = None,
     master: MasterOption = DEFAULT_MASTER,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Load TOPIC into Parquet under DIR/data, from the offsets the last run committed."""
     from headrace.spark.jobs.load import load_topic
 
     with _job_errors():
-        spark = topic_spark_session(master, f"headrace-load-{topic}", bootstrap_server,
-                                    topic, request_timeout_ms)
-        report = load_topic(spark, bootstrap_server, topic, output_dir,
+        spark = topic_spark_session(master, f"headrace-load-{topic}", connection, topic)
+        report = load_topic(spark, connection.bootstrap_server, topic, output_dir,
                             starting_offsets=starting_offsets, max_offsets=max_offsets)
     title = (f"run {report.run_id}: {report.rows} rows of {topic} committed"
              if report.run_id is not None else f"nothing new in {topic}; no run committed")
@@ -100,27 +98,27 @@ def load(
 
 
 @app.command()
+@connection_options
 def snapshot(
     topic: Annotated[str, typer.Argument(help="compacted topic")],
     output_dir: OutputDirOption,
     master: MasterOption = DEFAULT_MASTER,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Write TOPIC's latest value per key to DIR/current (Parquet), replacing it atomically."""
     from headrace.spark.jobs.snapshot import snapshot_topic
 
     with _job_errors():
-        spark = topic_spark_session(master, f"headrace-snapshot-{topic}", bootstrap_server,
-                                    topic, request_timeout_ms)
-        report = snapshot_topic(spark, bootstrap_server, topic, output_dir,
+        spark = topic_spark_session(master, f"headrace-snapshot-{topic}", connection, topic)
+        report = snapshot_topic(spark, connection.bootstrap_server, topic, output_dir,
                                 now_ms=time.time_ns() // 1_000_000)
     summary = report.to_json()
     emit(output, summary, make_table(f"snapshot of {topic}", ["", ""], list(summary.items())))
 
 
 @app.command()
+@connection_options
 def activity(
     input_topic: Annotated[str, typer.Argument(help="page-view events keyed by member id")],
     output_topic: Annotated[str, typer.Argument(help="compacted topic of counts per member")],
@@ -135,17 +133,16 @@ def activity(
         int | None, typer.Option("--max-offsets-per-trigger", min=1)
     ] = None,
     master: MasterOption = DEFAULT_MASTER,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Maintain per-member visit counts from INPUT_TOPIC in the compacted OUTPUT_TOPIC."""
     from headrace.spark.jobs.activity import run_activity
 
     with _job_errors():
-        spark = topic_spark_session(master, f"headrace-activity-{input_topic}", bootstrap_server,
-                                    input_topic, request_timeout_ms)
-        report = run_activity(spark, bootstrap_server, input_topic, output_topic,
+        spark = topic_spark_session(master, f"headrace-activity-{input_topic}", connection,
+                                    input_topic)
+        report = run_activity(spark, connection.bootstrap_server, input_topic, output_topic,
                               str(checkpoint.absolute()), available_now=available_now,
                               trigger_interval_s=trigger_interval_s,
                               max_offsets_per_trigger=max_offsets_per_trigger)
@@ -154,19 +151,20 @@ def activity(
 
 
 @app.command("activity-view")
+@connection_options
 def activity_view(
     output_topic: Annotated[str, typer.Argument(help="the activity job's output topic")],
     top: Annotated[int, typer.Option("--top", min=0, help="members shown in the table")] = 20,
-    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP_SERVER,
-    request_timeout_ms: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_MS,
+    connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
     """Restore every member's visit count by reading the compacted topic once."""
     from headrace.spark.jobs.activity import restore_view
 
     with _job_errors():
-        topic_partition_ids(bootstrap_server, output_topic, request_timeout_ms)
-        view = restore_view(bootstrap_server, output_topic)
+        topic_partition_ids(connection.bootstrap_server, output_topic,
+                            connection.request_timeout_ms)
+        view = restore_view(connection.bootstrap_server, output_topic)
     ranked = sorted(view.counts.items(), key=lambda item: (-item[1], item[0]))
     document = {"topic": output_topic, "members": len(view.counts),
                 "records_read": view.records_read,
