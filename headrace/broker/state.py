@@ -88,7 +88,18 @@ class ProducerIdAllocator:
         self._next_id = start
         self._block_end = start
 
+    def next_id_without_io(self) -> int | None:
+        """The next id when it is in the block already persisted; None when taking it means
+        persisting the next block (an fsync: call ``next_id`` off the event loop then)."""
+        with self._lock:
+            if self._next_id >= self._block_end:
+                return None
+            producer_id = self._next_id
+            self._next_id += 1
+            return producer_id
+
     def next_id(self) -> int:
+        """The next id, persisting the next block first when the current one is used up."""
         with self._lock:
             if self._next_id >= self._block_end:
                 self._block_end = self._next_id + self._block_size
