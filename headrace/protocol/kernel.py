@@ -335,6 +335,28 @@ validate_batches = _kernel.validate_batches
 first_batch_outside_limits = _kernel.first_batch_outside_limits
 
 
+# append_plain_batch(buf, fd, base_offset, max_size_bytes, max_last_offset, now_ms,
+# (max_message_bytes, before_max_ms, after_max_ms, required_codec)) -> (last_offset,
+# max_timestamp, written) | None: the append path's common case in one call, GIL released
+# throughout. When ``buf`` is a writable buffer holding exactly one v2 batch that passes
+# ``validate_batches`` and ``first_batch_outside_limits`` (timestamps always checked:
+# CreateTime topics only), is at most ``max_size_bytes``, ends at or below ``max_last_offset``
+# once based at ``base_offset`` and is in ``required_codec`` (-1: any; control batches
+# excepted): rewrites its base offset and writes it to ``fd`` (``written`` True; continuing
+# short writes, retrying EINTR after running signal handlers; a failed write truncates the file
+# back to where the batch began and raises OSError) -- unless the batch carries a producer id
+# (and is no control batch): then nothing is changed or written (``written`` False) and the
+# caller checks its sequence before ``write_batch``. A malformed batch raises CorruptMessage
+# exactly as ``validate_batches`` would. Anything else returns None with nothing written or
+# changed (decided from the header, before any CRC work): the caller's general path validates
+# again and raises the precise error. Bound to the C function itself: it runs on every append.
+append_plain_batch = _kernel.append_plain_batch
+
+# write_batch(buf, fd, base_offset): rewrite the base offset of the one batch in ``buf`` (that
+# ``append_plain_batch`` validated) and write it to ``fd`` as ``append_plain_batch`` writes.
+write_batch = _kernel.write_batch
+
+
 @dataclass(frozen=True, slots=True)
 class IndexState:
     """A segment's running index state between chunks of ``index_batches``: log bytes since
@@ -386,6 +408,7 @@ def index_batches(buf: BufferLike, buffer_position: int, file_size: int, min_bas
 
 
 def crc32c(buf: BufferLike) -> int:
-    """CRC-32C of ``buf`` as ``validate_batches`` computes it (three interleaved hardware
-    streams where the CPU has SSE 4.2)."""
+    """CRC-32C of ``buf`` as ``validate_batches`` computes it (carry-less multiplication
+    folding where the CPU has AVX-512 VPCLMULQDQ, else three interleaved hardware streams
+    where it has SSE 4.2)."""
     return _kernel.crc32c(buf)

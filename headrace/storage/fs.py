@@ -7,7 +7,10 @@ drops writes which were not yet fsynced, so every durability claim is testable.
 Files are addressed by path for namespace operations (rename, remove, listdir) and by integer
 file descriptor for data operations (write, fsync, truncate), mirroring POSIX. Reads on the
 hot path (``FileSlice.read_bytes`` and ``os.sendfile``) use the descriptors directly: faults
-are only ever injected on the write side.
+are only ever injected on the write side. One write bypasses this interface: a log whose file
+system is exactly ``RealFileSystem`` (not a subclass or wrapper) lets the compiled kernel write
+plain produce batches straight to the segment descriptor (``Log.append``'s plain path); any
+other file system sees every write.
 
 Thread-safety: the real implementation is as thread-safe as the underlying system calls.
 """

@@ -15,7 +15,16 @@ every batch of the request (whole batches, magic, CRC-32C) and summarises its he
 ``validation`` checks sizes, record counts and timestamps on those tuples, producer state is
 consulted only for batches carrying a producer id, each base offset is rewritten in place,
 LogAppendTime stamped if configured, and the request's batches are written with one ``write``
-(no per-append fstat or seek; index entries only each ``index.interval.bytes``). The one
+(no per-append fstat or seek; index entries only each ``index.interval.bytes``). The common
+request -- one batch in the topic's codec, on a CreateTime topic, fitting the active segment --
+takes the plain path: one kernel call (``kernel.append_plain_batch``) makes the same checks,
+rewrites the base offset and writes the batch to the segment's descriptor with the GIL
+released (a batch with a producer id: validated by that call, sequence-checked in Python,
+written by ``kernel.write_batch``); it is gated per active segment (``_plain_gate``: set after a general-path
+append, cleared by a roll, a config change or a full index) and used only when the log's file
+system is exactly ``RealFileSystem`` (decided once per log), so a wrapping file system still
+sees every write. Whatever the kernel declines goes the general way, which raises the precise
+error. The one
 exception to "no per-record work": a topic whose ``compression.type`` names a codec gets batches
 in other codecs rebuilt in that codec (``validation.recompress_for_topic``; the caller's buffer
 is left unchanged). After each append the writer publishes an immutable ``LogView``
@@ -84,8 +93,9 @@ from headrace.protocol.batch import (
     parse_header,
     set_log_append_time,
 )
+from headrace.protocol.kernel import append_plain_batch, write_batch
 from headrace.storage.config import LogConfig
-from headrace.storage.fs import FileSystem
+from headrace.storage.fs import FileSystem, RealFileSystem
 from headrace.storage.producer_state import (
     SEQUENCE_MODULUS,
     ProducerStateManager,
@@ -153,6 +163,10 @@ _pack_base_offset = struct.Struct(">q").pack_into
 # AppendResult(...) runs NamedTuple's Python-level __new__; this builds the same tuple in C.
 _new_append_result = functools.partial(tuple.__new__, AppendResult)
 
+# When a plain append may take the kernel's one-call path: (the active segment, the broker
+# time after which it must roll by age, the largest last offset its index can address).
+_PlainGate = tuple[LogSegment, int, int]
+
 
 class LogView:
     """An immutable snapshot of the log that readers use without locking."""
@@ -199,6 +213,9 @@ class Log:
         self.dir = directory
         self.config = config
         self.fs = fs
+        # The kernel may write straight to segment descriptors only when no wrapper (a
+        # fault-injecting test file system) needs to see the writes.
+        self._fs_is_real = type(fs) is RealFileSystem
         self._lock = threading.Lock()  # not re-entrant: locked paths call *_locked helpers
         self._listeners: list[Callable[[int], None]] = []
         self._pending_deletions: list[_PendingDeletion] = []
@@ -253,11 +270,18 @@ class Log:
     # ---- loading -------------------------------------------------------------------------
 
     def _apply_config(self, config: LogConfig) -> None:
-        """Precompute what every append consults: the target codec, the timestamp type; and
-        forget the cached roll deadline (segment.ms may have changed)."""
+        """Precompute what every append consults: the target codec, the timestamp type, the
+        plain-append limits; and forget the cached roll deadline and plain-append gate
+        (segment.ms may have changed)."""
         self._target_codec = target_codec(config)
         self._log_append_time = config.log_append_time
         self._roll_deadline: tuple[LogSegment | None, int] = (None, 0)
+        self._segment_bytes = config.segment_bytes
+        self._flush_messages = config.flush_messages
+        self._plain_limits = (config.max_message_bytes, config.message_timestamp_before_max_ms,
+                              config.message_timestamp_after_max_ms,
+                              -1 if self._target_codec is None else self._target_codec)
+        self._plain_gate: _PlainGate | None = None
 
     def _pick_jitter(self, config: LogConfig) -> int:
         if config.segment_jitter_ms <= 0:
@@ -432,39 +456,103 @@ class Log:
         compression.type names a codec gets batches of other codecs recompressed first (then
         ``records`` itself is left as it was, the rebuilt copy is written).
 
-        The hot path of every produce request: written flat, with the per-config and
-        per-segment decisions precomputed (``_target_codec``, ``_roll_deadline``)."""
-        with self._lock:
+        The hot path of every produce request. Its common case -- one batch in the topic's
+        codec, on a CreateTime topic, fitting the active segment -- is one kernel call
+        (``append_plain_batch``: validate, rewrite the base offset, write; for an idempotent
+        producer's batch the sequence check comes between validating and ``write_batch``) and
+        the index upkeep, behind a gate opened by the general path."""
+        lock = self._lock
+        lock.acquire()  # not ``with``: half the cost, on every append
+        try:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
-            config = self.config
-            summaries = validate_request(records, config, now_ms)
-            producer_headers = None
-            if len(summaries) > 1 or summaries[0][6] >= 0:  # else: one plain batch
-                producer_headers = self._producer_headers(records, summaries)
-                if producer_headers:
-                    duplicate = self._check_producers(producer_headers)
-                    if duplicate is not None:
-                        return duplicate
-            codec = self._target_codec
-            if codec is not None and needs_recompression(summaries, codec):
-                records, summaries = recompress_for_topic(records, summaries, codec,
-                                                          config.max_message_bytes)
-            first_offset = self._view.log_end_offset
-            next_offset, active = self._write(records, summaries, first_offset, now_ms)
-            if producer_headers:
-                self._record_producers(producer_headers, first_offset)
-            view = self._view  # after _write: a roll publishes a new segment tuple
-            self._view = view.with_tail(next_offset, active.size_bytes)
-            if next_offset - self.recovery_point >= config.flush_messages:
-                self._flush_locked(now_ms)
-            result = _new_append_result((first_offset, next_offset - 1,
-                                         now_ms if self._log_append_time else -1,
-                                         view.log_start_offset, False))
-        if self._listeners:
+            gate = self._plain_gate
+            result = None
+            if gate is not None and now_ms <= gate[1]:
+                result = self._append_plain(records, gate, now_ms)
+            if result is None:
+                result = self._append_general(records, now_ms)
+        finally:
+            lock.release()
+        if self._listeners and not result.duplicate:
             for listener in self._listeners:
-                listener(next_offset)
+                listener(result.last_offset + 1)
         return result
+
+    def _append_plain(self, records: bytearray, gate: _PlainGate, now_ms: int
+                      ) -> AppendResult | None:
+        """The common case in one kernel call (two with a producer id); None (nothing
+        written) when the kernel declines the request and the general path must decide."""
+        active = gate[0]
+        first_offset = self._view.log_end_offset
+        written = append_plain_batch(records, active.fd, first_offset,
+                                     self._segment_bytes - active.size_bytes, gate[2], now_ms,
+                                     self._plain_limits)
+        if written is None:
+            return None
+        last_offset, max_timestamp_ms, was_written = written
+        if not was_written:
+            duplicate = self._write_producer_batch(records, active.fd, first_offset)
+            if duplicate is not None:
+                return duplicate
+        if active.note_written_batch(len(records), last_offset, max_timestamp_ms, now_ms):
+            self._plain_gate = None  # an index is full: the next append rolls
+        view = self._view
+        self._view = view.with_tail(last_offset + 1, active.size_bytes)
+        if last_offset + 1 - self.recovery_point >= self._flush_messages:
+            self._flush_locked(now_ms)
+        return _new_append_result((first_offset, last_offset, -1, view.log_start_offset, False))
+
+    def _write_producer_batch(self, records: bytearray, fd: int, first_offset: int
+                              ) -> AppendResult | None:
+        """A validated batch with a producer id: the original result if it is a duplicate,
+        else written at ``first_offset`` and recorded (None); raises for a bad epoch or
+        sequence, as the general path does."""
+        header = parse_header(records)
+        duplicate = self._duplicate_of(header)
+        if duplicate is None:
+            write_batch(records, fd, first_offset)
+            self.producer_state.update(header, first_offset)
+        return duplicate
+
+    def _append_general(self, records: bytearray, now_ms: int) -> AppendResult:
+        """Every append the plain path declines: several batches, LogAppendTime,
+        recompression, a roll, or a request to reject (the precise error is raised here)."""
+        config = self.config
+        summaries = validate_request(records, config, now_ms)
+        producer_headers = None
+        if len(summaries) > 1 or summaries[0][6] >= 0:  # else: one plain batch
+            producer_headers = self._producer_headers(records, summaries)
+            if producer_headers:
+                duplicate = self._check_producers(producer_headers)
+                if duplicate is not None:
+                    return duplicate
+        codec = self._target_codec
+        if codec is not None and needs_recompression(summaries, codec):
+            records, summaries = recompress_for_topic(records, summaries, codec,
+                                                      config.max_message_bytes)
+        first_offset = self._view.log_end_offset
+        next_offset, active = self._write(records, summaries, first_offset, now_ms)
+        if producer_headers:
+            self._record_producers(producer_headers, first_offset)
+        view = self._view  # after _write: a roll publishes a new segment tuple
+        self._view = view.with_tail(next_offset, active.size_bytes)
+        if next_offset - self.recovery_point >= config.flush_messages:
+            self._flush_locked(now_ms)
+        self._plain_gate = self._plain_gate_for(active)
+        return _new_append_result((first_offset, next_offset - 1,
+                                   now_ms if self._log_append_time else -1,
+                                   view.log_start_offset, False))
+
+    def _plain_gate_for(self, active: LogSegment) -> _PlainGate | None:
+        """The gate that lets the next appends to ``active`` take the plain path, or None:
+        only when the kernel may write to its descriptor, the topic uses CreateTime, and
+        ``active`` is non-empty with indexes not full (so nothing but its age, which the gate
+        holds, or its size, which the kernel checks, can make it roll)."""
+        if (self._fs_is_real and not self._log_append_time and active.size_bytes
+                and not active.offset_index.is_full and not active.time_index.is_full):
+            return active, self._roll_deadline_ms(active), active.base_offset + MAX_RELATIVE_OFFSET
+        return None
 
     def _write(self, records: bytearray, summaries: tuple[Summary, ...], first_offset: int,
                now_ms: int) -> tuple[int, LogSegment]:
@@ -521,12 +609,20 @@ class Log:
             if header.producer_id in pending:
                 self._check_within_request(header, pending[header.producer_id])
             else:
-                original = self.producer_state.check(header)
-                if original is not None:
-                    return AppendResult(original.first_offset, original.last_offset, -1,
-                                        self._view.log_start_offset, duplicate=True)
+                duplicate = self._duplicate_of(header)
+                if duplicate is not None:
+                    return duplicate
             pending[header.producer_id] = (header.producer_epoch, header.last_sequence)
         return None
+
+    def _duplicate_of(self, header: BatchHeader) -> AppendResult | None:
+        """The original append's result if ``header``'s batch repeats one of its producer's
+        last five (raises for a bad epoch or sequence); None for a batch to write."""
+        original = self.producer_state.check(header)
+        if original is None:
+            return None
+        return AppendResult(original.first_offset, original.last_offset, -1,
+                            self._view.log_start_offset, duplicate=True)
 
     @staticmethod
     def _check_within_request(header: BatchHeader, previous: tuple[int, int]) -> None:
@@ -624,6 +720,7 @@ class Log:
         # loss can tear the old segment while the new one survives, leaving a hole that no
         # CRC scan detects (the torn segment simply ends early). One fsync per segment.bytes.
         self._flush_locked(now_ms, force=True)
+        self._plain_gate = None
         self._segments[-1].seal()
         self.producer_state.take_snapshot(log_end_offset)
         segment = self._new_segment(log_end_offset, now_ms)

@@ -132,23 +132,35 @@ class LogSegment:
                      max_timestamp_ms: int, now_ms: int) -> None:
         """``append`` of exactly one batch (``data``), the common produce request: the same
         writes and index entries without building per-batch tuples."""
-        start = self.size_bytes
         self.fs.write(self.fd, data)
+        self.note_written_batch(len(data), last_offset, max_timestamp_ms, now_ms)
+
+    def note_written_batch(self, size_bytes: int, last_offset: int, max_timestamp_ms: int,
+                           now_ms: int) -> bool:
+        """Account for one batch of ``size_bytes`` just written at the end of the log file
+        (by ``append_batch``, or by the kernel's ``append_plain_batch`` straight to ``fd``):
+        timestamps, an index entry each index.interval.bytes, the size. True when that entry
+        filled an index, so the segment must roll before the next append."""
+        start = self.size_bytes
+        self.size_bytes = start + size_bytes
+        self.last_modified_ms = now_ms
         if self.first_batch_timestamp_ms is None:
             self.first_batch_timestamp_ms = max_timestamp_ms
         if max_timestamp_ms > self.max_timestamp_ms:
             self.max_timestamp_ms = max_timestamp_ms
             self.offset_of_max_timestamp = last_offset
-        if self.bytes_since_last_index_entry > self.index_interval_bytes:
-            self.offset_index.append(last_offset, start)
-            timestamps = self.time_index.timestamps  # TimeIndex.maybe_append, inlined
-            if not timestamps or self.max_timestamp_ms > timestamps[-1]:
-                self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
-            self.bytes_since_last_index_entry = 0
-        size_bytes = len(data)
-        self.bytes_since_last_index_entry += size_bytes
-        self.size_bytes = start + size_bytes
-        self.last_modified_ms = now_ms
+        if self.bytes_since_last_index_entry <= self.index_interval_bytes:
+            self.bytes_since_last_index_entry += size_bytes
+            return False
+        self.bytes_since_last_index_entry = size_bytes
+        offset_index, time_index = self.offset_index, self.time_index
+        offset_index.relative_offsets.append(last_offset - self.base_offset)  # .append, inlined
+        offset_index.positions.append(start)
+        timestamps = time_index.timestamps  # TimeIndex.maybe_append, inlined
+        if not timestamps or self.max_timestamp_ms > timestamps[-1]:
+            time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+        return (len(offset_index.positions) >= offset_index.max_entries
+                or len(timestamps) >= time_index.max_entries)
 
     def _index_batches(self, start: int, batches: Sequence[tuple[int, int, int, int]]) -> None:
         """Track timestamps and add index entries (one per index.interval.bytes) for batches

@@ -13,7 +13,9 @@ topic's ``compression.type`` asks for:
   ``message.timestamp.after.max.ms`` of broker time -- ``InvalidTimestamp``.
 
 The per-batch limits run in the kernel too (``kernel.first_batch_outside_limits``, one call);
-Python only names the error of the batch it points at.
+Python only names the error of the batch it points at. The log's plain path
+(``kernel.append_plain_batch``) applies the same checks to a single batch and declines
+whatever fails a limit, so these functions raise every error.
 
 Batches are summarised as plain tuples ``(position, size_bytes, attributes,
 last_offset_delta, base_timestamp, max_timestamp, producer_id, records_count)`` (``Summary``):

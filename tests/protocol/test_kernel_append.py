@@ -1,0 +1,262 @@
+"""kernel.append_plain_batch and write_batch: the append path's one-call validate, offset and
+write; and the folded CRC-32C they use, at each of its loop boundaries.
+
+Its decision is checked against the two calls the general append path makes
+(``validate_batches`` then ``first_batch_outside_limits``) plus the plain path's own scope
+(exactly one batch, room in the segment, no producer id, the topic's codec): every malformed
+batch raises the same CorruptMessage, every declined request leaves file and buffer untouched,
+every accepted one lands in the file byte-for-byte with its base offset rewritten. Writes go to
+real files; the failed-write test runs a child process under a file-size limit.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import crc32c
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from headrace.errors import CorruptMessage
+from headrace.protocol import kernel
+from headrace.protocol.batch import COMPRESSION_MASK, CONTROL_BIT
+from headrace.protocol.compression import GZIP, NONE
+from headrace.protocol.records import build_batch
+
+NOW_MS = 1_700_000_000_000
+NO_LIMIT = 2**63 - 1
+OPEN_LIMITS = (NO_LIMIT, NO_LIMIT, NO_LIMIT, -1)
+
+
+def _batch(count: int = 3, timestamp_ms: int = NOW_MS, **options) -> bytearray:
+    records = [(b"k%d" % i, b"v" * (10 + i), [], timestamp_ms + i) for i in range(count)]
+    return bytearray(build_batch(records, **options))
+
+
+def _reference(buf: bytearray, max_size_bytes: int, base_offset: int, max_last_offset: int,
+               now_ms: int, limits: tuple[int, int, int, int]) -> tuple[int, int] | None:
+    """What the general path decides, restricted to the plain path's scope; raises as it does."""
+    max_message_bytes, before_max_ms, after_max_ms, required_codec = limits
+    summaries = kernel.validate_batches(buf)
+    if len(summaries) != 1 or kernel.first_batch_outside_limits(
+            summaries, max_message_bytes, now_ms, before_max_ms, after_max_ms, True) >= 0:
+        return None
+    _, size_bytes, attributes, last_offset_delta, _, max_timestamp, producer_id, _ = summaries[0]
+    control = attributes & CONTROL_BIT
+    if (size_bytes > max_size_bytes or base_offset + last_offset_delta > max_last_offset
+            or (required_codec >= 0 and not control
+                and attributes & COMPRESSION_MASK != required_codec)):
+        return None
+    written = producer_id < 0 or bool(control)  # else the caller checks the sequence first
+    return base_offset + last_offset_delta, max_timestamp, written
+
+
+def _damaged(buf: bytearray, damage: str) -> bytearray:
+    if damage == "truncated":
+        return buf[:-1]
+    if damage == "short header":
+        return buf[:40]
+    if damage == "magic":
+        return buf[:16] + b"\x01" + buf[17:]
+    if damage == "length":
+        return buf[:8] + struct.pack(">i", 20) + buf[12:]
+    if damage == "crc":
+        return buf[:-1] + bytes([buf[-1] ^ 0x40])
+    if damage == "record count":  # a valid CRC over a count that disagrees with the offsets
+        return bytearray(build_batch([(None, b"x", [], NOW_MS)], last_offset_delta=3))
+    return buf
+
+
+@st.composite
+def requests(draw):
+    shape = draw(st.sampled_from(["one", "one", "one", "two", "empty"]))
+    if shape == "empty":
+        return bytearray()
+    options = {"compression": draw(st.sampled_from([NONE, GZIP])),
+               "producer_id": draw(st.sampled_from([-1, -1, 7])),
+               "control": draw(st.booleans())}
+    if options["producer_id"] >= 0:
+        options |= {"producer_epoch": 1, "base_sequence": 0}
+    timestamp_ms = draw(st.sampled_from([NOW_MS, NOW_MS - 10_000, NOW_MS + 10_000, -1]))
+    buf = _batch(draw(st.integers(1, 4)), timestamp_ms, **options)
+    buf = _damaged(buf, draw(st.sampled_from(
+        ["none"] * 6 + ["truncated", "short header", "magic", "length", "crc", "record count"])))
+    if shape == "two":
+        buf += _batch(1)
+    return buf
+
+
+LIMITS = st.tuples(st.sampled_from([NO_LIMIT, 150, 60]), st.sampled_from([NO_LIMIT, 5_000]),
+                   st.sampled_from([NO_LIMIT, 5_000]), st.sampled_from([-1, NONE, GZIP]))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests(), st.sampled_from([NO_LIMIT, 200, 60]), st.integers(0, 2**40),
+       st.sampled_from([NO_LIMIT, 2**40 + 1]), LIMITS)
+def test_decides_and_raises_exactly_as_the_general_path(tmp_path, buf, max_size_bytes,
+                                                         base_offset, max_last_offset, limits):
+    path = tmp_path / "segment.log"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        original = bytes(buf)
+        arguments = (max_size_bytes, base_offset, max_last_offset, NOW_MS, limits)
+        try:
+            expected = _reference(bytearray(buf), *arguments)
+        except CorruptMessage as error:  # raised alike, or declined for the general path
+            try:
+                declined = kernel.append_plain_batch(buf, fd, base_offset, max_size_bytes,
+                                                     max_last_offset, NOW_MS, limits)
+            except CorruptMessage as raised:
+                assert str(raised) == str(error)
+            else:
+                assert declined is None
+            expected = None
+        else:
+            assert kernel.append_plain_batch(buf, fd, base_offset, max_size_bytes,
+                                             max_last_offset, NOW_MS, limits) == expected
+        written = path.read_bytes()
+    finally:
+        os.close(fd)
+    if expected is None or not expected[2]:
+        assert written == b"" and bytes(buf) == original
+    else:
+        assert written == bytes(buf) == struct.pack(">q", base_offset) + original[8:]
+
+
+@pytest.mark.parametrize("damage", ["magic", "crc"])
+def test_a_damaged_batch_in_scope_raises_what_validate_batches_raises(tmp_path, damage):
+    """Damage the header does not show (the plain path's scope is decided from the header)
+    is caught by the kernel itself, with validate_batches' exact error."""
+    buf = _batch()
+    if damage == "magic":
+        buf[16] = 1
+    else:
+        buf[-1] ^= 0x40
+    with pytest.raises(CorruptMessage) as expected:
+        kernel.validate_batches(bytes(buf))
+    fd = os.open(tmp_path / "segment.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    with pytest.raises(CorruptMessage) as raised:
+        kernel.append_plain_batch(buf, fd, 5, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+    os.close(fd)
+    assert str(raised.value) == str(expected.value)
+    assert os.path.getsize(tmp_path / "segment.log") == 0 and buf[:8] == bytes(8)
+
+
+def test_appends_after_what_the_file_holds_and_returns_last_offset_and_max_timestamp(tmp_path):
+    path = tmp_path / "segment.log"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    first, second = _batch(3), _batch(5, NOW_MS + 100)
+    assert kernel.append_plain_batch(first, fd, 10, NO_LIMIT, NO_LIMIT, NOW_MS,
+                                     OPEN_LIMITS) == (12, NOW_MS + 2, True)
+    assert kernel.append_plain_batch(second, fd, 13, NO_LIMIT, NO_LIMIT, NOW_MS,
+                                     OPEN_LIMITS) == (17, NOW_MS + 104, True)
+    os.close(fd)
+    assert path.read_bytes() == bytes(first + second)
+    assert kernel.validate_batches(path.read_bytes())[1][0] == len(first)
+
+
+def test_a_producer_batch_is_validated_then_written_by_write_batch(tmp_path):
+    path = tmp_path / "segment.log"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    batch = _batch(2, producer_id=7, producer_epoch=0, base_sequence=4)
+    original = bytes(batch)
+    assert kernel.append_plain_batch(batch, fd, 20, NO_LIMIT, NO_LIMIT, NOW_MS,
+                                     OPEN_LIMITS) == (21, NOW_MS + 1, False)
+    assert path.read_bytes() == b"" and bytes(batch) == original
+    kernel.write_batch(batch, fd, 20)
+    os.close(fd)
+    assert path.read_bytes() == bytes(batch) == struct.pack(">q", 20) + original[8:]
+
+
+def test_write_batch_rejects_what_it_cannot_write(tmp_path):
+    path = tmp_path / "segment.log"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)
+    with pytest.raises(OSError):
+        kernel.write_batch(_batch(), fd, 0)
+    os.close(fd)
+    with pytest.raises(BufferError):
+        kernel.write_batch(bytes(_batch()), 1, 0)
+    with pytest.raises(ValueError):
+        kernel.write_batch(bytearray(11), 1, 0)
+    with pytest.raises(TypeError):
+        kernel.write_batch(_batch(), 1)
+    assert path.read_bytes() == b""
+
+
+def test_immutable_or_foreign_buffers_are_declined_for_the_general_path_to_report(tmp_path):
+    fd = os.open(tmp_path / "segment.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    for buf in (bytes(_batch()), "not a buffer", None):
+        assert kernel.append_plain_batch(buf, fd, 0, NO_LIMIT, NO_LIMIT, NOW_MS,
+                                         OPEN_LIMITS) is None
+    os.close(fd)
+    assert os.path.getsize(tmp_path / "segment.log") == 0
+
+
+def test_malformed_arguments_raise():
+    buf = _batch()
+    with pytest.raises(TypeError):
+        kernel.append_plain_batch(buf, 1, 0, NO_LIMIT, NO_LIMIT, NOW_MS)
+    with pytest.raises(TypeError):
+        kernel.append_plain_batch(buf, 1, 0, NO_LIMIT, NO_LIMIT, NOW_MS, (1, 2, 3))
+    with pytest.raises(TypeError):
+        kernel.append_plain_batch(buf, "1", 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+    with pytest.raises(ValueError):
+        kernel.append_plain_batch(buf, -1, 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+    assert buf == _batch()  # nothing rewritten
+
+
+def test_a_descriptor_that_cannot_write_raises_oserror(tmp_path):
+    path = tmp_path / "segment.log"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)
+    with pytest.raises(OSError):
+        kernel.append_plain_batch(_batch(), fd, 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+    os.close(fd)
+    assert path.read_bytes() == b""
+
+
+_FILE_SIZE_LIMITED_CHILD = textwrap.dedent("""
+    import errno, os, resource, signal, sys
+    from headrace.protocol import kernel
+    from headrace.protocol.records import build_batch
+    path, limit = sys.argv[1], int(sys.argv[2])
+    first = bytearray(build_batch([(None, b"a" * 100, [], 0)]))
+    second = bytearray(build_batch([(None, b"b" * 400, [], 0)]))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a fatal signal
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    limits = (2**63 - 1, 2**63 - 1, 2**63 - 1, -1)
+    kernel.append_plain_batch(first, fd, 0, 2**62, 2**62, 0, limits)
+    try:
+        kernel.append_plain_batch(second, fd, 1, 2**62, 2**62, 0, limits)
+    except OSError as error:
+        print(errno.errorcode[error.errno], len(first), os.fstat(fd).st_size)
+""")
+
+
+def test_a_write_cut_short_by_an_error_is_truncated_away(tmp_path):
+    """The file-size limit lets the second batch's first write through partly; the next
+    write fails with EFBIG and the partial batch is removed again."""
+    path = tmp_path / "segment.log"
+    child = subprocess.run([sys.executable, "-c", _FILE_SIZE_LIMITED_CHILD, str(path), "300"],
+                           capture_output=True, text=True, check=True)
+    code, first_size, size_after = child.stdout.split()
+    assert code == "EFBIG"
+    assert int(size_after) == int(first_size) == path.stat().st_size
+
+
+def test_crc32c_agrees_with_the_reference_across_every_folding_boundary():
+    """Lengths around the folded CRC's steps: its 256-byte minimum, its 256-byte main loop,
+    its 64-byte tail loop and the bytes left for the crc32 instruction; unaligned starts."""
+    data = os.urandom(3 * 4096 + 700)
+    for length in [*range(240, 600), 1023, 1024, 1025, 4095, 4096, 4097, 12_288 + 655]:
+        for skip in (0, 5):
+            view = memoryview(data)[skip : skip + length]
+            assert kernel.crc32c(view) == crc32c.crc32c(view), (length, skip)
