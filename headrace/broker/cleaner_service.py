@@ -4,7 +4,9 @@ Owns ``CleanerService`` (Kafka's ``LogCleaner``), ``CleanerSettings`` and ``Thro
 ``log.cleaner.enable=true`` (Kafka's default) it starts ``log.cleaner.threads`` threads; each
 owns a ``Cleaner`` with an offset map of ``log.cleaner.dedupe.buffer.size / threads`` bytes
 (at most 2**31 - 1, as Kafka caps it) filled to ``log.cleaner.io.buffer.load.factor``, reading
-``log.cleaner.io.buffer.size / threads / 2`` bytes (at least 64 KiB) per chunk. A thread
+``log.cleaner.io.buffer.size / threads / 2`` bytes (at least 64 KiB) per chunk and a span
+of chunks per kernel call (``span_bytes_for`` the I/O limit: 32 MiB unthrottled, what the
+limit allows in 100 ms otherwise; a live limit change applies from the next span). A thread
 allocates its map itself, repeatedly asks the shared ``CleanerManager`` to clean the filthiest
 compacted partition of every log of the ``LogManager`` (``__consumer_offsets`` included) and
 waits ``log.cleaner.backoff.ms`` when none is eligible. All threads share one ``Throttler``
@@ -16,10 +18,10 @@ Live reconfiguration (Kafka's ``LogCleaner.reconfigure``; the broker config vali
 see ``headrace.broker.config``): ``log.cleaner.backoff.ms`` and
 ``log.cleaner.io.max.bytes.per.second`` changed through AlterConfigs apply at once. A change of
 the threads, dedupe buffer, I/O buffer or load factor restarts the cleaner threads: the
-current ones stop at their next chunk (a cleaning in progress is aborted exactly as at
+current ones stop at their next span (a cleaning in progress is aborted exactly as at
 shutdown and retried by the new threads from the same checkpoint), are joined -- their maps
 freed -- and the new number of threads starts with the new buffers. The restart runs on its
-own short-lived thread, so the config change (on the append thread) never waits for a chunk;
+own short-lived thread, so the config change (on the append thread) never waits for a span;
 several changes in a row coalesce into the latest settings. A thread that died (its map could
 not be allocated, or an error escaped its loop) counts in ``DeadThreadCount`` until the next
 restart replaces it.
@@ -28,7 +30,7 @@ Concurrency with the rest of the broker: the cleaner only rewrites closed segmen
 rolls (also those forced by ``max.compaction.lag.ms``, which happen on the append thread, see
 ``Log``), retention, DeleteRecords and fetches go on while it runs (see ``Log`` for the
 cleaning guard and the swap under the log's lock). Deleting a topic or closing a log waits for
-a cleaning of it to stop. ``stop`` makes every cleaning abort before its next chunk (the
+a cleaning of it to stop. ``stop`` makes every cleaning abort before its next span (the
 crash-safe state: no ``.cleaned`` file survives, swapped groups are complete) and joins the
 threads; the broker calls it before ``LogManager.shutdown``.
 
@@ -81,7 +83,7 @@ from typing import Any
 
 from headrace.broker.config import BrokerConfig
 from headrace.errors import UnknownTopicOrPartition
-from headrace.storage.cleaner import Cleaner
+from headrace.storage.cleaner import Cleaner, span_bytes_for
 from headrace.storage.cleaner_manager import CleanerManager, CleaningRecord, Logs
 from headrace.storage.clock import Clock
 from headrace.storage.fs import FileSystem, RealFileSystem, write_file_atomically
@@ -226,7 +228,7 @@ class CleanerService:
         self.write_status(force=True)
 
     def stop(self) -> None:
-        """Abort cleanings in progress (at their next chunk) and join the threads. Blocks."""
+        """Abort cleanings in progress (at their next span) and join the threads. Blocks."""
         self._stopping.set()
         with self._lifecycle_lock:
             self._stop_threads()
@@ -249,7 +251,7 @@ class CleanerService:
                  self.settings.io_chunk_bytes)
 
     def _stop_threads(self) -> None:
-        """Stop the current threads at their next chunk and join them (lifecycle lock held)."""
+        """Stop the current threads at their next span and join them (lifecycle lock held)."""
         self._generation_stop.set()
         for thread in self._threads:
             thread.join()
@@ -291,14 +293,16 @@ class CleanerService:
         """The throttler's sleep: cut short when the current threads are told to stop."""
         self._generation_stop.wait(seconds)
 
-    def _between_chunks(self, stop: threading.Event, cleaned_log: Log, bytes_read: int
-                        ) -> None:
-        """Before each chunk a cleaner reads: abort if its threads are stopping or the log
-        went away, then throttle."""
+    def _between_spans(self, stop: threading.Event, cleaner: Cleaner, cleaned_log: Log,
+                       bytes_read: int) -> None:
+        """After each span a cleaner reads: abort if its threads are stopping or the log
+        went away, throttle, and size the next span for the current I/O limit."""
         self._check_not_stopped(stop, cleaned_log)
         self.throttler.maybe_throttle(
             bytes_read, lambda: stop.is_set() or _cleaning_stopped(cleaned_log))
         self._check_not_stopped(stop, cleaned_log)
+        cleaner.span_bytes = span_bytes_for(self.throttler.desired_bytes_per_second,
+                                            cleaner.io_chunk_bytes)
 
     def _check_not_stopped(self, stop: threading.Event, cleaned_log: Log) -> None:
         if stop.is_set():
@@ -309,8 +313,10 @@ class CleanerService:
 
     def _new_cleaner(self, settings: CleanerSettings, stop: threading.Event) -> Cleaner:
         offset_map = OffsetMap(settings.offset_map_bytes, settings.load_factor)
-        return Cleaner(offset_map, settings.io_chunk_bytes,
-                       on_chunk=functools.partial(self._between_chunks, stop))
+        cleaner = Cleaner(offset_map, settings.io_chunk_bytes, span_bytes=span_bytes_for(
+            self.throttler.desired_bytes_per_second, settings.io_chunk_bytes))
+        cleaner.on_chunk = functools.partial(self._between_spans, stop, cleaner)
+        return cleaner
 
     def _run(self, settings: CleanerSettings, stop: threading.Event) -> None:
         _lower_this_threads_priority(CLEANER_THREAD_NICENESS)

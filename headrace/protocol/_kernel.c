@@ -4,7 +4,11 @@
  * Owns the hot per-record loops over Kafka v2 record batches: walking batch headers,
  * checking CRC-32C, parsing records (bounds-checked zigzag varints), decoding them into
  * Arrow-layout columns, hashing keys with MurmurHash3 x64 128 and finding keyless
- * records. The Python face is headrace/protocol/kernel.py: it decompresses compressed
+ * records; the log's two hot I/O paths -- a plain produce batch validated, its base offset
+ * patched and written to the segment descriptor in one call (append_plain_batch,
+ * write_batch), and the cleaner's passes over a span of a segment, reading it with pread and
+ * writing pass 2's output to the .cleaned descriptor (map_span, filter_span).
+ * The Python face is headrace/protocol/kernel.py: it decompresses compressed
  * record sections (one call per batch) and hands them here as `sections`, in the order
  * the walk meets the compressed batches it does not skip.
  *
@@ -17,7 +21,8 @@
  * [key length varint >= 0, key, value length varint (-1 = null), value].
  *
  * Thread-safety: no shared mutable state after module init (the CRC table is written
- * once there). Every loop runs with the GIL released over a buffer the caller holds;
+ * once there; the CRC-32C variant is chosen there from the CPU's features). Every loop and
+ * every read or write runs with the GIL released over a buffer the caller holds;
  * output is collected in malloc'd buffers handed to Python as read-only OwnedBuffers.
  * Malformed input is reported as headrace.errors.CorruptMessage, never read past.
  */
@@ -2245,12 +2250,11 @@ static void release_cleaner_args(CleanerArgs *a)
     release_held(&a->held);
 }
 
-/* Hold the record buffer, its sections and the map's writable tables; fill the scope. */
-static int hold_cleaner_args(CleanerArgs *a, PyObject *buf, PyObject *sections, PyObject *fps,
-                             PyObject *words, PassScope *scope)
+/* Hold the map's writable tables and fill the scope from them. */
+static int hold_map_tables(CleanerArgs *a, PyObject *fps, PyObject *words, PassScope *scope)
 {
     int table_flags = PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE;
-    if (hold(buf, sections, &a->held) || PyObject_GetBuffer(fps, &a->fps, table_flags) < 0 ||
+    if (PyObject_GetBuffer(fps, &a->fps, table_flags) < 0 ||
         PyObject_GetBuffer(words, &a->words, table_flags) < 0)
         return -1;
     Py_ssize_t capacity = a->fps.len / 8;
@@ -2266,6 +2270,15 @@ static int hold_cleaner_args(CleanerArgs *a, PyObject *buf, PyObject *sections, 
     scope->words = a->words.buf;
     scope->capacity = (uint64_t)capacity;
     return 0;
+}
+
+/* Hold the record buffer, its sections and the map's writable tables; fill the scope. */
+static int hold_cleaner_args(CleanerArgs *a, PyObject *buf, PyObject *sections, PyObject *fps,
+                             PyObject *words, PassScope *scope)
+{
+    if (hold(buf, sections, &a->held))
+        return -1;
+    return hold_map_tables(a, fps, words, scope);
 }
 
 static PyObject *py_map_batches(PyObject *self, PyObject *args)
@@ -2343,6 +2356,302 @@ static PyObject *py_filter_batches(PyObject *self, PyObject *args)
                          (long long)bf.scope.next_ordinal);
 }
 
+/* ---- the cleaner passes over whole spans of a segment file
+ * map_span and filter_span run a pass over about span_bytes of a segment's file in one call,
+ * without the GIL and without returning to Python per chunk: they pread chunks of the
+ * caller's buffer size at the position, run the pass over each chunk's whole batches (a batch
+ * straddling the chunk's end is read again at the start of the next chunk), and filter_span
+ * writes each chunk's cleaned bytes to the output file (so memory stays at the read buffer
+ * plus one chunk of output). A span ends at the first chunk starting at or after
+ * position + span_bytes, or early, at the position reached:
+ *   SPAN_COMPRESSED  a compressed batch starts there (its records are decompressed -- and in
+ *                    pass 2 recompressed -- in Python);
+ *   SPAN_GROW        the batch there is larger than the buffer (stop_bytes: its size);
+ *   SPAN_FULL        pass 1 only: the map is full.
+ * A batch that runs past the end position (or the end of the file) is CorruptMessage. */
+
+#include <errno.h>
+#include <unistd.h>
+
+#define SPAN_DONE 0
+#define SPAN_COMPRESSED 1
+#define SPAN_GROW 2
+#define SPAN_FULL 3
+
+typedef struct {
+    int fd;
+    uint8_t *buf;
+    size_t capacity;
+    int64_t position, end_position, span_bytes;
+    int stop;
+    int64_t stop_bytes;
+    int os_errno; /* a failed pread or write: raised as OSError */
+} Span;
+
+/* Runs a pass over one chunk of whole, uncompressed (or control) batches: 0 to go on, 1 when
+ * the pass cannot take more (pass 1: map full), -1 on failure. */
+typedef int (*ChunkPass)(void *state, const uint8_t *buf, size_t len, Failure *f);
+
+static int span_os_failure(Span *s, Failure *f, const char *call)
+{
+    s->os_errno = errno;
+    return fail(f, FAIL_USAGE, "%s failed", call);
+}
+
+/* Read up to `want` bytes at the span's position into its buffer; fewer only at end of file. */
+static int span_read(Span *s, size_t want, size_t *got, Failure *f)
+{
+    size_t done = 0;
+    while (done < want) {
+        ssize_t n = pread(s->fd, s->buf + done, want - done, (off_t)(s->position + (int64_t)done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return span_os_failure(s, f, "pread");
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    *got = done;
+    return 0;
+}
+
+/* Bytes of the whole batches at the start of buf before the first compressed non-control
+ * batch (control batches are copied or skipped whole by both passes), each CRC-checked;
+ * *compressed_next tells whether a whole compressed batch follows them. */
+static int plain_prefix(const uint8_t *buf, size_t len, size_t *prefix, int *compressed_next,
+                        Failure *f)
+{
+    Batch b = {0};
+    size_t pos = 0;
+    int status;
+    *prefix = 0;
+    *compressed_next = 0;
+    while ((status = next_batch(buf, len, &pos, &b, f)) == 1) {
+        if ((b.attributes & ATTR_COMPRESSION_MASK) && !(b.attributes & ATTR_CONTROL)) {
+            *compressed_next = 1;
+            return 0;
+        }
+        if (~crc32c_fast_update(~0u, buf + b.position + CRC_COVERED_FROM,
+                                b.size_bytes - CRC_COVERED_FROM) != b.crc)
+            return fail(f, FAIL_CORRUPT, "record batch at byte %lld fails its CRC-32C check",
+                        (long long)b.position);
+        *prefix = pos;
+    }
+    return status;
+}
+
+/* Name the file position of the chunk in a chunk-relative failure message. */
+static int chunk_failure(const Span *s, Failure *f)
+{
+    if (f->kind == FAIL_CORRUPT) {
+        char message[FAILURE_MESSAGE_BYTES];
+        snprintf(message, sizeof message, "%s", f->message);
+        fail(f, FAIL_CORRUPT, "in the chunk read at file position %lld: %s",
+             (long long)s->position, message);
+    }
+    return -1;
+}
+
+/* Why no whole batch starts at the position: too large for the buffer (SPAN_GROW), or it
+ * runs past the end (corrupt). */
+static int span_no_whole_batch(Span *s, size_t want, size_t got, Failure *f)
+{
+    int64_t remaining = s->end_position - s->position;
+    if (got >= LOG_OVERHEAD_BYTES) {
+        int64_t batch_bytes = (int64_t)(int32_t)be32(s->buf + 8) + LOG_OVERHEAD_BYTES;
+        if (got == want && batch_bytes <= remaining) {
+            s->stop = SPAN_GROW;
+            s->stop_bytes = batch_bytes;
+            return 0;
+        }
+    }
+    return fail(f, FAIL_CORRUPT, "record batch at file position %lld runs past the end (%lld "
+                "bytes left)", (long long)s->position,
+                (long long)(got < want ? (int64_t)got : remaining));
+}
+
+static int run_span(Span *s, ChunkPass pass, void *state, Failure *f)
+{
+    int64_t span_end = s->position + s->span_bytes;
+    s->stop = SPAN_DONE;
+    while (s->position < s->end_position && s->position < span_end) {
+        int64_t remaining = s->end_position - s->position;
+        size_t want = remaining < (int64_t)s->capacity ? (size_t)remaining : s->capacity;
+        size_t got = 0, prefix = 0;
+        int compressed_next = 0;
+        if (span_read(s, want, &got, f))
+            return -1;
+        if (plain_prefix(s->buf, got, &prefix, &compressed_next, f))
+            return chunk_failure(s, f);
+        if (prefix == 0 && compressed_next) {
+            s->stop = SPAN_COMPRESSED;
+            return 0;
+        }
+        if (prefix == 0)
+            return span_no_whole_batch(s, want, got, f);
+        int status = pass(state, s->buf, prefix, f);
+        if (status < 0)
+            return chunk_failure(s, f);
+        s->position += (int64_t)prefix;
+        if (status == 1) {
+            s->stop = SPAN_FULL;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+static int map_chunk(void *state, const uint8_t *buf, size_t len, Failure *f)
+{
+    MapBuild *m = state;
+    Input in = {buf, len, NULL, 0, 1};
+    int status = walk_records(&in, visit_map_build, m, f);
+    return status == 0 ? map_build_drain(m) : status;
+}
+
+typedef struct {
+    BatchFilter bf;
+    Span *span; /* for a failed write's errno */
+    int out_fd;
+    int64_t bytes_written;
+} SpanFilter;
+
+static int write_all(SpanFilter *sf, const uint8_t *data, size_t len, Failure *f)
+{
+    while (len > 0) {
+        ssize_t n = write(sf->out_fd, data, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return span_os_failure(sf->span, f, "write");
+        data += n;
+        len -= (size_t)n;
+        sf->bytes_written += n;
+    }
+    return 0;
+}
+
+static int filter_chunk(void *state, const uint8_t *buf, size_t len, Failure *f)
+{
+    SpanFilter *sf = state;
+    Input in = {buf, len, NULL, 0, 1};
+    sf->bf.decisions.len = 0;
+    sf->bf.out.len = 0;
+    if (filter_batches(&in, &sf->bf, f))
+        return -1;
+    if (sf->bf.pending.len)
+        return fail(f, FAIL_USAGE, "a compressed batch reached filter_span's chunk pass");
+    return write_all(sf, sf->bf.out.data, sf->bf.out.len, f);
+}
+
+/* Hold the read buffer (writable) and the map tables; fill the span and the scope. */
+static int hold_span_args(CleanerArgs *a, PyObject *buffer, Span *span, PassScope *scope,
+                          PyObject *fps, PyObject *words)
+{
+    if (PyObject_GetBuffer(buffer, &a->held.input, PyBUF_WRITABLE) < 0 ||
+        hold_map_tables(a, fps, words, scope))
+        return -1;
+    span->buf = a->held.input.buf;
+    span->capacity = (size_t)a->held.input.len;
+    if (span->capacity == 0 || span->position < 0 || span->span_bytes < 1) {
+        PyErr_SetString(PyExc_ValueError, "span: empty buffer, negative position or span");
+        return -1;
+    }
+    return 0;
+}
+
+/* The span's outcome, or its failure as OSError / CorruptMessage. */
+static PyObject *span_failed(const Span *s, const Failure *f)
+{
+    if (s->os_errno) {
+        errno = s->os_errno;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return raise_failure(f);
+}
+
+static PyObject *py_map_span(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *buffer, *fps, *words;
+    long long room, first, end, ordinal;
+    unsigned long long low, high;
+    CleanerArgs held;
+    MapBuild build;
+    Span span;
+    Failure failure = {FAIL_NONE, ""};
+    memset(&held, 0, sizeof held);
+    memset(&build, 0, sizeof build);
+    memset(&span, 0, sizeof span);
+    if (!PyArg_ParseTuple(args, "iOLLLOOLLLKKL", &span.fd, &buffer, &span.position,
+                          &span.end_position, &span.span_bytes, &fps, &words, &room, &first,
+                          &end, &low, &high, &ordinal))
+        return NULL;
+    build.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
+    build.room = room;
+    if (hold_span_args(&held, buffer, &span, &build.scope, fps, words)) {
+        release_cleaner_args(&held);
+        return NULL;
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = run_span(&span, map_chunk, &build, &failure);
+    Py_END_ALLOW_THREADS
+    release_cleaner_args(&held);
+    if (status < 0)
+        return span_failed(&span, &failure);
+    return Py_BuildValue("LiLLLL", (long long)span.position, span.stop,
+                         (long long)span.stop_bytes, (long long)build.records_read,
+                         (long long)build.scope.next_ordinal, (long long)build.added);
+}
+
+static PyObject *py_filter_span(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *buffer, *fps, *words, *protected_offsets;
+    long long first, end, ordinal, now_ms, horizon_ms;
+    unsigned long long low, high;
+    CleanerArgs held;
+    SpanFilter sf;
+    Span span;
+    Failure failure = {FAIL_NONE, ""};
+    memset(&held, 0, sizeof held);
+    memset(&sf, 0, sizeof sf);
+    memset(&span, 0, sizeof span);
+    if (!PyArg_ParseTuple(args, "iiOLLLOOLLKKLLLO", &span.fd, &sf.out_fd, &buffer,
+                          &span.position, &span.end_position, &span.span_bytes, &fps, &words,
+                          &first, &end, &low, &high, &ordinal, &now_ms, &horizon_ms,
+                          &protected_offsets))
+        return NULL;
+    sf.span = &span;
+    sf.bf.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
+    sf.bf.now_ms = now_ms;
+    sf.bf.new_horizon_ms = horizon_ms;
+    if (hold_span_args(&held, buffer, &span, &sf.bf.scope, fps, words) ||
+        PyObject_GetBuffer(protected_offsets, &held.protected_last_offsets,
+                           PyBUF_C_CONTIGUOUS) < 0) {
+        release_cleaner_args(&held);
+        return NULL;
+    }
+    sf.bf.protected_last_offsets = held.protected_last_offsets.buf;
+    sf.bf.protected_count = held.protected_last_offsets.len / 8;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = run_span(&span, filter_chunk, &sf, &failure);
+    Py_END_ALLOW_THREADS
+    release_cleaner_args(&held);
+    Buf scratch[5] = {sf.bf.out, sf.bf.pending, sf.bf.pending_batches, sf.bf.kept,
+                      sf.bf.decisions};
+    free_bufs(scratch, 5);
+    if (status < 0)
+        return span_failed(&span, &failure);
+    return Py_BuildValue("LiLLLLL", (long long)span.position, span.stop,
+                         (long long)span.stop_bytes, (long long)sf.bf.records_read,
+                         (long long)sf.bf.records_kept, (long long)sf.bf.scope.next_ordinal,
+                         (long long)sf.bytes_written);
+}
+
 static PyMethodDef kernel_methods[] = {
     {"scan", py_scan, METH_VARARGS,
      "scan(buf, skip_control, verify_crc) -> (record_count, next_offset, bytes_consumed, "
@@ -2373,6 +2682,18 @@ static PyMethodDef kernel_methods[] = {
      "pending, pending_batches), records_read, records_kept, next_ordinal): the cleaner's "
      "pass 2; pending holds int64 (out position, start, end, codec) of compressed batches to "
      "recompress and seal."},
+    {"map_span", py_map_span, METH_VARARGS,
+     "map_span(fd, buffer, position, end_position, span_bytes, fingerprints, words, room, "
+     "first_offset, end_offset, range_low, range_high, first_ordinal) -> (position, stop, "
+     "stop_bytes, records_read, next_ordinal, new_keys): pass 1 over about span_bytes of a "
+     "segment file, read in chunks of the buffer's size; stop is 0 done, 1 compressed batch "
+     "at position, 2 batch of stop_bytes larger than the buffer, 3 map full."},
+    {"filter_span", py_filter_span, METH_VARARGS,
+     "filter_span(fd, out_fd, buffer, position, end_position, span_bytes, fingerprints, "
+     "words, first_offset, end_offset, range_low, range_high, first_ordinal, now_ms, "
+     "new_horizon_ms, protected_last_offsets) -> (position, stop, stop_bytes, records_read, "
+     "records_kept, next_ordinal, bytes_written): pass 2 over about span_bytes of a segment "
+     "file, the cleaned bytes written to out_fd; stop as for map_span (never 3)."},
     {"validate_batches", py_validate_batches, METH_O,
      "validate_batches(buf) -> tuple of (position, size_bytes, attributes, last_offset_delta, "
      "base_timestamp, max_timestamp, producer_id, records_count) per v2 batch; raises "

@@ -1,11 +1,15 @@
 """The compiled record kernel's Python face: whole-buffer record scans into numpy arrays.
 
 Owns the per-record work shared by the log cleaner (key hashes, both passes: ``map_batches``
-fills the offset map, ``filter_batches`` writes the kept records), produce validation
-(keyless records on compacted topics), dump-log and the Spark data source (columns). The
-loops live in C (``_kernel.c``, built by ``pip install``); this module checks arguments,
-decompresses compressed record sections (one ``compression.decompress`` call per batch)
-and wraps the C output buffers as read-only numpy arrays -- no Python object per record.
+fills the offset map, ``filter_batches`` writes the kept records, and ``map_span`` /
+``filter_span`` run them over a span of a segment file -- reads and writes included -- in
+one call), produce validation (keyless records on compacted topics; ``append_plain_batch`` /
+``write_batch`` check a plain produce batch, patch its base offset and write it to the
+segment descriptor in one call), dump-log and the Spark
+data source (columns). The loops live in C (``_kernel.c``, built by ``pip install``); this
+module checks arguments, decompresses compressed record sections (one
+``compression.decompress`` call per batch) and wraps the C output buffers as read-only numpy
+arrays -- no Python object per record.
 
 Input is a buffer of whole Kafka v2 record batches, as a Fetch response or a ``.log``
 segment holds them (any contiguous buffer: bytes, bytearray, memoryview, mmap). A trailing
@@ -45,6 +49,7 @@ CREATE_TIME = 0
 LOG_APPEND_TIME = 1
 
 BufferLike = bytes | bytearray | memoryview
+WritableBuffer = bytearray | memoryview | np.ndarray  # contiguous, writable bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +251,76 @@ def filter_batches(
             protected)
     return FilteredBatches(_insert_compressed(out, pending, pending_batches), read, kept,
                            next_ordinal)
+
+
+SPAN_DONE = 0  # the span ended: at end_position, or at the first chunk past span_bytes
+SPAN_COMPRESSED = 1  # a compressed batch starts at the position reached
+SPAN_GROW = 2  # the batch at the position reached (stop_bytes long) is larger than the buffer
+SPAN_FULL = 3  # pass 1: the map cannot take the next key
+
+
+@dataclass(frozen=True, slots=True)
+class MapSpan:
+    """What ``map_span`` did: the file position reached, why it stopped there (``SPAN_*``;
+    ``stop_bytes`` is the batch size for ``SPAN_GROW``), and the pass's figures as
+    ``MapBuild`` gives them for a buffer."""
+
+    position: int
+    stop: int
+    stop_bytes: int
+    records_read: int
+    next_ordinal: int
+    new_keys: int
+
+
+@dataclass(frozen=True, slots=True)
+class FilterSpan:
+    """What ``filter_span`` did: the file position reached, why it stopped there, records
+    read and kept, the next ordinal, and the bytes written to the output file."""
+
+    position: int
+    stop: int
+    stop_bytes: int
+    records_read: int
+    records_kept: int
+    next_ordinal: int
+    bytes_written: int
+
+
+def map_span(
+    fd: int, buffer: WritableBuffer, position: int, end_position: int, span_bytes: int,
+    fingerprints: np.ndarray, words: np.ndarray, scope: PassScope, first_ordinal: int,
+    room_keys: int
+) -> MapSpan:
+    """``map_batches`` over the file ``fd`` from ``position``, for about ``span_bytes`` (up
+    to ``end_position``), in one call without the GIL: chunks of ``len(buffer)`` bytes are
+    read into ``buffer`` and their whole batches mapped (a batch straddling a chunk's end is
+    read again at the next chunk's start), CRC-32C checked. Stops early before a compressed
+    batch (``SPAN_COMPRESSED``: map it with ``map_batches``), before a batch larger than
+    ``buffer`` (``SPAN_GROW``) and when the map is full (``SPAN_FULL``). A batch running past
+    ``end_position`` or the end of the file raises ``CorruptMessage``."""
+    return MapSpan(*_kernel.map_span(
+        fd, buffer, position, end_position, span_bytes, fingerprints, words, room_keys,
+        scope.first_offset, scope.end_offset, scope.range_low, scope.range_high,
+        first_ordinal))
+
+
+def filter_span(
+    fd: int, out_fd: int, buffer: WritableBuffer, position: int, end_position: int,
+    span_bytes: int, fingerprints: np.ndarray, words: np.ndarray, scope: PassScope,
+    first_ordinal: int, now_ms: int, new_delete_horizon_ms: int,
+    protected_last_offsets: np.ndarray
+) -> FilterSpan:
+    """``filter_batches`` over the file ``fd`` as ``map_span`` walks it, writing each chunk's
+    cleaned bytes to ``out_fd`` at its current offset (so the output needs one chunk of
+    memory). Stops early before a compressed batch (``SPAN_COMPRESSED``: filter it with
+    ``filter_batches``, which recompresses) and before a batch larger than ``buffer``
+    (``SPAN_GROW``). A failed read or write raises ``OSError``."""
+    protected = np.ascontiguousarray(protected_last_offsets, np.int64)
+    return FilterSpan(*_kernel.filter_span(
+        fd, out_fd, buffer, position, end_position, span_bytes, fingerprints, words,
+        scope.first_offset, scope.end_offset, scope.range_low, scope.range_high,
+        first_ordinal, now_ms, new_delete_horizon_ms, protected))
 
 
 def whole_batches_bytes(buf: BufferLike) -> int:

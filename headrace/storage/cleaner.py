@@ -23,9 +23,14 @@ range that sizes the split (each extra range costs a rewrite); a range that stil
 overflows is halved.
 
 The per-record work of both passes -- parsing, MurmurHash3, map inserts and lookups, the
-keep decision, copying kept records -- is in the compiled kernel (``kernel.map_batches``,
-``kernel.filter_batches``); Python handles chunks, files and the few compressed batches to
-recompress.
+keep decision, copying kept records -- and their I/O are in the compiled kernel
+(``kernel.map_span``, ``kernel.filter_span``): one call runs a pass over a span of about
+``span_bytes`` of a segment, reads and writes included, without the GIL; Python runs between
+spans (the hook), for the few compressed batches (``kernel.map_batches`` /
+``kernel.filter_batches`` over one chunk: decompressed and recompressed in Python) and to
+grow the buffer. So a cleaning re-takes the GIL a few hundred times per GB, not several times
+per chunk: a thread that keeps releasing and re-taking the GIL starves the broker's event
+loop of it (produce p99 during an unthrottled cleaning).
 
 Batches: offsets never change. A batch whose records are all kept (and that needs no delete
 horizon) is copied byte for byte; a batch that loses every record disappears, except that
@@ -38,18 +43,23 @@ rebased. Tombstones (KIP-534): the first cleaning that sees a batch holding tomb
 batches (transaction markers) and aborted transactional data are copied unchanged (not
 removed yet).
 
-I/O: both passes read segments with ``os.preadv`` into one reused buffer of
-``io_chunk_bytes`` (no bytes object per chunk), grown for the rest of a segment when one of
-its batches is larger (Kafka's ``growBuffersOrFail``: the broker reads 256 KiB chunks by
-default, producers write batches of up to 1 MB); pass 1 uses a map table sized to the dirty
-section's offset span (``OffsetMap.clear``), falling back to the whole buffer.
+I/O: both passes read segments with ``pread`` into one reused buffer of ``io_chunk_bytes``
+(no bytes object per chunk); for the rest of a segment with a batch larger than that, a
+buffer of that batch's size rounded up to a multiple of it (Kafka's ``growBuffersOrFail``:
+the broker reads 256 KiB chunks by default, producers write batches of up to 1 MB), kept
+until the end of the cleaning; pass 2 writes each chunk's cleaned bytes as it goes, so memory
+stays at the read buffer plus about one chunk of output. Pass 1 uses a map table sized to
+the dirty section's offset span (``OffsetMap.clear``), falling back to the whole buffer.
 
 Files: each group is written to ``<base>.log.cleaned``, fsynced, and swapped in by
 ``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.log``; see ``log`` for crash rules).
+``log.fs`` opens, fsyncs and closes it and writes the recompressed chunks; the kernel's spans
+read the segments and write to that descriptor themselves.
 
-Hook: ``on_chunk(log, bytes_read)``, if given, is called before each chunk of either pass is
-processed; the broker uses it to throttle (log.cleaner.io.max.bytes.per.second) and to abort
-(it raises ``CleaningAborted``, leaving no ``.cleaned`` file behind).
+Hook: ``on_chunk(log, bytes_read)``, if given, is called after each span (and each chunk of
+compressed batches) of either pass with the bytes it consumed; the broker uses it to
+throttle (log.cleaner.io.max.bytes.per.second) and to abort (it raises ``CleaningAborted``,
+leaving no ``.cleaned`` file behind).
 
 Thread-safety: one ``Cleaner`` (and its map) per cleaner thread; it works on a log
 concurrently with appends and reads, touching only closed segments. The kernel calls
@@ -68,8 +78,17 @@ from pathlib import Path
 import numpy as np
 
 from headrace.errors import CorruptMessage
-from headrace.protocol.batch import parse_header
-from headrace.protocol.kernel import PassScope, filter_batches, whole_batches_bytes
+from headrace.protocol.kernel import (
+    SPAN_COMPRESSED,
+    SPAN_FULL,
+    SPAN_GROW,
+    FilterSpan,
+    MapSpan,
+    PassScope,
+    filter_batches,
+    filter_span,
+    whole_batches_bytes,
+)
 from headrace.storage.log import CLEANED_SUFFIX, CleaningAborted, Log
 from headrace.storage.offset_map import HASH_RANGE_VALUES, MAX_OFFSET_SPAN, OffsetMap
 from headrace.storage.segment import (
@@ -82,9 +101,15 @@ from headrace.storage.segment import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_IO_CHUNK_BYTES = 4 * 1024 * 1024
+# Bytes a pass covers per kernel call: the GIL is re-taken (and the hook runs) once per span,
+# at ~1 GB/s every ~30 ms -- a few dozen times per GB, so the cleaner thread rarely holds the
+# GIL when the event loop wants it. A throttled cleaner takes smaller spans (span_bytes_for).
+DEFAULT_SPAN_BYTES = 32 * 1024 * 1024
+SPAN_MS_AT_MAX_RATE = 100  # a throttled span is what the I/O limit allows in this time
 SAMPLE_HEADROOM = 2  # the sampling range is sized to hold twice the extrapolated keys
 SPLIT_HEADROOM = 1.1  # ranges are sized to hold the estimated keys plus 10%
 _CLEANED_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+ReadBuffer = bytearray | np.ndarray  # writable, contiguous bytes
 
 
 @dataclass(slots=True)
@@ -130,30 +155,31 @@ def cleanable_end_offset(log: Log, now_ms: int, first_dirty_offset: int) -> int:
     return end
 
 
-def iter_chunks(segment: LogSegment, start_position: int, end_position: int,
-                buffer: bytearray) -> Iterator[tuple[int, memoryview]]:
-    """(position, view) of runs of whole batches of ``segment``, read into ``buffer`` (so
-    about ``len(buffer)`` bytes each, and each view is valid until the next one is asked
-    for). A batch larger than the buffer makes it grow, as Kafka's ``growBuffersOrFail``
-    does: the rest of the segment is read into one buffer of that batch's size rounded up to
-    a multiple of ``len(buffer)`` (so a log of 1 MB batches costs one allocation and one
-    re-read of ``len(buffer)`` bytes per segment, not per batch)."""
+def span_bytes_for(max_bytes_per_second: float, io_chunk_bytes: int) -> int:
+    """The span for a cleaner held to ``max_bytes_per_second``: what that rate allows in
+    ``SPAN_MS_AT_MAX_RATE`` (so a throttled cleaning reads in steps as fine as its sleeps),
+    at least one chunk and at most ``DEFAULT_SPAN_BYTES``."""
+    allowed_bytes = max_bytes_per_second * SPAN_MS_AT_MAX_RATE / 1000
+    return int(max(io_chunk_bytes, min(DEFAULT_SPAN_BYTES, allowed_bytes)))
+
+
+def _whole_batches_at(segment: LogSegment, buffer: ReadBuffer, position: int,
+                      end_position: int) -> memoryview:
+    """The whole batches of a chunk of ``segment`` read at ``position`` into ``buffer``
+    (which holds at least the first batch there)."""
     view = memoryview(buffer)
-    position = start_position
-    while position < end_position:
-        chunk = view[:_read_into(segment.fd, view[:min(len(view), end_position - position)],
-                                 position)]
-        whole = whole_batches_bytes(chunk)
-        if whole == 0:
-            batch_bytes = parse_header(chunk).size_bytes
-            view = memoryview(bytearray(-(-batch_bytes // len(buffer)) * len(buffer)))
-            chunk = view[:_read_into(segment.fd, view[:min(len(view), end_position - position)],
-                                     position)]
-            if len(chunk) < batch_bytes:
-                raise CorruptMessage(f"{segment.log_path}: batch at {position} runs past the end")
-            whole = whole_batches_bytes(chunk) or batch_bytes
-        yield position, chunk[:whole]
-        position += whole
+    chunk = view[:_read_into(segment.fd, view[:min(len(view), end_position - position)],
+                             position)]
+    whole = whole_batches_bytes(chunk)
+    if whole == 0:
+        raise CorruptMessage(f"{segment.log_path}: batch at {position} runs past the end")
+    return chunk[:whole]
+
+
+def _grown_buffer_bytes(batch_bytes: int, io_chunk_bytes: int) -> int:
+    """Size of a read buffer holding a ``batch_bytes`` batch: rounded up to a multiple of
+    ``io_chunk_bytes``."""
+    return -(-batch_bytes // io_chunk_bytes) * io_chunk_bytes
 
 
 def _read_into(fd: int, view: memoryview, position: int) -> int:
@@ -171,15 +197,24 @@ class Cleaner:
     """Compacts one log at a time with its own offset map."""
 
     def __init__(self, offset_map: OffsetMap, io_chunk_bytes: int = DEFAULT_IO_CHUNK_BYTES,
-                 on_chunk: Callable[[Log, int], None] | None = None) -> None:
+                 on_chunk: Callable[[Log, int], None] | None = None,
+                 span_bytes: int = DEFAULT_SPAN_BYTES) -> None:
         self.offset_map = offset_map
         self.io_chunk_bytes = io_chunk_bytes
+        self.span_bytes = span_bytes
         self._read_buffer = bytearray(io_chunk_bytes)
+        self._grown_buffer: np.ndarray | None = None  # kept for the rest of one clean()
         self.on_chunk = on_chunk or _no_hook
 
     def clean(self, log: Log, first_dirty_offset: int, now_ms: int) -> CleanerStats:
         """Clean ``log`` from ``first_dirty_offset``; returns the stats, whose ``end_offset``
         is the new cleaner checkpoint."""
+        try:
+            return self._clean(log, first_dirty_offset, now_ms)
+        finally:
+            self._grown_buffer = None
+
+    def _clean(self, log: Log, first_dirty_offset: int, now_ms: int) -> CleanerStats:
         stats = CleanerStats(start_size_bytes=log.size_bytes)
         first_dirty = max(first_dirty_offset, log.log_start_offset)
         end_offset = cleanable_end_offset(log, now_ms, first_dirty)
@@ -229,15 +264,65 @@ class Cleaner:
         total = sum(end - start for _, start, end in ranges) or 1
         for segment, start, end in ranges:
             first_ordinals[segment.base_offset] = ordinal
-            for _, chunk in iter_chunks(segment, start, end, self._read_buffer):
-                self.on_chunk(log, len(chunk))
+
+            def map_span(buffer: ReadBuffer, position: int, end_position: int,
+                         segment: LogSegment = segment) -> MapSpan:
+                nonlocal ordinal
+                span = offset_map.put_span(segment.fd, buffer, position, end_position,
+                                           self.span_bytes, scope, ordinal)
+                stats.map_messages_read += span.records_read
+                ordinal = span.next_ordinal
+                return span
+
+            def map_chunk(chunk: memoryview) -> bool:
+                nonlocal ordinal
                 build = offset_map.put_batches(chunk, scope, ordinal)
                 stats.map_messages_read += build.records_read
                 ordinal = build.next_ordinal
-                scanned += len(chunk)
-                if build.full:
-                    return _MapPass(False, first_ordinals, scanned / total, ordinal)
+                return not build.full
+
+            position, fits = self._walk_segment(log, segment, start, end, map_span, map_chunk)
+            scanned += position - start
+            if not fits:
+                return _MapPass(False, first_ordinals, scanned / total, ordinal)
         return _MapPass(True, first_ordinals, 1.0, ordinal)
+
+    def _walk_segment(self, log: Log, segment: LogSegment, start: int, end: int,
+                      run_span: Callable[[ReadBuffer, int, int], MapSpan | FilterSpan],
+                      run_chunk: Callable[[memoryview], bool]) -> tuple[int, bool]:
+        """One pass over bytes ``[start, end)`` of ``segment``: spans in the kernel
+        (``run_span(buffer, position, end)``), a chunk of compressed batches through
+        ``run_chunk(view)`` (False: the map is full), the buffer grown for a larger batch;
+        the hook after each. Returns the position reached and whether the pass went on to
+        ``end`` (False: the map filled)."""
+        buffer = self._read_buffer
+        position = start
+        while position < end:
+            span = run_span(buffer, position, end)
+            consumed = span.position - position
+            position = span.position
+            goes_on = span.stop != SPAN_FULL
+            if span.stop == SPAN_GROW:
+                buffer = self._buffer_for(span.stop_bytes)
+            elif span.stop == SPAN_COMPRESSED:
+                chunk = _whole_batches_at(segment, buffer, position, end)
+                goes_on = run_chunk(chunk)
+                consumed += len(chunk)
+                position += len(chunk)
+            self.on_chunk(log, consumed)
+            if not goes_on:
+                return position, False
+        return position, True
+
+    def _buffer_for(self, batch_bytes: int) -> np.ndarray:
+        """A read buffer for the rest of a segment holding a ``batch_bytes`` batch (Kafka's
+        ``growBuffersOrFail``): kept and reused until the end of the cleaning, so a log of
+        1 MB batches costs one allocation per cleaning, not one per segment or batch. Not
+        zeroed (the kernel reads into it), so allocating it takes no time under the GIL."""
+        needed = _grown_buffer_bytes(batch_bytes, len(self._read_buffer))
+        if self._grown_buffer is None or len(self._grown_buffer) < needed:
+            self._grown_buffer = np.empty(needed, np.uint8)
+        return self._grown_buffer
 
     def _estimate_parts(self, log: Log, scope: PassScope, overflowed: _MapPass,
                         stats: CleanerStats) -> int:
@@ -290,8 +375,23 @@ class Cleaner:
         try:
             for segment in group:
                 ordinal = _first_ordinal(log, segment, scope, first_ordinals)
-                for _, chunk in iter_chunks(segment, 0, segment.size_bytes, self._read_buffer):
-                    self.on_chunk(log, len(chunk))
+
+                def filter_span_of(buffer: ReadBuffer, position: int, end_position: int,
+                                   segment: LogSegment = segment) -> FilterSpan:
+                    nonlocal ordinal
+                    span = filter_span(segment.fd, fd, buffer, position, end_position,
+                                       self.span_bytes, offset_map.fingerprints,
+                                       offset_map.words, scope, ordinal, now_ms, horizon_ms,
+                                       protected)
+                    ordinal = span.next_ordinal
+                    stats.bytes_read += span.position - position
+                    stats.messages_read += span.records_read
+                    stats.messages_written += span.records_kept
+                    stats.bytes_written += span.bytes_written
+                    return span
+
+                def filter_chunk(chunk: memoryview) -> bool:
+                    nonlocal ordinal
                     filtered = filter_batches(chunk, offset_map.fingerprints, offset_map.words,
                                               scope, ordinal, now_ms, horizon_ms, protected)
                     ordinal = filtered.next_ordinal
@@ -301,6 +401,10 @@ class Cleaner:
                     if len(filtered.data):
                         log.fs.write(fd, filtered.data)
                         stats.bytes_written += len(filtered.data)
+                    return True
+
+                self._walk_segment(log, segment, 0, segment.size_bytes, filter_span_of,
+                                   filter_chunk)
             log.fs.fsync(fd)
         finally:
             log.fs.close(fd)

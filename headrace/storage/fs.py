@@ -7,10 +7,13 @@ drops writes which were not yet fsynced, so every durability claim is testable.
 Files are addressed by path for namespace operations (rename, remove, listdir) and by integer
 file descriptor for data operations (write, fsync, truncate), mirroring POSIX. Reads on the
 hot path (``FileSlice.read_bytes`` and ``os.sendfile``) use the descriptors directly: faults
-are only ever injected on the write side. One write bypasses this interface: a log whose file
-system is exactly ``RealFileSystem`` (not a subclass or wrapper) lets the compiled kernel write
-plain produce batches straight to the segment descriptor (``Log.append``'s plain path); any
-other file system sees every write.
+are only ever injected on the write side. Two hot writes bypass this interface and go from
+the compiled kernel straight to a descriptor opened through it: a log whose file system is
+exactly ``RealFileSystem`` (not a subclass or wrapper) writes plain produce batches that way
+(``Log.append``'s plain path; any other file system sees every produce write), and the
+cleaner's pass 2 writes the cleaned output of uncompressed batches to the ``.cleaned``
+descriptor that way whatever the file system (opening, fsync and close still go through it, so
+a double that models crashes by what was fsynced sees the same durable state).
 
 Thread-safety: the real implementation is as thread-safe as the underlying system calls.
 """

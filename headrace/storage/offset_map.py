@@ -49,7 +49,15 @@ import math
 import numpy as np
 
 from headrace.protocol import _kernel
-from headrace.protocol.kernel import BufferLike, MapBuild, PassScope, map_batches
+from headrace.protocol.kernel import (
+    BufferLike,
+    MapBuild,
+    MapSpan,
+    PassScope,
+    WritableBuffer,
+    map_batches,
+    map_span,
+)
 
 SLOT_BYTES = 12
 DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * 1024 * 1024
@@ -133,6 +141,15 @@ class OffsetMap:
                             self.active_max_entries - self.size)
         self.size += build.new_keys
         return build
+
+    def put_span(self, fd: int, buffer: WritableBuffer, position: int, end_position: int,
+                 span_bytes: int, scope: PassScope, first_ordinal: int) -> MapSpan:
+        """``put_batches`` over about ``span_bytes`` of the file ``fd`` from ``position``, read
+        into ``buffer`` chunk by chunk in one kernel call (``kernel.map_span``)."""
+        span = map_span(fd, buffer, position, end_position, span_bytes, self._fingerprints,
+                        self._words, scope, first_ordinal, self.active_max_entries - self.size)
+        self.size += span.new_keys
+        return span
 
     @property
     def fingerprints(self) -> np.ndarray:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from headrace.protocol.batch import iter_headers
-from headrace.storage.cleaner import Cleaner
+from headrace.protocol.compression import GZIP, NONE
+from headrace.storage.cleaner import DEFAULT_SPAN_BYTES, Cleaner, span_bytes_for
+from headrace.storage.log import CleaningAborted
 from headrace.storage.offset_map import OffsetMap
 
 from .cleaner_workload import (
@@ -160,3 +162,53 @@ def _record_timestamps(log):
             timestamps.update(zip(columns.offsets.tolist(), columns.timestamps_ms.tolist(),
                                   strict=True))
     return timestamps
+
+
+def _closed_bytes(log):
+    return sum(segment.size_bytes for segment in log.segments[:-1])
+
+
+def test_the_hook_sees_every_byte_of_both_passes_span_by_span(scratch):
+    log = open_log(scratch / "t-0", compact_config(segment_bytes=64 * 1024))
+    oracle = append_workload(log, 12, keys=100, batches=1500, delete_fraction=0.1)
+    log.roll(NOW_MS)
+    closed_bytes = _closed_bytes(log)
+    calls = []
+    cleaner = Cleaner(OffsetMap(1 << 20), io_chunk_bytes=1024, span_bytes=4096,
+                      on_chunk=lambda _log, bytes_read: calls.append(bytes_read))
+    stats = cleaner.clean(log, 0, NOW_MS)
+    assert stats.passes == 1 and stats.bytes_read == closed_bytes
+    assert sum(calls) == 2 * closed_bytes  # the throttle counts every byte read, once
+    assert len(calls) > 2 * closed_bytes // (4096 + 1024)  # a call per span, not per pass
+    assert latest_values(read_records(log)) == oracle
+    codecs = {header.compression for s in log.segments for _, header in s.iter_batches()}
+    assert codecs == {NONE, GZIP}  # compressed batches were rebuilt recompressed
+
+
+def test_an_abort_between_spans_of_pass_two_leaves_the_log_as_it_was(scratch):
+    log = open_log(scratch / "t-0", compact_config(segment_bytes=64 * 1024))
+    append_workload(log, 13, keys=100, batches=1500, delete_fraction=0.1)
+    log.roll(NOW_MS)
+    before = read_records(log)
+    closed_bytes = _closed_bytes(log)
+    read = []
+
+    def abort_in_pass_two(_log, bytes_read):
+        read.append(bytes_read)
+        if sum(read[:-1]) > closed_bytes:  # the second span of pass 2 is done
+            raise CleaningAborted("stop")
+
+    cleaner = Cleaner(OffsetMap(1 << 20), io_chunk_bytes=1024, span_bytes=4096,
+                      on_chunk=abort_in_pass_two)
+    with pytest.raises(CleaningAborted):
+        cleaner.clean(log, 0, NOW_MS)
+    assert closed_bytes < sum(read) < closed_bytes + 3 * (4096 + 1024)
+    assert not [p for p in (scratch / "t-0").iterdir() if p.name.endswith(".cleaned")]
+    assert read_records(log) == before
+
+
+def test_a_throttled_cleaner_takes_spans_as_fine_as_its_limit():
+    chunk = 256 * 1024
+    assert span_bytes_for(1.7976931348623157e308, chunk) == DEFAULT_SPAN_BYTES  # Kafka's default
+    assert span_bytes_for(200_000_000, chunk) == 20_000_000  # 100 ms at 200 MB/s
+    assert span_bytes_for(1_000_000, chunk) == chunk  # never below one chunk

@@ -1,0 +1,263 @@
+"""The cleaner's span passes (``kernel.map_span`` / ``kernel.filter_span``) against the
+buffer passes they stand for (``map_batches`` / ``filter_batches`` over the whole file):
+real files, chunks smaller than the batches, batches straddling chunk ends, spans resumed
+where they stopped, and the early stops (compressed batch, batch larger than the buffer,
+full map) and failures (truncated or corrupt batch, bad descriptor)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from headrace.errors import CorruptMessage
+from headrace.protocol.compression import GZIP
+from headrace.protocol.kernel import (
+    SPAN_COMPRESSED,
+    SPAN_DONE,
+    SPAN_FULL,
+    SPAN_GROW,
+    PassScope,
+    decode_columns,
+    filter_batches,
+    filter_span,
+    map_batches,
+    map_span,
+)
+from headrace.protocol.records import build_batch
+
+NOW_MS = 1_700_000_000_000
+HORIZON_MS = NOW_MS + 1000
+ALL_KEYS = PassScope(0, 1 << 40, 0, 1 << 32)
+NO_PROTECTED = np.empty(0, np.int64)
+
+
+def keyed_batches(seed: int, batches: int, keys: int, max_records: int = 6,
+                  value_bytes: int = 20) -> list[bytes]:
+    """Consecutive uncompressed batches of random updates and deletes of ``keys`` keys."""
+    rng = random.Random(seed)
+    out, offset = [], 0
+    for _ in range(batches):
+        records = [(b"k%d" % rng.randrange(keys),
+                    None if rng.random() < 0.1 else bytes(rng.randrange(256)
+                                                          for _ in range(value_bytes)),
+                    [], NOW_MS) for _ in range(rng.randint(1, max_records))]
+        out.append(build_batch(records, base_offset=offset))
+        offset += len(records)
+    return out
+
+
+def write_file(path: Path, batches: list[bytes]) -> int:
+    """Write the batches to ``path``; returns an open read-only descriptor."""
+    path.write_bytes(b"".join(batches))
+    return os.open(path, os.O_RDONLY)
+
+
+class Tables:
+    """Offset-map tables of ``slots`` slots, as ``OffsetMap`` lays them out."""
+
+    def __init__(self, slots: int = 4096) -> None:
+        self.fingerprints = np.zeros(slots, np.uint64)
+        self.words = np.zeros(slots, np.uint32)
+
+
+def run_map_spans(fd: int, end: int, tables: Tables, buffer_bytes: int, span_bytes: int,
+                  room: int = 1 << 30) -> tuple[int, int, int, list[int]]:
+    """map_span calls from 0 to ``end`` (growing the buffer when asked): (records read,
+    next ordinal, new keys, stops seen)."""
+    buffer = bytearray(buffer_bytes)
+    position = records = ordinal = new_keys = 0
+    stops = []
+    while position < end:
+        span = map_span(fd, buffer, position, end, span_bytes, tables.fingerprints,
+                        tables.words, ALL_KEYS, ordinal, room - new_keys)
+        assert span.position >= position
+        position, ordinal = span.position, span.next_ordinal
+        records += span.records_read
+        new_keys += span.new_keys
+        stops.append(span.stop)
+        if span.stop == SPAN_GROW:
+            buffer = bytearray(span.stop_bytes)
+        elif span.stop != SPAN_DONE:
+            break
+    return records, ordinal, new_keys, stops
+
+
+def run_filter_spans(fd: int, out_path: Path, end: int, tables: Tables, buffer_bytes: int,
+                     span_bytes: int) -> tuple[bytes, int, int, int]:
+    """filter_span calls from 0 to ``end`` into ``out_path``: (bytes written, records read,
+    records kept, bytes reported written)."""
+    out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    buffer = bytearray(buffer_bytes)
+    position = records = kept = written = ordinal = 0
+    try:
+        while position < end:
+            span = filter_span(fd, out_fd, buffer, position, end, span_bytes,
+                               tables.fingerprints, tables.words, ALL_KEYS, ordinal, NOW_MS,
+                               HORIZON_MS, NO_PROTECTED)
+            position, ordinal = span.position, span.next_ordinal
+            records += span.records_read
+            kept += span.records_kept
+            written += span.bytes_written
+            if span.stop == SPAN_GROW:
+                buffer = bytearray(span.stop_bytes)
+            else:
+                assert span.stop == SPAN_DONE
+    finally:
+        os.close(out_fd)
+    return out_path.read_bytes(), records, kept, written
+
+
+@pytest.mark.parametrize("buffer_bytes,span_bytes", [(311, 1 << 20), (311, 500), (4096, 1)])
+def test_map_span_fills_the_map_as_map_batches_does(tmp_path, buffer_bytes, span_bytes):
+    batches = keyed_batches(1, batches=120, keys=40)
+    data = b"".join(batches)
+    assert max(map(len, batches)) < buffer_bytes < len(data)  # batches straddle chunk ends
+    fd = write_file(tmp_path / "0.log", batches)
+    try:
+        spans, whole = Tables(), Tables()
+        records, ordinal, new_keys, stops = run_map_spans(fd, len(data), spans, buffer_bytes,
+                                                          span_bytes)
+    finally:
+        os.close(fd)
+    expected = map_batches(data, whole.fingerprints, whole.words, ALL_KEYS, 0, 1 << 30)
+    assert (records, ordinal, new_keys) == (expected.records_read, expected.next_ordinal,
+                                           expected.new_keys)
+    assert np.array_equal(spans.fingerprints, whole.fingerprints)
+    assert np.array_equal(spans.words, whole.words)
+    assert set(stops) == {SPAN_DONE} and (len(stops) > 1) == (span_bytes < len(data))
+
+
+@pytest.mark.parametrize("buffer_bytes,span_bytes", [(311, 1 << 20), (200, 700)])
+def test_filter_span_writes_what_filter_batches_returns(tmp_path, buffer_bytes, span_bytes):
+    batches = keyed_batches(2, batches=150, keys=30)
+    data = b"".join(batches)
+    tables = Tables()
+    map_batches(data, tables.fingerprints, tables.words, ALL_KEYS, 0, 1 << 30)
+    expected = filter_batches(data, tables.fingerprints, tables.words, ALL_KEYS, 0, NOW_MS,
+                              HORIZON_MS, NO_PROTECTED)
+    fd = write_file(tmp_path / "0.log", batches)
+    try:
+        written, records, kept, reported = run_filter_spans(
+            fd, tmp_path / "0.log.cleaned", len(data), tables, buffer_bytes, span_bytes)
+    finally:
+        os.close(fd)
+    assert written == bytes(expected.data) and reported == len(written)
+    assert (records, kept) == (expected.records_read, expected.records_kept)
+    assert kept < records  # the workload has duplicates to drop
+
+
+def test_a_batch_larger_than_the_buffer_stops_the_span_to_grow_it(tmp_path):
+    small = keyed_batches(3, batches=10, keys=5)
+    large = build_batch([(b"big", b"x" * 5000, [], NOW_MS)], base_offset=1000)
+    after = build_batch([(b"after", b"y", [], NOW_MS)], base_offset=1001)
+    batches = [*small, large, after]
+    fd = write_file(tmp_path / "0.log", batches)
+    large_at = sum(map(len, small))
+    try:
+        tables = Tables()
+        span = map_span(fd, bytearray(1024), 0, large_at + len(large) + len(after), 1 << 20,
+                        tables.fingerprints, tables.words, ALL_KEYS, 0, 1 << 30)
+        assert (span.position, span.stop, span.stop_bytes) == (large_at, SPAN_GROW, len(large))
+        resumed = map_span(fd, bytearray(span.stop_bytes), span.position,
+                           large_at + len(large) + len(after), 1 << 20, tables.fingerprints,
+                           tables.words, ALL_KEYS, span.next_ordinal, 1 << 30)
+    finally:
+        os.close(fd)
+    assert resumed.stop == SPAN_DONE and resumed.position == large_at + len(large) + len(after)
+    assert resumed.next_ordinal == span.next_ordinal + 2
+
+
+@pytest.mark.parametrize("cut_bytes", [1, 30, 70])
+def test_a_truncated_last_batch_is_corrupt(tmp_path, cut_bytes):
+    batches = keyed_batches(4, batches=20, keys=10)
+    data = b"".join(batches)
+    path = tmp_path / "0.log"
+    path.write_bytes(data[:len(data) - len(batches[-1]) + cut_bytes])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        tables = Tables()
+        with pytest.raises(CorruptMessage, match="runs past the end"):
+            map_span(fd, bytearray(256), 0, path.stat().st_size, 1 << 20, tables.fingerprints,
+                     tables.words, ALL_KEYS, 0, 1 << 30)
+        with pytest.raises(CorruptMessage, match="runs past the end"):  # file shorter than end
+            map_span(fd, bytearray(1 << 16), 0, len(data), 1 << 20, tables.fingerprints,
+                     tables.words, ALL_KEYS, 0, 1 << 30)
+    finally:
+        os.close(fd)
+
+
+def test_a_corrupt_batch_is_named_by_its_chunk_position(tmp_path):
+    batches = keyed_batches(5, batches=30, keys=10)
+    data = bytearray(b"".join(batches))
+    data[sum(map(len, batches[:20])) + 70] ^= 0xFF  # a record byte of batch 20: CRC fails
+    path = tmp_path / "0.log"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    tables = Tables()
+    try:
+        with pytest.raises(CorruptMessage, match="file position .* CRC-32C"):
+            map_span(fd, bytearray(512), 0, len(data), 1 << 20, tables.fingerprints,
+                     tables.words, ALL_KEYS, 0, 1 << 30)
+    finally:
+        os.close(fd)
+
+
+def test_a_compressed_batch_stops_the_span_where_it_starts(tmp_path):
+    plain = keyed_batches(6, batches=8, keys=10)
+    offset = 1000
+    compressed = build_batch([(b"c%d" % i, b"v", [], NOW_MS) for i in range(5)],
+                             base_offset=offset, compression=GZIP)
+    fd = write_file(tmp_path / "0.log", [*plain, compressed])
+    plain_bytes = sum(map(len, plain))
+    tables = Tables()
+    try:
+        span = map_span(fd, bytearray(300), 0, plain_bytes + len(compressed), 1 << 20,
+                        tables.fingerprints, tables.words, ALL_KEYS, 0, 1 << 30)
+        out_fd = os.open(tmp_path / "0.log.cleaned", os.O_WRONLY | os.O_CREAT)
+        try:
+            filtered = filter_span(fd, out_fd, bytearray(300), 0, plain_bytes + len(compressed),
+                                   1 << 20, tables.fingerprints, tables.words, ALL_KEYS, 0,
+                                   NOW_MS, HORIZON_MS, NO_PROTECTED)
+        finally:
+            os.close(out_fd)
+    finally:
+        os.close(fd)
+    plain_records = len(record_offsets(b"".join(plain)))
+    assert (span.position, span.stop) == (plain_bytes, SPAN_COMPRESSED)
+    assert span.records_read == plain_records
+    assert (filtered.position, filtered.stop) == (plain_bytes, SPAN_COMPRESSED)
+    assert filtered.records_read == plain_records
+
+
+def record_offsets(data: bytes) -> list[int]:
+    return decode_columns(data).offsets.tolist()
+
+
+def test_a_full_map_stops_pass_one(tmp_path):
+    batches = keyed_batches(7, batches=100, keys=500)
+    data = b"".join(batches)
+    fd = write_file(tmp_path / "0.log", batches)
+    tables = Tables()
+    try:
+        records, _ordinal, new_keys, stops = run_map_spans(fd, len(data), tables, 256, 1 << 20,
+                                                           room=20)
+    finally:
+        os.close(fd)
+    assert stops[-1] == SPAN_FULL and new_keys == 20
+    assert np.count_nonzero(tables.fingerprints) == 20
+    assert records < len(record_offsets(data))
+
+
+def test_a_failed_read_raises_os_error(tmp_path):
+    tables = Tables()
+    directory_fd = os.open(tmp_path, os.O_RDONLY)  # pread fails: EISDIR
+    try:
+        with pytest.raises(IsADirectoryError):
+            map_span(directory_fd, bytearray(256), 0, 100, 1 << 20, tables.fingerprints,
+                     tables.words, ALL_KEYS, 0, 1 << 30)
+    finally:
+        os.close(directory_fd)
