@@ -7,6 +7,16 @@ and writes N rows with df.write.format("headrace"); each of the --repeat rounds 
 (the producer and the sink into fresh topics). Prints medians of rows/s, MB/s and the ratios
 (source goal >= 1.0 of the consumer, sink goal >= 0.8 of the producer) as one JSON line.
 
+Both sides are measured warm: before the rounds Spark reads the topic and runs the sink
+``--warmups`` times (the JVM is still JIT-compiling the read path during its second job), as
+the plain clients need no warm-up beyond a connection. Each round also times a Spark read of
+one record per partition: the fixed cost of a job (planning on the driver, ListOffsets, task
+launch), reported as ``source_job_fixed_s``; it is included in the source's rows/s.
+
+Shared machines make wall-clock ratios noisy, so each side's CPU time is reported too: the
+seconds used by this process and its descendants (Spark's JVM and Python workers) plus the
+broker's (``--broker-pid``, which run-headrace.sh exports as $BROKER_PID), per million rows.
+
     run-peer.sh -- sh -c '.venv/bin/python bench/spark_read.py --bootstrap $BOOTSTRAP'
 """
 
@@ -25,6 +35,45 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 RECORD_BYTES = 1024
 MB = 1_000_000
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _process_stats() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, clock ticks) of every process readable in /proc; the ticks are
+    its own user + system time and that of its exited, reaped children."""
+    stats = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as stat_file:
+                fields = stat_file.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        stats[int(name)] = (int(fields[1]), sum(int(field) for field in fields[11:15]))
+    return stats
+
+
+def cpu_seconds(broker_pid: int | None) -> float:
+    """CPU seconds so far of this process, its descendants and the broker."""
+    stats = _process_stats()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    pending = [os.getpid()] + ([broker_pid] if broker_pid in stats else [])
+    ticks = 0
+    while pending:
+        pid = pending.pop()
+        ticks += stats[pid][1]
+        pending.extend(children.get(pid, ()))
+    return ticks / CLOCK_TICKS_PER_S
+
+
+def measured(run, broker_pid: int | None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of ``run()``, which returns its own wall seconds."""
+    cpu_before = cpu_seconds(broker_pid)
+    wall = run()
+    return wall, cpu_seconds(broker_pid) - cpu_before
 
 
 def _create_topic(admin: AdminClient, partitions: int) -> str:
@@ -89,6 +138,11 @@ def read_spark(spark, bootstrap: str, topic: str, ends: dict[int, int]) -> float
     return time.perf_counter() - started
 
 
+def read_spark_fixed_cost(spark, bootstrap: str, topic: str, partitions: int) -> float:
+    """A read of one record per partition: all of a job's costs but the rows."""
+    return read_spark(spark, bootstrap, topic, dict.fromkeys(range(partitions), 1))
+
+
 def write_spark(spark, bootstrap: str, topic: str, records: int) -> float:
     from pyspark.sql import functions as F
 
@@ -106,6 +160,11 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--broker-pid", type=int,
+                        default=int(os.environ["BROKER_PID"]) if "BROKER_PID" in os.environ
+                        else None, help="count this broker's CPU time too")
+    parser.add_argument("--warmups", type=int, default=2,
+                        help="Spark reads and sink writes run before the measured rounds")
     parser.add_argument("--master", default="local[2]",
                         help="Spark master: local[2] is one task slot per core here; the "
                              "source's tasks mostly wait on the network, so local[4] is worth "
@@ -116,16 +175,27 @@ def main() -> None:
     produce_s = produce_plain(args.bootstrap, topic, args.records, args.partitions)
     ends = {p: len(range(p, args.records, args.partitions)) for p in range(args.partitions)}
     spark = spark_session(args.master)
-    read_spark(spark, args.bootstrap, topic, ends)  # warm-up: JVM, Python workers
-    producer_s, consumer_s, source_s, sink_s = [produce_s], [], [], []
+    for _ in range(args.warmups):  # JVM (JIT), Python workers: both sides measured warm
+        read_spark(spark, args.bootstrap, topic, ends)
+        write_spark(spark, args.bootstrap, _create_topic(admin, args.partitions), args.records)
+    producer_s, consumer_s, source_s, sink_s, fixed_s = [produce_s], [], [], [], []
+    cpu: dict[str, list[float]] = {"consumer": [], "source": [], "sink": [], "producer": []}
+
+    def timed(kind: str, seconds: list[float], run) -> None:
+        wall, cpu_s = measured(run, args.broker_pid)
+        seconds.append(wall)
+        cpu[kind].append(cpu_s)
+
     for run in range(args.repeat):
         if run:  # the first producer run filled the topic read above
-            producer_s.append(produce_plain(args.bootstrap, _create_topic(admin, args.partitions),
-                                            args.records, args.partitions))
-        consumer_s.append(consume_plain(args.bootstrap, topic, ends))
-        source_s.append(read_spark(spark, args.bootstrap, topic, ends))
-        sink_s.append(write_spark(spark, args.bootstrap, _create_topic(admin, args.partitions),
-                                  args.records))
+            timed("producer", producer_s, lambda: produce_plain(
+                args.bootstrap, _create_topic(admin, args.partitions), args.records,
+                args.partitions))
+        timed("consumer", consumer_s, lambda: consume_plain(args.bootstrap, topic, ends))
+        timed("source", source_s, lambda: read_spark(spark, args.bootstrap, topic, ends))
+        fixed_s.append(read_spark_fixed_cost(spark, args.bootstrap, topic, args.partitions))
+        timed("sink", sink_s, lambda: write_spark(
+            spark, args.bootstrap, _create_topic(admin, args.partitions), args.records))
     spark.stop()
     megabytes = args.records * RECORD_BYTES / MB
     figures = {
@@ -133,11 +203,16 @@ def main() -> None:
         "consumer_rows_per_s": round(args.records / statistics.median(consumer_s)),
         "source_rows_per_s": round(args.records / statistics.median(source_s)),
         "source_mb_per_s": round(megabytes / statistics.median(source_s), 1),
+        "source_job_fixed_s": round(statistics.median(fixed_s), 3),
         "consumer_mb_per_s": round(megabytes / statistics.median(consumer_s), 1),
         "producer_rows_per_s": round(args.records / statistics.median(producer_s)),
         "sink_rows_per_s": round(args.records / statistics.median(sink_s)),
         "sink_mb_per_s": round(megabytes / statistics.median(sink_s), 1),
     }
+    for kind, seconds in cpu.items():
+        if seconds:
+            figures[f"{kind}_cpu_s_per_million_rows"] = round(
+                statistics.median(seconds) * 1_000_000 / args.records, 2)
     figures["source_vs_consumer"] = round(
         statistics.median(consumer_s) / statistics.median(source_s), 2)
     figures["sink_vs_producer"] = round(

