@@ -17,6 +17,11 @@ Shared machines make wall-clock ratios noisy, so each side's CPU time is reporte
 seconds used by this process and its descendants (Spark's JVM and Python workers) plus the
 broker's (``--broker-pid``, which run-headrace.sh exports as $BROKER_PID), per million rows.
 
+``--ceiling`` also measures Spark's own ceiling in the same session and rounds: a Python data
+source that yields one pre-built Arrow batch of the source's schema (4,096 rows of 1 KiB
+values, the size the source yields) over and over into format("noop") -- no fetching, no
+decoding -- as ``ceiling_rows_per_s`` and ``ceiling_vs_consumer``. A source cannot beat it.
+
     run-peer.sh -- sh -c '.venv/bin/python bench/spark_read.py --bootstrap $BOOTSTRAP'
 """
 
@@ -99,9 +104,18 @@ def produce_plain(bootstrap: str, topic: str, records: int, partitions: int) -> 
     return time.perf_counter() - started
 
 
+# The plain consumer's local queue as shared/bench/kbench.py sets it: with librdkafka's defaults
+# (100k messages queued, then fetch.queue.backoff.ms=1000) a consumer that falls briefly
+# behind stops fetching for a second at a time, which would flatter the source's ratio.
+PLAIN_CONSUMER_QUEUE_CONFIG = {"queued.min.messages": 1_000_000,
+                               "queued.max.messages.kbytes": 262_144,
+                               "fetch.queue.backoff.ms": 5}
+
+
 def consume_plain(bootstrap: str, topic: str, ends: dict[int, int]) -> float:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-spark",
-                         "enable.auto.commit": False, "fetch.max.bytes": 64 * 1024 * 1024})
+                         "enable.auto.commit": False, "fetch.max.bytes": 64 * 1024 * 1024,
+                         **PLAIN_CONSUMER_QUEUE_CONFIG})
     consumer.assign([TopicPartition(topic, partition, 0) for partition in ends])
     remaining, total_bytes = sum(ends.values()), 0
     started = time.perf_counter()
@@ -143,6 +157,63 @@ def read_spark_fixed_cost(spark, bootstrap: str, topic: str, partitions: int) ->
     return read_spark(spark, bootstrap, topic, dict.fromkeys(range(partitions), 1))
 
 
+CEILING_BATCH_ROWS = 4096
+
+
+def register_ceiling_source(spark, records: int, partitions: int) -> None:
+    """Register format("ceiling"): ``records`` rows in ``partitions`` input partitions, each
+    yielding one pre-built Arrow batch of the headrace source's schema repeatedly."""
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class CeilingPartition(InputPartition):
+        def __init__(self, partition: int, rows: int) -> None:
+            self.partition, self.rows = partition, rows
+
+    class CeilingReader(DataSourceReader):
+        def partitions(self):
+            return [CeilingPartition(p, len(range(p, records, partitions)))
+                    for p in range(partitions)]
+
+        def read(self, partition):
+            rows = CEILING_BATCH_ROWS
+            batch = pa.RecordBatch.from_arrays([
+                pa.nulls(rows, pa.binary()),
+                pa.array([os.urandom(RECORD_BYTES)] * rows, pa.binary()),
+                pa.array(["ceiling"] * rows, pa.string()),
+                pa.array(np.full(rows, partition.partition, np.int32)),
+                pa.array(np.arange(rows, dtype=np.int64)),
+                pa.array(np.zeros(rows, np.int64)).cast(pa.timestamp("us", tz="UTC")),
+                pa.array(np.zeros(rows, np.int32)),
+            ], names=["key", "value", "topic", "partition", "offset", "timestamp",
+                      "timestampType"])
+            left = partition.rows
+            while left > 0:
+                yield batch if left >= rows else batch.slice(0, left)
+                left -= rows
+
+    class CeilingSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "ceiling"
+
+        def schema(self) -> str:
+            return ("key binary, value binary, topic string, partition int, offset long, "
+                    "timestamp timestamp, timestampType int")
+
+        def reader(self, schema):
+            return CeilingReader()
+
+    spark.dataSource.register(CeilingSource)
+
+
+def read_ceiling(spark) -> float:
+    started = time.perf_counter()
+    spark.read.format("ceiling").load().write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
 def write_spark(spark, bootstrap: str, topic: str, records: int) -> float:
     from pyspark.sql import functions as F
 
@@ -169,17 +240,25 @@ def main() -> None:
                         help="Spark master: local[2] is one task slot per core here; the "
                              "source's tasks mostly wait on the network, so local[4] is worth "
                              "measuring too")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="also measure Spark's ceiling: pre-built Arrow batches into noop")
     args = parser.parse_args()
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
     topic = _create_topic(admin, args.partitions)
     produce_s = produce_plain(args.bootstrap, topic, args.records, args.partitions)
     ends = {p: len(range(p, args.records, args.partitions)) for p in range(args.partitions)}
     spark = spark_session(args.master)
+    if args.ceiling:
+        register_ceiling_source(spark, args.records, args.partitions)
     for _ in range(args.warmups):  # JVM (JIT), Python workers: both sides measured warm
         read_spark(spark, args.bootstrap, topic, ends)
+        if args.ceiling:
+            read_ceiling(spark)
         write_spark(spark, args.bootstrap, _create_topic(admin, args.partitions), args.records)
     producer_s, consumer_s, source_s, sink_s, fixed_s = [produce_s], [], [], [], []
-    cpu: dict[str, list[float]] = {"consumer": [], "source": [], "sink": [], "producer": []}
+    ceiling_s: list[float] = []
+    cpu: dict[str, list[float]] = {"consumer": [], "source": [], "sink": [], "producer": [],
+                                   "ceiling": []}
 
     def timed(kind: str, seconds: list[float], run) -> None:
         wall, cpu_s = measured(run, args.broker_pid)
@@ -194,6 +273,8 @@ def main() -> None:
         timed("consumer", consumer_s, lambda: consume_plain(args.bootstrap, topic, ends))
         timed("source", source_s, lambda: read_spark(spark, args.bootstrap, topic, ends))
         fixed_s.append(read_spark_fixed_cost(spark, args.bootstrap, topic, args.partitions))
+        if args.ceiling:
+            timed("ceiling", ceiling_s, lambda: read_ceiling(spark))
         timed("sink", sink_s, lambda: write_spark(
             spark, args.bootstrap, _create_topic(admin, args.partitions), args.records))
     spark.stop()
@@ -217,6 +298,10 @@ def main() -> None:
         statistics.median(consumer_s) / statistics.median(source_s), 2)
     figures["sink_vs_producer"] = round(
         statistics.median(producer_s) / statistics.median(sink_s), 2)
+    if ceiling_s:
+        figures["ceiling_rows_per_s"] = round(args.records / statistics.median(ceiling_s))
+        figures["ceiling_vs_consumer"] = round(
+            statistics.median(consumer_s) / statistics.median(ceiling_s), 2)
     print(json.dumps(figures))
 
 
