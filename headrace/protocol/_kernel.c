@@ -1202,14 +1202,34 @@ static int crc32c_fold_supported(void)
 #endif
 
 static uint32_t (*crc32c_fast_update)(uint32_t, const uint8_t *, size_t) = crc32c_portable;
+static const char *crc32c_variant = "portable";
+
+/* Environment variable that caps the CRC-32C variant: "portable" (table lookups), "interleaved"
+ * (three SSE 4.2 streams) or unset/"auto" (the fastest the CPU has). A variant the CPU lacks
+ * falls back to the next slower one. For diagnosing a CPU-specific fault and for testing every
+ * variant on one machine. */
+#define CRC32C_VARIANT_ENV "HEADRACE_KERNEL_CRC32C"
 
 static void validate_init(void)
 {
+    const char *cap = getenv(CRC32C_VARIANT_ENV);
+    if (cap != NULL && strcmp(cap, "portable") == 0) {
+        crc32c_update = crc32c_portable;
+        crc32c_fast_update = crc32c_portable;
+        return;
+    }
 #if defined(__x86_64__) && defined(__GNUC__)
     if (crc32c_update == crc32c_sse42) {
         crc32c_build_shift_table(crc32c_shift_long, CRC_LONG_STRIDE_BYTES);
         crc32c_build_shift_table(crc32c_shift_short, CRC_SHORT_STRIDE_BYTES);
-        crc32c_fast_update = crc32c_fold_supported() ? crc32c_folded : crc32c_interleaved;
+        int interleaved_only = cap != NULL && strcmp(cap, "interleaved") == 0;
+        if (!interleaved_only && crc32c_fold_supported()) {
+            crc32c_fast_update = crc32c_folded;
+            crc32c_variant = "folded";
+        } else {
+            crc32c_fast_update = crc32c_interleaved;
+            crc32c_variant = "interleaved";
+        }
         return;
     }
 #endif
@@ -2745,5 +2765,10 @@ PyMODINIT_FUNC PyInit__kernel(void)
     Py_DECREF(errors);
     if (corrupt_message_error == NULL)
         return NULL;
-    return PyModule_Create(&kernel_module);
+    PyObject *module = PyModule_Create(&kernel_module);
+    if (module != NULL && PyModule_AddStringConstant(module, "CRC32C_VARIANT", crc32c_variant) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

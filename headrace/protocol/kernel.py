@@ -482,8 +482,13 @@ def index_batches(buf: BufferLike, buffer_position: int, file_size: int, min_bas
         np.frombuffer(times, np.int64).reshape(-1, 2), np.frombuffer(positions, np.int64))
 
 
+# The CRC-32C variant chosen at import: "folded" (carry-less multiplication, AVX-512
+# VPCLMULQDQ), "interleaved" (three SSE 4.2 streams) or "portable" (tables). The environment
+# variable HEADRACE_KERNEL_CRC32C=interleaved|portable caps it, e.g. to rule out a CPU-specific
+# fault or to test every variant on one machine.
+CRC32C_VARIANT: str = _kernel.CRC32C_VARIANT
+
+
 def crc32c(buf: BufferLike) -> int:
-    """CRC-32C of ``buf`` as ``validate_batches`` computes it (carry-less multiplication
-    folding where the CPU has AVX-512 VPCLMULQDQ, else three interleaved hardware streams
-    where it has SSE 4.2)."""
+    """CRC-32C of ``buf`` as ``validate_batches`` computes it, with ``CRC32C_VARIANT``."""
     return _kernel.crc32c(buf)

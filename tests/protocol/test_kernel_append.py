@@ -260,3 +260,34 @@ def test_crc32c_agrees_with_the_reference_across_every_folding_boundary():
         for skip in (0, 5):
             view = memoryview(data)[skip : skip + length]
             assert kernel.crc32c(view) == crc32c.crc32c(view), (length, skip)
+
+
+_CRC_VARIANT_CHILD = textwrap.dedent("""
+    import os, sys
+    import crc32c
+    from headrace.errors import CorruptMessage
+    from headrace.protocol import kernel
+    from headrace.protocol.records import build_batch
+    data = os.urandom(3 * 4096 + 700)
+    for length in [*range(0, 600), 1023, 1024, 1025, 4095, 4096, 4097, 12_288 + 655]:
+        for skip in (0, 5):
+            view = memoryview(data)[skip : skip + length]
+            assert kernel.crc32c(view) == crc32c.crc32c(view), (length, skip)
+    batch = bytearray(build_batch([(b"k", b"v" * 5000, [], 1_700_000_000_000)] * 3))
+    kernel.validate_batches(batch)
+    batch[-1] ^= 1
+    try:
+        kernel.validate_batches(batch)
+    except CorruptMessage:
+        print(kernel.CRC32C_VARIANT)
+""")
+
+
+@pytest.mark.parametrize("variant", ["interleaved", "portable"])
+def test_every_crc32c_variant_agrees_with_the_reference(variant):
+    """The slower variants other CPUs use, forced here through HEADRACE_KERNEL_CRC32C: the
+    same CRCs as the reference, and validation still catches a flipped bit."""
+    environment = {**os.environ, "HEADRACE_KERNEL_CRC32C": variant}
+    child = subprocess.run([sys.executable, "-c", _CRC_VARIANT_CHILD], capture_output=True,
+                           text=True, check=True, env=environment)
+    assert child.stdout.split() == [variant]
