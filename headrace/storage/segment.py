@@ -154,13 +154,9 @@ class LogSegment:
             return False
         self.bytes_since_last_index_entry = size_bytes
         offset_index, time_index = self.offset_index, self.time_index
-        offset_index.relative_offsets.append(last_offset - self.base_offset)  # .append, inlined
-        offset_index.positions.append(start)
-        timestamps = time_index.timestamps  # TimeIndex.maybe_append, inlined
-        if not timestamps or self.max_timestamp_ms > timestamps[-1]:
-            time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
-        return (len(offset_index.positions) >= offset_index.max_entries
-                or len(timestamps) >= time_index.max_entries)
+        offset_index.append(last_offset, start)
+        time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+        return offset_index.is_full or time_index.is_full
 
     def _index_batches(self, start: int, batches: Sequence[tuple[int, int, int, int]]) -> None:
         """Track timestamps and add index entries (one per index.interval.bytes) for batches
