@@ -363,6 +363,17 @@ typedef struct {
 /* The three-stream CRC-32C of the produce-validation section below (set at module init). */
 static uint32_t (*crc32c_fast_update)(uint32_t, const uint8_t *, size_t);
 
+/* 0 when the batch of size_bytes at pos matches its stored CRC-32C, else CorruptMessage. */
+static int check_batch_crc(const uint8_t *buf, size_t pos, size_t size_bytes, uint32_t stored,
+                           Failure *f)
+{
+    if (~crc32c_fast_update(~0u, buf + pos + CRC_COVERED_FROM, size_bytes - CRC_COVERED_FROM) ==
+        stored)
+        return 0;
+    return fail(f, FAIL_CORRUPT, "record batch at byte %lld fails its CRC-32C check",
+                (long long)pos);
+}
+
 static int scan_batches(const uint8_t *buf, size_t len, int skip_control, int verify_crc, Scan *s,
                         Failure *f)
 {
@@ -372,10 +383,8 @@ static int scan_batches(const uint8_t *buf, size_t len, int skip_control, int ve
     while ((status = next_batch(buf, len, &pos, &b, f)) == 1) {
         s->next_offset = batch_next_offset(&b);
         s->bytes_consumed = pos;
-        if (verify_crc && ~crc32c_fast_update(~0u, buf + b.position + CRC_COVERED_FROM,
-                                              b.size_bytes - CRC_COVERED_FROM) != b.crc)
-            return fail(f, FAIL_CORRUPT, "record batch at byte %lld fails its CRC-32C check",
-                        (long long)b.position);
+        if (verify_crc && check_batch_crc(buf, b.position, b.size_bytes, b.crc, f))
+            return -1;
         if (batch_is_skipped(&b, skip_control))
             continue;
         s->record_count += b.records_count;
@@ -1275,10 +1284,8 @@ static int validate_one(const uint8_t *buf, size_t len, size_t pos, BatchSummary
     if (size_bytes > len - pos)
         return fail(f, FAIL_CORRUPT, "record batch at byte %lld overruns the buffer",
                     (long long)pos);
-    uint32_t crc = ~crc32c_fast_update(~0u, p + CRC_COVERED_FROM, size_bytes - CRC_COVERED_FROM);
-    if (crc != be32(p + 17))
-        return fail(f, FAIL_CORRUPT, "record batch at byte %lld fails its CRC-32C check",
-                    (long long)pos);
+    if (check_batch_crc(buf, pos, size_bytes, be32(p + 17), f))
+        return -1;
     summarize_header(buf, pos, s);
     return 0;
 }
@@ -1400,6 +1407,36 @@ static int timestamp_outside(long long timestamp_ms, long long earliest_ms, long
     return timestamp_ms != -1 && (timestamp_ms < earliest_ms || timestamp_ms > latest_ms);
 }
 
+/* A topic's per-batch limits at broker time now_ms: max.message.bytes and the window
+ * message.timestamp.before/after.max.ms leave for CreateTime timestamps. */
+typedef struct {
+    long long max_message_bytes, earliest_ms, latest_ms;
+} BatchLimits;
+
+static BatchLimits batch_limits(long long max_message_bytes, long long now_ms,
+                                long long before_max_ms, long long after_max_ms)
+{
+    BatchLimits l = {max_message_bytes,
+                     saturating_add(now_ms, before_max_ms == LLONG_MIN ? LLONG_MAX
+                                                                       : -before_max_ms),
+                     saturating_add(now_ms, after_max_ms)};
+    return l;
+}
+
+/* Whether a batch breaks the limits: too large, a record count that is not
+ * last_offset_delta + 1 (or none), or (when checked) a timestamp outside the window. */
+static int outside_limits(const BatchLimits *l, long long size_bytes,
+                          long long last_offset_delta, long long records_count,
+                          long long base_timestamp, long long max_timestamp,
+                          int check_timestamps)
+{
+    if (size_bytes > l->max_message_bytes || records_count < 1 ||
+        records_count != last_offset_delta + 1)
+        return 1;
+    return check_timestamps && (timestamp_outside(base_timestamp, l->earliest_ms, l->latest_ms) ||
+                                timestamp_outside(max_timestamp, l->earliest_ms, l->latest_ms));
+}
+
 static PyObject *py_first_batch_outside_limits(PyObject *self, PyObject *const *args,
                                                Py_ssize_t nargs)
 {
@@ -1417,21 +1454,13 @@ static PyObject *py_first_batch_outside_limits(PyObject *self, PyObject *const *
     int check_timestamps = PyObject_IsTrue(args[5]);
     if (PyErr_Occurred() || check_timestamps < 0)
         return NULL;
-    long long earliest_ms = saturating_add(now_ms, before_max_ms == LLONG_MIN ? LLONG_MAX
-                                                                             : -before_max_ms);
-    long long latest_ms = saturating_add(now_ms, after_max_ms);
+    BatchLimits limits = batch_limits(max_message_bytes, now_ms, before_max_ms, after_max_ms);
     Py_ssize_t count = PyTuple_GET_SIZE(args[0]);
     for (Py_ssize_t i = 0; i < count; i++) {
         long long f[SUMMARY_FIELDS];
         if (summary_fields(PyTuple_GET_ITEM(args[0], i), f) < 0)
             return NULL;
-        long long size_bytes = f[1], last_offset_delta = f[3], records_count = f[7];
-        int bad = size_bytes > max_message_bytes || records_count < 1 ||
-                  records_count != last_offset_delta + 1;
-        if (!bad && check_timestamps)
-            bad = timestamp_outside(f[4], earliest_ms, latest_ms) ||
-                  timestamp_outside(f[5], earliest_ms, latest_ms);
-        if (bad)
+        if (outside_limits(&limits, f[1], f[3], f[7], f[4], f[5], check_timestamps))
             return PyLong_FromSsize_t(i);
     }
     return PyLong_FromLong(-1);
@@ -1453,8 +1482,8 @@ static PyObject *py_first_batch_outside_limits(PyObject *self, PyObject *const *
  * failed write truncates the file back to where the batch began and raises OSError. */
 
 typedef struct {
-    int64_t base_offset, max_size_bytes, max_last_offset, max_message_bytes;
-    int64_t earliest_ms, latest_ms, required_codec;
+    int64_t base_offset, max_size_bytes, max_last_offset, required_codec;
+    BatchLimits batch;
 } PlainAppendLimits;
 
 enum { PLAIN_DECLINED, PLAIN_WRITE, PLAIN_PRODUCER, PLAIN_CORRUPT };
@@ -1466,11 +1495,9 @@ static int plain_batch_scope(const BatchSummary *s, size_t len, const PlainAppen
     int codec = s->attributes & ATTR_COMPRESSION_MASK;
     int in_scope =
         s->size_bytes == (int64_t)len && s->size_bytes <= l->max_size_bytes &&
-        s->size_bytes <= l->max_message_bytes && s->records_count >= 1 &&
-        s->records_count == (int64_t)s->last_offset_delta + 1 &&
         l->base_offset + s->last_offset_delta <= l->max_last_offset &&
-        !timestamp_outside(s->base_timestamp, l->earliest_ms, l->latest_ms) &&
-        !timestamp_outside(s->max_timestamp, l->earliest_ms, l->latest_ms) &&
+        !outside_limits(&l->batch, s->size_bytes, s->last_offset_delta, s->records_count,
+                        s->base_timestamp, s->max_timestamp, 1) &&
         (l->required_codec < 0 || control || codec == l->required_codec);
     if (!in_scope)
         return PLAIN_DECLINED;
@@ -1569,9 +1596,7 @@ static int plain_append_args(PyObject *const *args, Py_ssize_t nargs, PlainAppen
     long long now_ms = PyLong_AsLongLong(args[5]);
     if (PyErr_Occurred() || fd_argument(args[1], fd) < 0)
         return -1;
-    l->max_message_bytes = limits[0];
-    l->earliest_ms = saturating_add(now_ms, limits[1] == LLONG_MIN ? LLONG_MAX : -limits[1]);
-    l->latest_ms = saturating_add(now_ms, limits[2]);
+    l->batch = batch_limits(limits[0], now_ms, limits[1], limits[2]);
     l->required_codec = limits[3];
     return 0;
 }
@@ -2390,9 +2415,6 @@ static PyObject *py_filter_batches(PyObject *self, PyObject *args)
  *   SPAN_FULL        pass 1 only: the map is full.
  * A batch that runs past the end position (or the end of the file) is CorruptMessage. */
 
-#include <errno.h>
-#include <unistd.h>
-
 #define SPAN_DONE 0
 #define SPAN_COMPRESSED 1
 #define SPAN_GROW 2
@@ -2452,10 +2474,8 @@ static int plain_prefix(const uint8_t *buf, size_t len, size_t *prefix, int *com
             *compressed_next = 1;
             return 0;
         }
-        if (~crc32c_fast_update(~0u, buf + b.position + CRC_COVERED_FROM,
-                                b.size_bytes - CRC_COVERED_FROM) != b.crc)
-            return fail(f, FAIL_CORRUPT, "record batch at byte %lld fails its CRC-32C check",
-                        (long long)b.position);
+        if (check_batch_crc(buf, b.position, b.size_bytes, b.crc, f))
+            return -1;
         *prefix = pos;
     }
     return status;
@@ -2537,19 +2557,18 @@ typedef struct {
     int64_t bytes_written;
 } SpanFilter;
 
+/* Write the chunk's output (no GIL here: an interrupted write is simply retried). */
 static int write_all(SpanFilter *sf, const uint8_t *data, size_t len, Failure *f)
 {
-    while (len > 0) {
-        ssize_t n = write(sf->out_fd, data, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return span_os_failure(sf->span, f, "write");
-        data += n;
-        len -= (size_t)n;
-        sf->bytes_written += n;
-    }
-    return 0;
+    size_t written = 0;
+    int error;
+    while ((error = write_fully(sf->out_fd, data, len, &written)) == EINTR)
+        ;
+    sf->bytes_written += (int64_t)written;
+    if (error == 0)
+        return 0;
+    errno = error;
+    return span_os_failure(sf->span, f, "write");
 }
 
 static int filter_chunk(void *state, const uint8_t *buf, size_t len, Failure *f)
