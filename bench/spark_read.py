@@ -22,6 +22,11 @@ source that yields one pre-built Arrow batch of the source's schema (4,096 rows 
 values, the size the source yields) over and over into format("noop") -- no fetching, no
 decoding -- as ``ceiling_rows_per_s`` and ``ceiling_vs_consumer``. A source cannot beat it.
 
+``--sink-only`` skips the reads (consumer, source). ``--fallback-option KEY=VALUE`` also times
+the sink with that extra writer option in every round, as ``sink_fallback``: an option only
+the confluent-kafka path takes (``kafka.queue.buffering.max.kbytes=262144``, that path's own
+default) measures the sink's fallback path against its own path in the same run.
+
     run-peer.sh -- sh -c '.venv/bin/python bench/spark_read.py --bootstrap $BOOTSTRAP'
 """
 
@@ -214,14 +219,18 @@ def read_ceiling(spark) -> float:
     return time.perf_counter() - started
 
 
-def write_spark(spark, bootstrap: str, topic: str, records: int) -> float:
+def write_spark(spark, bootstrap: str, topic: str, records: int,
+                options: dict[str, str] | None = None) -> float:
     from pyspark.sql import functions as F
 
     frame = spark.range(records, numPartitions=2).select(
         F.expr(f"cast(repeat('x', {RECORD_BYTES}) as binary)").alias("value"))
+    writer = (frame.write.format("headrace").option("kafka.bootstrap.servers", bootstrap)
+              .option("topic", topic).mode("append"))
+    for key, value in (options or {}).items():
+        writer = writer.option(key, value)
     started = time.perf_counter()
-    (frame.write.format("headrace").option("kafka.bootstrap.servers", bootstrap)
-     .option("topic", topic).mode("append").save())
+    writer.save()
     return time.perf_counter() - started
 
 
@@ -240,9 +249,21 @@ def main() -> None:
                         help="Spark master: local[2] is one task slot per core here; the "
                              "source's tasks mostly wait on the network, so local[4] is worth "
                              "measuring too")
+    parser.add_argument("--sink-only", action="store_true",
+                        help="measure only the sink and the plain producer (no reads)")
+    parser.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra option of the sink's writer (e.g. "
+                             "kafka.compression.type=lz4); repeatable")
+    parser.add_argument("--fallback-option", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="also time the sink with this extra option in every round, as "
+                             "sink_fallback (e.g. kafka.queue.buffering.max.kbytes=262144, "
+                             "which only the confluent-kafka path takes); repeatable")
     parser.add_argument("--ceiling", action="store_true",
                         help="also measure Spark's ceiling: pre-built Arrow batches into noop")
     args = parser.parse_args()
+    sink_options = dict(option.split("=", 1) for option in args.sink_option)
+    fallback_options = dict(option.split("=", 1) for option in args.fallback_option)
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
     topic = _create_topic(admin, args.partitions)
     produce_s = produce_plain(args.bootstrap, topic, args.records, args.partitions)
@@ -251,14 +272,20 @@ def main() -> None:
     if args.ceiling:
         register_ceiling_source(spark, args.records, args.partitions)
     for _ in range(args.warmups):  # JVM (JIT), Python workers: both sides measured warm
-        read_spark(spark, args.bootstrap, topic, ends)
+        if not args.sink_only:
+            read_spark(spark, args.bootstrap, topic, ends)
         if args.ceiling:
             read_ceiling(spark)
-        write_spark(spark, args.bootstrap, _create_topic(admin, args.partitions), args.records)
+        write_spark(spark, args.bootstrap, _create_topic(admin, args.partitions), args.records,
+                    sink_options)
+        if args.fallback_option:
+            write_spark(spark, args.bootstrap, _create_topic(admin, args.partitions),
+                        args.records, {**sink_options, **fallback_options})
     producer_s, consumer_s, source_s, sink_s, fixed_s = [produce_s], [], [], [], []
     ceiling_s: list[float] = []
+    fallback_s: list[float] = []
     cpu: dict[str, list[float]] = {"consumer": [], "source": [], "sink": [], "producer": [],
-                                   "ceiling": []}
+                                   "ceiling": [], "sink_fallback": []}
 
     def timed(kind: str, seconds: list[float], run) -> None:
         wall, cpu_s = measured(run, args.broker_pid)
@@ -270,32 +297,47 @@ def main() -> None:
             timed("producer", producer_s, lambda: produce_plain(
                 args.bootstrap, _create_topic(admin, args.partitions), args.records,
                 args.partitions))
-        timed("consumer", consumer_s, lambda: consume_plain(args.bootstrap, topic, ends))
-        timed("source", source_s, lambda: read_spark(spark, args.bootstrap, topic, ends))
-        fixed_s.append(read_spark_fixed_cost(spark, args.bootstrap, topic, args.partitions))
+        if not args.sink_only:
+            timed("consumer", consumer_s, lambda: consume_plain(args.bootstrap, topic, ends))
+            timed("source", source_s, lambda: read_spark(spark, args.bootstrap, topic, ends))
+            fixed_s.append(read_spark_fixed_cost(spark, args.bootstrap, topic,
+                                                 args.partitions))
         if args.ceiling:
             timed("ceiling", ceiling_s, lambda: read_ceiling(spark))
         timed("sink", sink_s, lambda: write_spark(
-            spark, args.bootstrap, _create_topic(admin, args.partitions), args.records))
+            spark, args.bootstrap, _create_topic(admin, args.partitions), args.records,
+            sink_options))
+        if args.fallback_option:
+            timed("sink_fallback", fallback_s, lambda: write_spark(
+                spark, args.bootstrap, _create_topic(admin, args.partitions), args.records,
+                {**sink_options, **fallback_options}))
     spark.stop()
     megabytes = args.records * RECORD_BYTES / MB
-    figures = {
-        "records": args.records, "partitions": args.partitions, "record_bytes": RECORD_BYTES,
-        "consumer_rows_per_s": round(args.records / statistics.median(consumer_s)),
-        "source_rows_per_s": round(args.records / statistics.median(source_s)),
-        "source_mb_per_s": round(megabytes / statistics.median(source_s), 1),
-        "source_job_fixed_s": round(statistics.median(fixed_s), 3),
-        "consumer_mb_per_s": round(megabytes / statistics.median(consumer_s), 1),
+    figures = {"records": args.records, "partitions": args.partitions,
+               "record_bytes": RECORD_BYTES}
+    if not args.sink_only:
+        figures.update({
+            "consumer_rows_per_s": round(args.records / statistics.median(consumer_s)),
+            "source_rows_per_s": round(args.records / statistics.median(source_s)),
+            "source_mb_per_s": round(megabytes / statistics.median(source_s), 1),
+            "source_job_fixed_s": round(statistics.median(fixed_s), 3),
+            "consumer_mb_per_s": round(megabytes / statistics.median(consumer_s), 1),
+            "source_vs_consumer": round(
+                statistics.median(consumer_s) / statistics.median(source_s), 2)})
+    figures.update({
         "producer_rows_per_s": round(args.records / statistics.median(producer_s)),
         "sink_rows_per_s": round(args.records / statistics.median(sink_s)),
         "sink_mb_per_s": round(megabytes / statistics.median(sink_s), 1),
-    }
+    })
+    if fallback_s:
+        figures["sink_fallback_rows_per_s"] = round(
+            args.records / statistics.median(fallback_s))
+        figures["sink_fallback_vs_producer"] = round(
+            statistics.median(producer_s) / statistics.median(fallback_s), 2)
     for kind, seconds in cpu.items():
         if seconds:
             figures[f"{kind}_cpu_s_per_million_rows"] = round(
                 statistics.median(seconds) * 1_000_000 / args.records, 2)
-    figures["source_vs_consumer"] = round(
-        statistics.median(consumer_s) / statistics.median(source_s), 2)
     figures["sink_vs_producer"] = round(
         statistics.median(producer_s) / statistics.median(sink_s), 2)
     if ceiling_s:

@@ -41,7 +41,7 @@ from headrace.protocol.batch import (
     CRC_OFFSET,
     LOG_OVERHEAD_BYTES,
 )
-from headrace.protocol.compression import CODEC_NAMES, compress, decompress
+from headrace.protocol.compression import CODEC_NAMES, NONE, compress, decompress
 
 NO_OFFSET = -1
 LENGTH_OFFSET = 8  # batch_length in the batch header
@@ -492,3 +492,138 @@ CRC32C_VARIANT: str = _kernel.CRC32C_VARIANT
 def crc32c(buf: BufferLike) -> int:
     """CRC-32C of ``buf`` as ``validate_batches`` computes it, with ``CRC32C_VARIANT``."""
     return _kernel.crc32c(buf)
+
+
+# --- producing: record batches from columns (the Spark sink) -----------------------------
+
+NO_PRODUCER_ID = -1
+SEQUENCE_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryColumn:
+    """An Arrow-layout binary column: row i is ``data[offsets[i]:offsets[i+1]]``, null where
+    ``valid`` (if given) is False."""
+
+    offsets: np.ndarray  # int32[n+1]
+    data: BufferLike
+    valid: np.ndarray | None = None  # bool[n]; None: no nulls
+
+    def _spec(self) -> tuple:
+        valid = None if self.valid is None else np.ascontiguousarray(self.valid, np.bool_)
+        return (np.ascontiguousarray(self.offsets, np.int32), self.data, valid)
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderColumn:
+    """Arrow ``list<struct<key: string, value: binary>>`` buffers: row i's headers are the
+    entries ``[list_offsets[i], list_offsets[i+1])`` of ``keys`` (no nulls) and ``values``;
+    a null list (``list_valid`` False) has no headers."""
+
+    list_offsets: np.ndarray  # int32[n+1]
+    list_valid: np.ndarray | None
+    keys: BinaryColumn
+    values: BinaryColumn
+
+    def _spec(self) -> tuple:
+        valid = (None if self.list_valid is None
+                 else np.ascontiguousarray(self.list_valid, np.bool_))
+        return (np.ascontiguousarray(self.list_offsets, np.int32), valid, self.keys._spec(),
+                self.values._spec(), len(self.keys.offsets) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerFields:
+    """The idempotent producer's batch fields; ``producer_id`` -1: a plain producer (base
+    sequence -1 is written)."""
+
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = -1
+    base_sequence: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StickyPartition:
+    """Where the partitioner puts keyless rows: ``partition`` until ``bytes_in_batch`` reach
+    the batch size, then the next partition in turn."""
+
+    partition: int
+    bytes_in_batch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatches:
+    """Whole v2 record batches, back to back; ``bounds[i]`` is batch i's (start, end,
+    record count) in ``data``."""
+
+    data: BufferLike
+    bounds: np.ndarray  # int64[k, 3]
+
+    def batches(self) -> list[tuple[memoryview, int]]:
+        """(bytes, record count) of each batch."""
+        view = memoryview(self.data)
+        return [(view[start:end], records) for start, end, records in self.bounds.tolist()]
+
+
+def increment_sequence(sequence: int, increment: int) -> int:
+    """Kafka's DefaultRecordBatch.incrementSequence: producer sequences wrap to 0 after
+    2**31 - 1."""
+    if sequence > SEQUENCE_MAX - increment:
+        return increment - (SEQUENCE_MAX - sequence) - 1
+    return sequence + increment
+
+
+def murmur2(data: BufferLike) -> int:
+    """Kafka's ``Utils.murmur2`` of ``data`` as a signed 32-bit int."""
+    return _kernel.murmur2(data)
+
+
+def partition_rows(rows: int, keys: BinaryColumn | None, values: BinaryColumn,
+                   explicit_partitions: np.ndarray | None, partition_count: int,
+                   sticky: StickyPartition, batch_bytes: int
+                   ) -> tuple[np.ndarray, StickyPartition]:
+    """The Java producer's default partition of each row (``BuiltInPartitioner`` without
+    adaptive statistics): an explicit partition (>= 0 in ``explicit_partitions``) as given;
+    a keyed row ``(murmur2(key) & 0x7fffffff) % partition_count``; a keyless row the
+    sticky partition, which moves to the next partition once its rows' value bytes reach
+    ``batch_bytes``. Returns the partitions (int32[rows]) and the sticky state to carry on
+    with. An explicit partition >= ``partition_count`` raises ValueError."""
+    explicit = (None if explicit_partitions is None
+                else np.ascontiguousarray(explicit_partitions, np.int32))
+    raw, partition, bytes_in_batch = _kernel.partition_rows(
+        rows, None if keys is None else keys._spec(), values._spec(), explicit,
+        partition_count, sticky.partition, sticky.bytes_in_batch, batch_bytes)
+    return np.frombuffer(raw, np.int32), StickyPartition(partition, bytes_in_batch)
+
+
+def encode_batches(rows: int, keys: BinaryColumn | None, values: BinaryColumn | None,
+                   headers: HeaderColumn | None, extra_header: tuple[bytes, bytes] | None,
+                   selection: np.ndarray, timestamp_ms: int, producer: ProducerFields,
+                   codec: int, max_batch_bytes: int) -> EncodedBatches:
+    """Kafka v2 record batches (magic 2, CreateTime ``timestamp_ms`` for every record, base
+    offset 0, partition leader epoch -1) of the rows ``selection`` (int32 row indices, in
+    order) of a ``rows``-row table: key, value (None: a null column), the row's headers
+    followed by ``extra_header`` if given. A new batch starts when the next record would
+    take the batch past ``max_batch_bytes`` (a batch holds at least one record);
+    successive batches continue the producer's sequence. With a codec other than NONE the
+    records section of each batch is compressed here (the limit applies before
+    compression) and the batch's length and CRC-32C sealed."""
+    selected = np.ascontiguousarray(selection, np.int32)
+    data, bounds = _kernel.encode_batches(
+        rows, None if keys is None else keys._spec(),
+        None if values is None else values._spec(),
+        None if headers is None else headers._spec(), extra_header, selected, timestamp_ms,
+        (producer.producer_id, producer.producer_epoch, producer.base_sequence), codec,
+        max_batch_bytes)
+    encoded = EncodedBatches(data, np.frombuffer(bounds, np.int64).reshape(-1, 3))
+    if codec == NONE:
+        return encoded
+    return _compress_batches(encoded, codec)
+
+
+def _compress_batches(encoded: EncodedBatches, codec: int) -> EncodedBatches:
+    sealed = [_seal_compressed(batch, codec) for batch, _ in encoded.batches()]
+    ends = np.cumsum([len(batch) for batch in sealed], dtype=np.int64)
+    bounds = np.stack([ends - [len(batch) for batch in sealed], ends,
+                       encoded.bounds[:, 2]], axis=1) if sealed else encoded.bounds
+    return EncodedBatches(b"".join(sealed), np.ascontiguousarray(bounds, np.int64))

@@ -1,28 +1,38 @@
 """The ``headrace`` PySpark sink: ``df.write.format("headrace")`` and ``writeStream``.
 
-Owns: ``HeadraceBatchWriter`` and ``HeadraceStreamWriter`` (Arrow writers: each Spark task
-produces its Arrow batches with one confluent-kafka Producer).
+Owns: ``HeadraceBatchWriter`` and ``HeadraceStreamWriter`` (Arrow writers) and the choice of
+each task's write path:
+
+- The sink's own path (``headrace.spark.sink_wire``): the compiled kernel builds Kafka v2
+  record batches straight from the Arrow columns and a small idempotent Produce client
+  (``headrace.spark.wire_produce``) sends them -- no Python object per record.
+- confluent-kafka (one ``Producer.produce()`` per row) when a ``kafka.*`` option asks for
+  something that path does not implement: a ``security.protocol`` other than PLAINTEXT,
+  ``acks`` other than all, ``enable.idempotence=false``, or any producer option it does not
+  know (``headrace.spark.wire_produce`` lists the ones it honours) -- or when the cluster
+  offers no InitProducerId.
 
 Columns, as in Spark's Kafka sink: ``value`` (binary or string) is required; ``key`` (binary or
 string), ``headers`` (array<struct<key string, value binary>>), ``topic`` (string) and
 ``partition`` (int) are optional. The ``topic`` option, when set, overrides the topic column;
-without either the write is refused. A row without a partition goes where the producer's
-partitioner puts it (librdkafka's default: consistent_random on the key).
+without either the write is refused. A row without a partition is placed as Spark's own Kafka
+sink (the Java producer) places it: a keyed row in ``(murmur2(key) & 0x7fffffff) %
+partitions``, a keyless row in a sticky partition that moves on to the next one after
+``batch.size`` bytes (the Java producer moves to a random one). On the confluent-kafka path
+librdkafka's default partitioner (consistent_random) decides instead.
 
 Delivery guarantee -- at least once, not exactly once:
-- The producer is idempotent (``enable.idempotence=true`` unless overridden), so the producer's
-  own retries never duplicate or reorder records within one task attempt.
-- A task writes and flushes its records before it reports success; every record is
-  acknowledged by the cluster (acks=all, implied by idempotence) or the task fails.
+- The producer is idempotent (one producer id per task; acks=all), so its own retries never
+  duplicate or reorder records within one task attempt: a retried request carries the same
+  batches with the same sequence numbers and the broker keeps one copy.
+- A task writes its records and waits for every acknowledgement before it reports success;
+  a record the cluster does not acknowledge within ``delivery.timeout.ms`` fails the task.
 - A retried task, a re-run batch job, or a streaming batch replayed after a failure writes its
-  records again: Kafka keeps both copies. ``abort`` cannot take back records already written.
+  records again under a new producer id: Kafka keeps both copies. ``abort`` cannot take back
+  records already written.
 - Streaming writes carry the micro-batch id in the record header ``headrace.batch.id`` (ASCII
   decimal). Readers that need exactly-once drop records of a (topic, batch id) they already
   processed, e.g. by keeping the highest batch id seen per output partition.
-
-Speed: each Arrow column becomes Python values once (``to_pylist``), rows go to ``produce()``
-in one tight loop, and librdkafka reports only failed deliveries
-(``delivery.report.only.error``), so no Python callback runs per record.
 
 Each write() call owns its producer; writers hold only options and are safe to pickle.
 """
@@ -43,8 +53,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from headrace.errors import InvalidRecord
+from headrace.errors import InvalidRecord, UnsupportedVersion
 from headrace.spark.options import OptionError, SinkOptions
+from headrace.spark.sink_wire import WireTaskWriter
+from headrace.spark.wire_produce import ProduceClientConfig, UnsupportedProducerConfig
 
 BATCH_ID_HEADER = "headrace.batch.id"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -77,7 +89,10 @@ def _check_columns(schema: StructType, options: SinkOptions) -> None:
 
 
 class _TaskProducer:
-    """One task's producer; remembers the first delivery failure and raises it."""
+    """One task's confluent-kafka producer (the fallback path); remembers the first delivery
+    failure and raises it. Each Arrow column becomes Python values once (``to_pylist``), rows
+    go to ``produce()`` in one tight loop, and librdkafka reports only failed deliveries
+    (``delivery.report.only.error``), so no Python callback runs per record."""
 
     def __init__(self, options: SinkOptions) -> None:
         config = dict(_PRODUCER_DEFAULTS)
@@ -148,6 +163,30 @@ def _row_headers(header_lists: list | None, extra_headers: list[tuple[str, bytes
 
 def _write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch],
                    extra_headers: list[tuple[str, bytes]]) -> SinkCommitMessage:
+    """Write a task's batches on the sink's own path, or on confluent-kafka's when that
+    path cannot (see the module docstring)."""
+    try:
+        config = ProduceClientConfig.from_client_options(options.client_dict())
+        writer = WireTaskWriter(config, options.topic, _wire_header(extra_headers))
+    except (UnsupportedProducerConfig, UnsupportedVersion):
+        return _write_with_confluent_kafka(options, batches, extra_headers)
+    try:
+        for batch in batches:
+            writer.write(batch)
+        return SinkCommitMessage(writer.finish())
+    finally:
+        writer.close()
+
+
+def _wire_header(extra_headers: list[tuple[str, bytes]]) -> tuple[bytes, bytes] | None:
+    if not extra_headers:
+        return None
+    ((key, value),) = extra_headers
+    return key.encode(), value
+
+
+def _write_with_confluent_kafka(options: SinkOptions, batches: Iterator[pa.RecordBatch],
+                                extra_headers: list[tuple[str, bytes]]) -> SinkCommitMessage:
     producer = _TaskProducer(options)
     for batch in batches:
         _write_batch(producer, options, batch, extra_headers)

@@ -2,7 +2,8 @@
 
 Owns: ``FetchClientConfig`` (the ``kafka.*`` options this client honours) and
 ``PartitionFetchClient``, which speaks just enough of the Kafka protocol over one blocking
-PLAINTEXT socket to read one topic-partition:
+PLAINTEXT socket (``headrace.spark.wire_connection.BrokerConnection``, shared with the sink's
+produce client) to read one topic-partition:
 
 - ApiVersions v0 on every new connection; Fetch v4-v12 (the versions that name topics, not
   topic ids), Metadata v1-v12 and ListOffsets v1-v7 are negotiated to the highest version both
@@ -26,17 +27,24 @@ Not thread-safe: one client per Spark task.
 
 from __future__ import annotations
 
-import socket
 import struct
 from dataclasses import dataclass
 
-from headrace.errors import KafkaError, UnsupportedVersion, error_for_code
+from headrace.errors import error_for_code
 from headrace.protocol import wire
+from headrace.spark.wire_connection import (
+    NO_ERROR,
+    BrokerConnection,
+    WireClientError,
+    check_plaintext,
+    connect_any,
+    first_option,
+    parse_servers,
+)
 
 FETCH_KEY = 1
 LIST_OFFSETS_KEY = 2
 METADATA_KEY = 3
-API_VERSIONS_KEY = 18
 FETCH_VERSIONS = (4, 12)  # v13+ name topics by id
 METADATA_VERSIONS = (1, 12)
 LIST_OFFSETS_VERSIONS = (1, 7)
@@ -48,7 +56,6 @@ READ_UNCOMMITTED = 0
 NO_FETCH_SESSION_ID = 0
 SESSIONLESS_FETCH_EPOCH = -1  # FetchMetadata.FINAL_EPOCH: a full fetch without a session
 NO_LEADER_EPOCH = -1
-NO_ERROR = 0
 DEFAULT_CLIENT_ID = "headrace-spark-executor"
 DEFAULT_FETCH_MAX_BYTES = 64 * 1024 * 1024
 # 4 MiB per response: measured on a 1 KiB-record read into Spark, the executor's Python worker
@@ -58,7 +65,6 @@ DEFAULT_MAX_PARTITION_FETCH_BYTES = 4 * 1024 * 1024
 DEFAULT_FETCH_MAX_WAIT_MS = 100
 DEFAULT_FETCH_MIN_BYTES = 1
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
-DEFAULT_KAFKA_PORT = 9092
 SOCKET_RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
 
 _INT16 = struct.Struct(">h")
@@ -66,30 +72,8 @@ _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 
 
-class FetchClientError(KafkaError):
-    """The cluster cannot be reached or answered something this client cannot use."""
-
-
-def _first_option(options: dict[str, str], names: tuple[str, ...], default: int) -> int:
-    for name in names:
-        if name in options:
-            return int(options[name])
-    return default
-
-
-def _parse_servers(text: str) -> tuple[tuple[str, int], ...]:
-    servers = []
-    for entry in text.split(","):
-        entry = entry.strip().removeprefix("PLAINTEXT://").removeprefix("plaintext://")
-        if not entry:
-            continue
-        host, _, port = entry.rpartition(":")
-        if not host:
-            host, port = port, str(DEFAULT_KAFKA_PORT)
-        servers.append((host.strip("[]"), int(port)))
-    if not servers:
-        raise FetchClientError(f"bootstrap.servers {text!r} names no server")
-    return tuple(servers)
+# The shared connection layer's error, under the name this client has always raised.
+FetchClientError = WireClientError
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,22 +89,19 @@ class FetchClientConfig:
     @classmethod
     def from_client_options(cls, options: dict[str, str]) -> FetchClientConfig:
         """From the ``kafka.*`` options of the source (prefix already removed)."""
-        protocol = options.get("security.protocol", "PLAINTEXT").upper()
-        if protocol != "PLAINTEXT":
-            raise FetchClientError(
-                f"security.protocol {protocol} is not supported by the executor's fetch client")
+        check_plaintext(options, "executor's fetch client")
         return cls(
-            bootstrap_servers=_parse_servers(options["bootstrap.servers"]),
+            bootstrap_servers=parse_servers(options["bootstrap.servers"]),
             client_id=options.get("client.id", DEFAULT_CLIENT_ID),
-            fetch_max_bytes=_first_option(options, ("fetch.max.bytes",),
+            fetch_max_bytes=first_option(options, ("fetch.max.bytes",),
                                           DEFAULT_FETCH_MAX_BYTES),
-            max_partition_fetch_bytes=_first_option(
+            max_partition_fetch_bytes=first_option(
                 options, ("max.partition.fetch.bytes",), DEFAULT_MAX_PARTITION_FETCH_BYTES),
-            fetch_max_wait_ms=_first_option(options, ("fetch.max.wait.ms", "fetch.wait.max.ms"),
+            fetch_max_wait_ms=first_option(options, ("fetch.max.wait.ms", "fetch.wait.max.ms"),
                                             DEFAULT_FETCH_MAX_WAIT_MS),
-            fetch_min_bytes=_first_option(options, ("fetch.min.bytes",),
+            fetch_min_bytes=first_option(options, ("fetch.min.bytes",),
                                           DEFAULT_FETCH_MIN_BYTES),
-            request_timeout_ms=_first_option(options, ("request.timeout.ms",
+            request_timeout_ms=first_option(options, ("request.timeout.ms",
                                                        "socket.timeout.ms"),
                                              DEFAULT_REQUEST_TIMEOUT_MS),
         )
@@ -136,74 +117,6 @@ class FetchedPartition:
     records: memoryview
 
 
-class _Connection:
-    """One blocking socket to one broker, with the API versions it supports."""
-
-    def __init__(self, address: tuple[str, int], client_id: str, timeout_s: float) -> None:
-        self.address = address
-        self._client_id = client_id
-        self._socket = socket.create_connection(address, timeout=timeout_s)
-        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_RECEIVE_BUFFER_BYTES)
-        self._next_correlation_id = 0
-        self._in_flight: list[tuple[int, int, int]] = []  # correlation id, api key, version
-        self.api_versions: dict[int, tuple[int, int]] = {}
-        response = self.request(API_VERSIONS_KEY, 0,
-                                wire.build(wire.request_class(API_VERSIONS_KEY, 0), {}))
-        if int(response.error_code) != NO_ERROR:
-            raise error_for_code(int(response.error_code), f"ApiVersions failed on {address}")
-        self.api_versions = {item.api_key: (item.min_version, item.max_version)
-                             for item in response.api_keys}
-
-    def version_for(self, api_key: int, client_range: tuple[int, int]) -> int:
-        broker_min, broker_max = self.api_versions.get(api_key, (0, -1))
-        version = min(broker_max, client_range[1])
-        if version < max(broker_min, client_range[0]):
-            raise UnsupportedVersion(
-                f"broker {self.address} supports api {api_key} v{broker_min}-v{broker_max}, "
-                f"this client v{client_range[0]}-v{client_range[1]}")
-        return version
-
-    def send(self, api_key: int, version: int, body) -> None:
-        correlation_id = self._next_correlation_id
-        self._next_correlation_id += 1
-        self._socket.sendall(
-            wire.encode_request(api_key, version, correlation_id, self._client_id, body))
-        self._in_flight.append((correlation_id, api_key, version))
-
-    def receive_frame(self) -> tuple[int, int, bytearray]:
-        """(api key, version, frame without its length) of the oldest request in flight."""
-        correlation_id, api_key, version = self._in_flight.pop(0)
-        (size,) = _INT32.unpack(self._receive_exactly(_INT32.size))
-        frame = self._receive_exactly(size)
-        (received_id,) = _INT32.unpack_from(frame)
-        if received_id != correlation_id:
-            raise FetchClientError(
-                f"response correlation id {received_id} from {self.address}, "
-                f"expected {correlation_id}")
-        return api_key, version, frame
-
-    def request(self, api_key: int, version: int, body):
-        """Send one request and decode its response with kio (not for Fetch: see below)."""
-        self.send(api_key, version, body)
-        _, _, frame = self.receive_frame()
-        return wire.decode_response(api_key, version, bytes(frame))[1]
-
-    def _receive_exactly(self, size: int) -> bytearray:
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        received = 0
-        while received < size:
-            count = self._socket.recv_into(view[received:], size - received)
-            if count == 0:
-                raise ConnectionError(f"broker {self.address} closed the connection")
-            received += count
-        return buffer
-
-    def close(self) -> None:
-        self._socket.close()
-
-
 class PartitionFetchClient:
     """Reads one topic-partition from its leader; reconnects on ``reconnect()``."""
 
@@ -211,7 +124,7 @@ class PartitionFetchClient:
         self.config = config
         self.topic = topic
         self.partition = partition
-        self._leader: _Connection | None = None
+        self._leader: BrokerConnection | None = None
         self._partition_max_bytes = config.max_partition_fetch_bytes
 
     @property
@@ -225,7 +138,8 @@ class PartitionFetchClient:
         ``LeaderNotAvailable`` (retriable) when it has no leader now.
         """
         self.close()
-        bootstrap = self._connect_any()
+        bootstrap = connect_any(self.config.bootstrap_servers, self.config.client_id,
+                                self._timeout_s, receive_buffer_bytes=SOCKET_RECEIVE_BUFFER_BYTES)
         try:
             leader_address = self._leader_address(bootstrap)
         except BaseException:
@@ -235,18 +149,10 @@ class PartitionFetchClient:
             self._leader = bootstrap
             return
         bootstrap.close()
-        self._leader = _Connection(leader_address, self.config.client_id, self._timeout_s)
+        self._leader = BrokerConnection(leader_address, self.config.client_id, self._timeout_s,
+                                        receive_buffer_bytes=SOCKET_RECEIVE_BUFFER_BYTES)
 
-    def _connect_any(self) -> _Connection:
-        failures = []
-        for address in self.config.bootstrap_servers:
-            try:
-                return _Connection(address, self.config.client_id, self._timeout_s)
-            except OSError as error:
-                failures.append(f"{address[0]}:{address[1]}: {error}")
-        raise ConnectionError("no bootstrap server reachable: " + "; ".join(failures))
-
-    def _leader_address(self, connection: _Connection) -> tuple[str, int]:
+    def _leader_address(self, connection: BrokerConnection) -> tuple[str, int]:
         version = connection.version_for(METADATA_KEY, METADATA_VERSIONS)
         body = wire.build(wire.request_class(METADATA_KEY, version),
                           {"topics": [{"name": self.topic}], "allow_auto_topic_creation": False})
@@ -268,7 +174,7 @@ class PartitionFetchClient:
                 return brokers[partition.leader_id]
         raise error_for_code(3, f"the cluster does not know {self.topic}-{self.partition}")
 
-    def _connection(self) -> _Connection:
+    def _connection(self) -> BrokerConnection:
         if self._leader is None:
             self.connect()
         assert self._leader is not None

@@ -8,6 +8,7 @@ import pytest
 from conftest import append, new_topic
 from pyspark.sql import Row
 
+from headrace.protocol.kernel import murmur2
 from headrace.spark.sink import BATCH_ID_HEADER
 
 pytestmark = pytest.mark.spark
@@ -87,3 +88,30 @@ def test_undeliverable_records_fail_the_write(spark, bootstrap):
         (frame.write.format("headrace").option("kafka.bootstrap.servers", bootstrap)
          .option("topic", topic).option("kafka.message.timeout.ms", "3000")
          .mode("append").save())
+
+
+def test_keyed_rows_without_a_partition_go_where_the_java_producer_puts_them(spark, bootstrap):
+    topic = new_topic(bootstrap, 3)
+    keys = [b"21", b"foobar", b"abc", b"k3", b"k4", b"k5"]
+    frame = spark.createDataFrame([Row(key=key, value=b"v-" + key) for key in keys],
+                                  "key binary, value binary")
+    (frame.write.format("headrace").option("kafka.bootstrap.servers", bootstrap)
+     .option("topic", topic).option("kafka.compression.type", "lz4").mode("append").save())
+    expected = {key: (murmur2(key) & 0x7FFFFFFF) % 3 for key in keys}
+    ends = {p: list(expected.values()).count(p) for p in range(3)}
+    read = _read_back(spark, bootstrap, topic, ends)
+    assert {row.key: row.partition for row in read} == expected
+    assert {row.key: row.value for row in read} == {key: b"v-" + key for key in keys}
+
+
+def test_options_only_confluent_kafka_takes_use_that_path(spark, bootstrap):
+    topic = new_topic(bootstrap, 1)
+    frame = spark.createDataFrame(
+        [Row(value=b"v0", headers=[Row(key="h", value=b"x")]), Row(value=b"v1", headers=None)],
+        "value binary, headers array<struct<key: string, value: binary>>")
+    (frame.write.format("headrace").option("kafka.bootstrap.servers", bootstrap)
+     .option("topic", topic).option("kafka.queue.buffering.max.kbytes", "65536")
+     .mode("append").save())
+    read = _read_back(spark, bootstrap, topic, {0: 2})
+    assert sorted((row.value, [(h.key, h.value) for h in row.headers]) for row in read) == [
+        (b"v0", [("h", b"x")]), (b"v1", [])]
