@@ -17,8 +17,10 @@ comparison; a value other than ``asyncio``/``uvloop`` is a configuration error.
 Start-up: load every log (recovering after an unclean shutdown), bind, then log the time
 from process start to serving. Maintenance (``LogManager.maintenance(now_ms)``: time-based
 flush, rolls, retention) runs every ``MAINTENANCE_INTERVAL_MS`` on the append thread, so it
-never runs concurrently with an append; after it, the changed checkpoints are written on the
-background thread (``LogManager.write_checkpoints``), so no produce waits for their fsyncs.
+never runs concurrently with an append; after it, expired ``.deleted`` files are unlinked
+(``LogManager.remove_expired_files``) and the changed checkpoints are written
+(``LogManager.write_checkpoints``) on the background thread, so no produce waits for their
+unlinks and fsyncs.
 The log cleaner (``CleanerService``) starts after the group coordinator has created
 ``__consumer_offsets``. Idle connections are closed after ``connections.max.idle.ms``.
 SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
@@ -124,6 +126,11 @@ class Broker:
                 await state.run_append(state.log_manager.maintenance, self.clock.now_ms())
             except Exception:
                 log.exception("log maintenance failed")
+            try:
+                await state.run_background(state.log_manager.remove_expired_files,
+                                           self.clock.now_ms())
+            except Exception:
+                log.exception("removing deleted files failed")
             try:
                 await state.run_background(state.log_manager.write_checkpoints)
             except Exception:

@@ -885,18 +885,22 @@ class Log:
         self.producer_state.remove_snapshots(below_offset=kept[0].base_offset)
 
     def remove_deleted_files(self, now_ms: int, force: bool = False) -> None:
-        """Close and remove ``.deleted`` segments whose file.delete.delay.ms has passed."""
+        """Close and remove ``.deleted`` segments whose file.delete.delay.ms has passed.
+
+        The files are unlinked after the log's lock is released: unlinking a large file can
+        take tens of milliseconds (freeing its blocks, discards), and appends must not wait
+        for it."""
         with self._lock:
-            still_pending = []
+            due, kept = [], []
             for pending in self._pending_deletions:
-                if force or pending.due_ms <= now_ms:
-                    pending.segment.close()
-                    for path in pending.paths:
-                        if self.fs.exists(path):
-                            self.fs.remove(path)
-                else:
-                    still_pending.append(pending)
-            self._pending_deletions = still_pending
+                (due if force or pending.due_ms <= now_ms else kept).append(pending)
+            self._pending_deletions = kept
+            for pending in due:
+                pending.segment.close()
+        for pending in due:
+            for path in pending.paths:
+                if self.fs.exists(path):
+                    self.fs.remove(path)
 
     # ---- compaction ----------------------------------------------------------------------
 

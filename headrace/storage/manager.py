@@ -383,27 +383,41 @@ class LogManager:
     # ---- periodic work and shutdown ------------------------------------------------------
 
     def maintenance(self, now_ms: int) -> None:
-        """Roll by segment.ms, flush by flush.ms (and after rolls), apply retention, remove
-        expired ``.deleted`` files and deleted partitions. Checkpoints are not written here:
-        ``write_checkpoints`` runs on another thread so appends never wait for its fsyncs."""
+        """Roll by segment.ms, flush by flush.ms (and after rolls), apply retention (which
+        renames segments to ``.deleted``). Neither checkpoints nor file removal happen here:
+        ``write_checkpoints`` and ``remove_expired_files`` run on another thread so appends
+        never wait for their fsyncs and unlinks."""
         with self._lock:
             for log in list(self._logs.values()):
                 log.maybe_roll_by_time(now_ms)
                 log.flush_if_due(now_ms)
                 log.delete_old_segments(now_ms)
-                log.remove_deleted_files(now_ms)
-            self._remove_deleted_dirs(now_ms)
 
-    def _remove_deleted_dirs(self, now_ms: int, force: bool = False) -> None:
-        still_pending = []
-        for due_ms, path, logs in self._pending_dir_deletions:
-            if force or due_ms <= now_ms:
-                for log in logs:
-                    log.close_without_flush()
-                remove_tree(self.fs, path)
-            else:
-                still_pending.append((due_ms, path, logs))
-        self._pending_dir_deletions = still_pending
+    def remove_expired_files(self, now_ms: int) -> None:
+        """Remove the ``.deleted`` segments and deleted partition directories whose
+        file.delete.delay.ms has passed. Safe from any thread, concurrently with appends and
+        maintenance: the unlinks run outside the manager's lock (and each log's)."""
+        with self._lock:
+            logs = list(self._logs.values())
+            due_dirs = self._take_due_dir_deletions(now_ms, force=False)
+        for log in logs:
+            log.remove_deleted_files(now_ms)
+        self._remove_dirs(due_dirs)
+
+    def _take_due_dir_deletions(self, now_ms: int, force: bool) -> list:
+        """Callers hold ``_lock``."""
+        due, kept = [], []
+        for deletion in self._pending_dir_deletions:
+            due_ms = deletion[0]
+            (due if force or due_ms <= now_ms else kept).append(deletion)
+        self._pending_dir_deletions = kept
+        return due
+
+    def _remove_dirs(self, due_dirs: list) -> None:
+        for _due_ms, path, logs in due_dirs:
+            for log in logs:
+                log.close_without_flush()
+            remove_tree(self.fs, path)
 
     def write_checkpoints(self) -> None:
         """Write the recovery-point and log-start-offset checkpoints of every data directory
@@ -438,7 +452,7 @@ class LogManager:
         with self._checkpoint_lock, self._lock:
             for log in self._logs.values():
                 log.close()
-            self._remove_deleted_dirs(0, force=True)
+            self._remove_dirs(self._take_due_dir_deletions(0, force=True))
             self._write_checkpoints(only_if_changed=False)
             for log_dir in self.log_dirs:
                 write_file_atomically(self.fs, log_dir / CLEAN_SHUTDOWN_MARKER, b"")

@@ -109,9 +109,11 @@ def test_delete_topic_renames_then_removes_after_the_delay(scratch, clock):
     pending = [p.name for p in scratch.iterdir() if p.name.endswith("-delete")]
     assert len(pending) == 2 and all(name.startswith("gone-") for name in pending)
     assert held.slices[0].read_bytes()[12:] == bytes(build_batch([b"v"]))[12:]
-    manager.maintenance(clock.now_ms() + 999)
+    manager.remove_expired_files(clock.now_ms() + 999)
     assert len([p for p in scratch.iterdir() if p.name.endswith("-delete")]) == 2
     manager.maintenance(clock.now_ms() + 1000)
+    assert len([p for p in scratch.iterdir() if p.name.endswith("-delete")]) == 2
+    manager.remove_expired_files(clock.now_ms() + 1000)
     assert not [p for p in scratch.iterdir() if p.name.endswith("-delete")]
     manager.create_topic("gone", 1, {})
     assert manager.get_log("gone", 0).log_end_offset == 0
@@ -202,3 +204,23 @@ def test_checkpoints_are_written_by_write_checkpoints_not_by_maintenance(scratch
     assert read_checkpoint(manager.fs, scratch / "recovery-point-offset-checkpoint") == {
         ("t", 0): 1}
     manager.shutdown()
+
+
+def test_retention_renames_in_maintenance_and_unlinks_in_remove_expired_files(scratch, clock):
+    manager = start([scratch], clock, log_segment_bytes="300", log_retention_bytes="1",
+                    log_segment_delete_delay_ms="500")
+    manager.create_topic("r", 1, {})
+    log = manager.get_log("r", 0)
+    for _ in range(6):
+        log.append(build_batch([b"x" * 60]), clock.now_ms())
+    log_dir = scratch / "r-0"
+    manager.maintenance(clock.now_ms())
+    deleted = [p for p in log_dir.iterdir() if p.name.endswith(".deleted")]
+    assert deleted and len(log.segments) == 1
+    manager.maintenance(clock.now_ms() + 500)
+    assert all(p.exists() for p in deleted)
+    manager.remove_expired_files(clock.now_ms() + 499)
+    assert all(p.exists() for p in deleted)
+    manager.remove_expired_files(clock.now_ms() + 500)
+    assert not any(p.exists() for p in deleted)
+    assert log.read(log.log_start_offset, 1000).slices
