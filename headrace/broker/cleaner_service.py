@@ -10,9 +10,12 @@ limit allows in 100 ms otherwise; a live limit change applies from the next span
 allocates its map itself, repeatedly asks the shared ``CleanerManager`` to clean the filthiest
 compacted partition of every log of the ``LogManager`` (``__consumer_offsets`` included) and
 waits ``log.cleaner.backoff.ms`` when none is eligible. All threads share one ``Throttler``
-holding the bytes read by the cleaner to ``log.cleaner.io.max.bytes.per.second``. Each
-cleaner thread lowers its own CPU priority by ``CLEANER_THREAD_NICENESS`` (Linux nice values
-are per thread), so a full-speed cleaning yields the CPU to the event loop and append thread.
+holding the bytes read by the cleaner to ``log.cleaner.io.max.bytes.per.second``. The
+cleaning's CPU work -- its spans, which run without the GIL -- runs ``CLEANER_SPAN_NICENESS``
+nicer than the broker (on a helper thread per span: Linux nice values are per thread), so a
+full-speed cleaning yields the CPU to the event loop and the append thread; the cleaner
+thread itself keeps the broker's priority, because it takes the GIL between spans, and a
+low-priority thread preempted while holding the GIL would stall every other thread.
 
 Live reconfiguration (Kafka's ``LogCleaner.reconfigure``; the broker config validates first,
 see ``headrace.broker.config``): ``log.cleaner.backoff.ms`` and
@@ -74,7 +77,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -95,27 +97,15 @@ log = logging.getLogger(__name__)
 
 STATUS_FILE = "cleaner-status.json"
 STATUS_VERSION = 1
-# Cleaner threads run this much nicer than the broker's other threads: cleaning is
+# The cleaner's spans run this much nicer than the broker's other threads: cleaning is
 # background work, and "cleaning must not stall the broker" (produce p99 during a cleaning
 # within 2x idle) on a machine with few cores. Kafka has no such setting (the JVM cannot
 # set per-thread priorities); log.cleaner.io.max.bytes.per.second still caps the rate.
-CLEANER_THREAD_NICENESS = 10
+CLEANER_SPAN_NICENESS = 10
 THROTTLE_CHECK_INTERVAL_MS = 300  # Kafka's LogCleaner throttler checkIntervalMs
 THROTTLE_SLEEP_SLICE_MS = 100  # how often a throttling sleep rechecks the rate and aborts
 MIN_IO_CHUNK_BYTES = 64 * 1024
 MAX_OFFSET_MAP_BYTES = 2**31 - 1  # Kafka's per-thread cap (Int.MaxValue)
-
-
-def _lower_this_threads_priority(niceness: int) -> None:
-    """Make the calling thread ``niceness`` nicer than the process (Linux schedules threads
-    separately, and raising niceness needs no privilege), so a cleaner at full speed yields the
-    CPU to the event loop and the append thread whenever they are runnable."""
-    try:
-        thread_id = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread_id,
-                       os.getpriority(os.PRIO_PROCESS, thread_id) + niceness)
-    except (AttributeError, OSError) as error:  # not Linux, or a sandbox forbids it
-        log.warning("log cleaner thread keeps the broker's CPU priority: %s", error)
 
 
 class Throttler:
@@ -314,12 +304,12 @@ class CleanerService:
     def _new_cleaner(self, settings: CleanerSettings, stop: threading.Event) -> Cleaner:
         offset_map = OffsetMap(settings.offset_map_bytes, settings.load_factor)
         cleaner = Cleaner(offset_map, settings.io_chunk_bytes, span_bytes=span_bytes_for(
-            self.throttler.desired_bytes_per_second, settings.io_chunk_bytes))
+            self.throttler.desired_bytes_per_second, settings.io_chunk_bytes),
+            span_niceness=CLEANER_SPAN_NICENESS)
         cleaner.on_chunk = functools.partial(self._between_spans, stop, cleaner)
         return cleaner
 
     def _run(self, settings: CleanerSettings, stop: threading.Event) -> None:
-        _lower_this_threads_priority(CLEANER_THREAD_NICENESS)
         try:
             cleaner = self._new_cleaner(settings, stop)
         except (MemoryError, ValueError):

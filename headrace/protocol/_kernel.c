@@ -34,6 +34,8 @@
 #include <string.h>
 #include <errno.h>
 #include <unistd.h>
+#include <pthread.h>
+#include <sys/resource.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -2407,7 +2409,9 @@ static PyObject *py_filter_batches(PyObject *self, PyObject *args)
  * caller's buffer size at the position, run the pass over each chunk's whole batches (a batch
  * straddling the chunk's end is read again at the start of the next chunk), and filter_span
  * writes each chunk's cleaned bytes to the output file (so memory stays at the read buffer
- * plus one chunk of output). A span ends at the first chunk starting at or after
+ * plus one chunk of output) -- for an O_DIRECT output, through the caller's stage, written
+ * out in whole stage-sized blocks (the staged rest is returned, for the next call) -- and
+ * index it as recovery would. A span ends at the first chunk starting at or after
  * position + span_bytes, or early, at the position reached:
  *   SPAN_COMPRESSED  a compressed batch starts there (its records are decompressed -- and in
  *                    pass 2 recompressed -- in Python);
@@ -2542,6 +2546,41 @@ static int run_span(Span *s, ChunkPass pass, void *state, Failure *f)
     return 0;
 }
 
+/* A span run on a helper thread `niceness` nicer than the caller. The caller is a Python
+ * thread: it waits without the GIL and re-takes the GIL at its own, normal priority, so the
+ * GIL is never held by a thread the scheduler puts behind other work (which would stall every
+ * other Python thread of the process), while the span's CPU work yields to the rest. */
+typedef struct {
+    Span *span;
+    ChunkPass pass;
+    void *state;
+    Failure *failure;
+    int niceness, status;
+} NicedSpan;
+
+static void *niced_span_main(void *arg)
+{
+    NicedSpan *n = arg;
+    errno = 0;
+    int current = getpriority(PRIO_PROCESS, 0); /* Linux: 0 is the calling thread */
+    if (errno == 0 && setpriority(PRIO_PROCESS, 0, current + n->niceness) < 0)
+        errno = 0; /* a sandbox may refuse: the span then runs at the caller's priority */
+    n->status = run_span(n->span, n->pass, n->state, n->failure);
+    return NULL;
+}
+
+/* run_span, on a helper thread `niceness` (> 0) nicer than the caller; in the caller when
+ * niceness is 0 or no thread can be started. Call without the GIL. */
+static int run_span_niced(Span *s, ChunkPass pass, void *state, Failure *f, int niceness)
+{
+    NicedSpan n = {s, pass, state, f, niceness, -1};
+    pthread_t thread;
+    if (niceness <= 0 || pthread_create(&thread, NULL, niced_span_main, &n) != 0)
+        return run_span(s, pass, state, f);
+    pthread_join(thread, NULL);
+    return n.status;
+}
+
 static int map_chunk(void *state, const uint8_t *buf, size_t len, Failure *f)
 {
     MapBuild *m = state;
@@ -2555,20 +2594,69 @@ typedef struct {
     Span *span; /* for a failed write's errno */
     int out_fd;
     int64_t bytes_written;
+    IndexInput index_in; /* the output's index: interval, position of the span's output */
+    IndexScan index;     /* entries for the output written so far, as recovery computes them */
+    uint8_t *stage;      /* NULL, or output staged into whole blocks of stage_capacity bytes */
+    size_t stage_capacity, stage_fill;
 } SpanFilter;
 
-/* Write the chunk's output (no GIL here: an interrupted write is simply retried). */
-static int write_all(SpanFilter *sf, const uint8_t *data, size_t len, Failure *f)
+/* Write to the output file (no GIL here: an interrupted write is simply retried). */
+static int write_out(SpanFilter *sf, const uint8_t *data, size_t len, Failure *f)
 {
     size_t written = 0;
     int error;
     while ((error = write_fully(sf->out_fd, data, len, &written)) == EINTR)
         ;
-    sf->bytes_written += (int64_t)written;
     if (error == 0)
         return 0;
     errno = error;
     return span_os_failure(sf->span, f, "write");
+}
+
+/* Write the chunk's output: straight to the file, or (for an O_DIRECT file, whose writes
+ * must be whole aligned blocks) through the stage, writing it out each time it is full; the
+ * rest stays staged for the next call or the file's close. */
+static int write_all(SpanFilter *sf, const uint8_t *data, size_t len, Failure *f)
+{
+    if (sf->stage == NULL) {
+        if (write_out(sf, data, len, f))
+            return -1;
+        sf->bytes_written += (int64_t)len;
+        return 0;
+    }
+    sf->bytes_written += (int64_t)len;
+    while (len > 0) {
+        size_t room = sf->stage_capacity - sf->stage_fill;
+        size_t n = len < room ? len : room;
+        memcpy(sf->stage + sf->stage_fill, data, n);
+        sf->stage_fill += n;
+        data += n;
+        len -= n;
+        if (sf->stage_fill == sf->stage_capacity) {
+            if (write_out(sf, sf->stage, sf->stage_capacity, f))
+                return -1;
+            sf->stage_fill = 0;
+        }
+    }
+    return 0;
+}
+
+/* Index the chunk's output at the file position it is written to, exactly as recovery would
+ * index the finished file (which also CRC-checks every output batch), so the swap needs no
+ * re-read of the cleaned file. */
+static int index_output(SpanFilter *sf, Failure *f)
+{
+    IndexInput in = sf->index_in;
+    in.buf = sf->bf.out.data;
+    in.len = sf->bf.out.len;
+    in.buffer_position += sf->bytes_written;
+    sf->index.positions.len = 0;
+    if (index_batches(&in, &sf->index, f))
+        return -1;
+    if (sf->index.consumed != in.len)
+        return fail(f, FAIL_CORRUPT, "cleaned output at file position %lld fails validation",
+                    (long long)(in.buffer_position + (int64_t)sf->index.consumed));
+    return 0;
 }
 
 static int filter_chunk(void *state, const uint8_t *buf, size_t len, Failure *f)
@@ -2581,6 +2669,8 @@ static int filter_chunk(void *state, const uint8_t *buf, size_t len, Failure *f)
         return -1;
     if (sf->bf.pending.len)
         return fail(f, FAIL_USAGE, "a compressed batch reached filter_span's chunk pass");
+    if (index_output(sf, f))
+        return -1;
     return write_all(sf, sf->bf.out.data, sf->bf.out.len, f);
 }
 
@@ -2623,9 +2713,10 @@ static PyObject *py_map_span(PyObject *self, PyObject *args)
     memset(&held, 0, sizeof held);
     memset(&build, 0, sizeof build);
     memset(&span, 0, sizeof span);
-    if (!PyArg_ParseTuple(args, "iOLLLOOLLLKKL", &span.fd, &buffer, &span.position,
+    int niceness;
+    if (!PyArg_ParseTuple(args, "iOLLLOOLLLKKLi", &span.fd, &buffer, &span.position,
                           &span.end_position, &span.span_bytes, &fps, &words, &room, &first,
-                          &end, &low, &high, &ordinal))
+                          &end, &low, &high, &ordinal, &niceness))
         return NULL;
     build.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
     build.room = room;
@@ -2635,7 +2726,7 @@ static PyObject *py_map_span(PyObject *self, PyObject *args)
     }
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = run_span(&span, map_chunk, &build, &failure);
+    status = run_span_niced(&span, map_chunk, &build, &failure, niceness);
     Py_END_ALLOW_THREADS
     release_cleaner_args(&held);
     if (status < 0)
@@ -2648,9 +2739,11 @@ static PyObject *py_map_span(PyObject *self, PyObject *args)
 static PyObject *py_filter_span(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *buffer, *fps, *words, *protected_offsets;
+    PyObject *buffer, *fps, *words, *protected_offsets, *stage;
     long long first, end, ordinal, now_ms, horizon_ms;
     unsigned long long low, high;
+    Py_ssize_t stage_fill;
+    Py_buffer stage_view = {0};
     CleanerArgs held;
     SpanFilter sf;
     Span span;
@@ -2658,11 +2751,30 @@ static PyObject *py_filter_span(PyObject *self, PyObject *args)
     memset(&held, 0, sizeof held);
     memset(&sf, 0, sizeof sf);
     memset(&span, 0, sizeof span);
-    if (!PyArg_ParseTuple(args, "iiOLLLOOLLKKLLLO", &span.fd, &sf.out_fd, &buffer,
-                          &span.position, &span.end_position, &span.span_bytes, &fps, &words,
-                          &first, &end, &low, &high, &ordinal, &now_ms, &horizon_ms,
-                          &protected_offsets))
+    IndexState *st = &sf.index.state;
+    int niceness;
+    if (!PyArg_ParseTuple(args, "iiOLLLOOLLKKLLLOLLL(LLLLp)Oni", &span.fd, &sf.out_fd,
+                          &buffer, &span.position, &span.end_position, &span.span_bytes, &fps,
+                          &words, &first, &end, &low, &high, &ordinal, &now_ms, &horizon_ms,
+                          &protected_offsets, &sf.index_in.buffer_position,
+                          &sf.index.next_offset, &sf.index_in.interval_bytes,
+                          &st->bytes_since_last_entry, &st->max_timestamp,
+                          &st->offset_of_max_timestamp, &st->last_time_entry,
+                          &st->has_time_entry, &stage, &stage_fill, &niceness))
         return NULL;
+    if (stage != Py_None) {
+        if (PyObject_GetBuffer(stage, &stage_view, PyBUF_WRITABLE) < 0)
+            return NULL;
+        if (stage_view.len == 0 || stage_fill < 0 || stage_fill >= stage_view.len) {
+            PyBuffer_Release(&stage_view);
+            PyErr_SetString(PyExc_ValueError, "filter_span: empty stage or fill out of range");
+            return NULL;
+        }
+        sf.stage = stage_view.buf;
+        sf.stage_capacity = (size_t)stage_view.len;
+        sf.stage_fill = (size_t)stage_fill;
+    }
+    sf.index_in.file_size = INT64_MAX;
     sf.span = &span;
     sf.bf.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
     sf.bf.now_ms = now_ms;
@@ -2671,24 +2783,41 @@ static PyObject *py_filter_span(PyObject *self, PyObject *args)
         PyObject_GetBuffer(protected_offsets, &held.protected_last_offsets,
                            PyBUF_C_CONTIGUOUS) < 0) {
         release_cleaner_args(&held);
+        if (stage_view.obj != NULL)
+            PyBuffer_Release(&stage_view);
         return NULL;
     }
     sf.bf.protected_last_offsets = held.protected_last_offsets.buf;
     sf.bf.protected_count = held.protected_last_offsets.len / 8;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = run_span(&span, filter_chunk, &sf, &failure);
+    status = run_span_niced(&span, filter_chunk, &sf, &failure, niceness);
     Py_END_ALLOW_THREADS
     release_cleaner_args(&held);
-    Buf scratch[5] = {sf.bf.out, sf.bf.pending, sf.bf.pending_batches, sf.bf.kept,
-                      sf.bf.decisions};
-    free_bufs(scratch, 5);
-    if (status < 0)
+    if (stage_view.obj != NULL)
+        PyBuffer_Release(&stage_view);
+    Buf scratch[6] = {sf.bf.out, sf.bf.pending, sf.bf.pending_batches, sf.bf.kept,
+                      sf.bf.decisions, sf.index.positions};
+    free_bufs(scratch, 6);
+    if (status < 0) {
+        Buf entries[2] = {sf.index.offset_entries, sf.index.time_entries};
+        free_bufs(entries, 2);
         return span_failed(&span, &failure);
-    return Py_BuildValue("LiLLLLL", (long long)span.position, span.stop,
+    }
+    Buf entries[2] = {sf.index.offset_entries, sf.index.time_entries};
+    PyObject *buffers = outputs_or_raise(entries, 2, 0, &failure);
+    if (buffers == NULL)
+        return NULL;
+    return Py_BuildValue("LiLLLLLn(LOL(LLLLi)N)", (long long)span.position, span.stop,
                          (long long)span.stop_bytes, (long long)sf.bf.records_read,
                          (long long)sf.bf.records_kept, (long long)sf.bf.scope.next_ordinal,
-                         (long long)sf.bytes_written);
+                         (long long)sf.bytes_written, (Py_ssize_t)sf.stage_fill,
+                         (long long)sf.index.next_offset,
+                         sf.index.has_first ? Py_True : Py_False,
+                         (long long)sf.index.first_max_timestamp,
+                         (long long)st->bytes_since_last_entry, (long long)st->max_timestamp,
+                         (long long)st->offset_of_max_timestamp,
+                         (long long)st->last_time_entry, st->has_time_entry, buffers);
 }
 
 /* ------------------------------------------------------------------ producing: batches from columns

@@ -276,7 +276,9 @@ class MapSpan:
 @dataclass(frozen=True, slots=True)
 class FilterSpan:
     """What ``filter_span`` did: the file position reached, why it stopped there, records
-    read and kept, the next ordinal, and the bytes written to the output file."""
+    read and kept, the next ordinal, the bytes of output (written, or staged: the last
+    ``stage_fill`` bytes of the output are still in the stage) and the index of those bytes
+    (``indexed``: what ``index_batches`` computes over them)."""
 
     position: int
     stop: int
@@ -285,12 +287,14 @@ class FilterSpan:
     records_kept: int
     next_ordinal: int
     bytes_written: int
+    stage_fill: int
+    indexed: IndexedBatches
 
 
 def map_span(
     fd: int, buffer: WritableBuffer, position: int, end_position: int, span_bytes: int,
     fingerprints: np.ndarray, words: np.ndarray, scope: PassScope, first_ordinal: int,
-    room_keys: int
+    room_keys: int, niceness: int = 0
 ) -> MapSpan:
     """``map_batches`` over the file ``fd`` from ``position``, for about ``span_bytes`` (up
     to ``end_position``), in one call without the GIL: chunks of ``len(buffer)`` bytes are
@@ -298,29 +302,61 @@ def map_span(
     read again at the next chunk's start), CRC-32C checked. Stops early before a compressed
     batch (``SPAN_COMPRESSED``: map it with ``map_batches``), before a batch larger than
     ``buffer`` (``SPAN_GROW``) and when the map is full (``SPAN_FULL``). A batch running past
-    ``end_position`` or the end of the file raises ``CorruptMessage``."""
+    ``end_position`` or the end of the file raises ``CorruptMessage``. With ``niceness``
+    > 0 the span runs on a helper thread that much nicer than the caller (Linux nice values
+    are per thread), while the caller waits without the GIL: the span's CPU work yields to
+    other threads, yet the caller takes the GIL back at its own priority."""
     return MapSpan(*_kernel.map_span(
         fd, buffer, position, end_position, span_bytes, fingerprints, words, room_keys,
         scope.first_offset, scope.end_offset, scope.range_low, scope.range_high,
-        first_ordinal))
+        first_ordinal, niceness))
+
+
+@dataclass(frozen=True, slots=True)
+class OutputIndex:
+    """Where ``filter_span``'s output goes in its file and the index state there: the file
+    position it starts at, the offset after the last batch written before it (-1 if none),
+    ``index.interval.bytes`` and the running ``IndexState``."""
+
+    out_position: int
+    next_offset: int
+    index_interval_bytes: int
+    state: IndexState
 
 
 def filter_span(
     fd: int, out_fd: int, buffer: WritableBuffer, position: int, end_position: int,
     span_bytes: int, fingerprints: np.ndarray, words: np.ndarray, scope: PassScope,
     first_ordinal: int, now_ms: int, new_delete_horizon_ms: int,
-    protected_last_offsets: np.ndarray
+    protected_last_offsets: np.ndarray, output: OutputIndex,
+    stage: WritableBuffer | None = None, stage_fill: int = 0, niceness: int = 0
 ) -> FilterSpan:
     """``filter_batches`` over the file ``fd`` as ``map_span`` walks it, writing each chunk's
     cleaned bytes to ``out_fd`` at its current offset (so the output needs one chunk of
-    memory). Stops early before a compressed batch (``SPAN_COMPRESSED``: filter it with
-    ``filter_batches``, which recompresses) and before a batch larger than ``buffer``
-    (``SPAN_GROW``). A failed read or write raises ``OSError``."""
+    memory) and indexing them as ``index_batches`` would index the written file from
+    ``output`` on (each output batch CRC-checked; one that fails raises ``CorruptMessage``).
+    With a ``stage`` (for an ``O_DIRECT`` output: an aligned buffer whose size is a
+    multiple of the block size, holding ``stage_fill`` bytes of earlier output), the output
+    is appended to the stage and only whole stages are written. Stops early before a
+    compressed batch (``SPAN_COMPRESSED``: filter it with ``filter_batches``, which
+    recompresses) and before a batch larger than ``buffer`` (``SPAN_GROW``). A failed read
+    or write raises ``OSError``. ``niceness`` as for ``map_span``."""
     protected = np.ascontiguousarray(protected_last_offsets, np.int64)
-    return FilterSpan(*_kernel.filter_span(
+    state = output.state
+    *counts, (next_offset, has_first, first_max_timestamp, raw_state,
+              (offsets, times)) = _kernel.filter_span(
         fd, out_fd, buffer, position, end_position, span_bytes, fingerprints, words,
         scope.first_offset, scope.end_offset, scope.range_low, scope.range_high,
-        first_ordinal, now_ms, new_delete_horizon_ms, protected))
+        first_ordinal, now_ms, new_delete_horizon_ms, protected, output.out_position,
+        output.next_offset, output.index_interval_bytes,
+        (state.bytes_since_last_entry, state.max_timestamp_ms, state.offset_of_max_timestamp,
+         state.last_time_entry_ms, state.has_time_entry), stage, stage_fill, niceness)
+    indexed = IndexedBatches(
+        counts[-2], next_offset, False, first_max_timestamp if has_first else None,
+        IndexState(*raw_state[:4], bool(raw_state[4])),
+        np.frombuffer(offsets, np.int64).reshape(-1, 2),
+        np.frombuffer(times, np.int64).reshape(-1, 2), np.empty(0, np.int64))
+    return FilterSpan(*counts, indexed)
 
 
 def whole_batches_bytes(buf: BufferLike) -> int:

@@ -48,13 +48,21 @@ I/O: both passes read segments with ``pread`` into one reused buffer of ``io_chu
 buffer of that batch's size rounded up to a multiple of it (Kafka's ``growBuffersOrFail``:
 the broker reads 256 KiB chunks by default, producers write batches of up to 1 MB), kept
 until the end of the cleaning; pass 2 writes each chunk's cleaned bytes as it goes, so memory
-stays at the read buffer plus about one chunk of output. Pass 1 uses a map table sized to
-the dirty section's offset span (``OffsetMap.clear``), falling back to the whole buffer.
+stays at the read buffer plus about one chunk of output and the ``O_DIRECT`` stage
+(``direct_stage_bytes``, 4 MiB). Pass 1 uses a map table sized to the dirty section's offset
+span (``OffsetMap.clear``), falling back to the whole buffer.
 
 Files: each group is written to ``<base>.log.cleaned``, fsynced, and swapped in by
 ``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.log``; see ``log`` for crash rules).
 ``log.fs`` opens, fsyncs and closes it and writes the recompressed chunks; the kernel's spans
-read the segments and write to that descriptor themselves.
+read the segments and write to that descriptor themselves, each on a helper thread
+``span_niceness`` nicer than the caller (see ``kernel.map_span``). The ``.cleaned`` file is opened
+with ``O_DIRECT`` where the file system allows it (``_CleanedFile``): a cleaning then leaves
+no dirty page cache for write-back to flush while the broker serves requests (its pages are
+read back from disk on the next fetch of them). The file's offset and time index entries are
+computed as its bytes are written (by the spans in the kernel, by ``index_batches`` for
+recompressed chunks) and handed to ``replace_segments``, which so writes the new segment's
+indexes without re-reading the file under the log's lock.
 
 Hook: ``on_chunk(log, bytes_read)``, if given, is called after each span (and each chunk of
 compressed batches) of either pass with the bytes it consumed; the broker uses it to
@@ -68,6 +76,7 @@ release the GIL.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -83,12 +92,17 @@ from headrace.protocol.kernel import (
     SPAN_FULL,
     SPAN_GROW,
     FilterSpan,
+    IndexedBatches,
+    IndexState,
     MapSpan,
+    OutputIndex,
     PassScope,
     filter_batches,
     filter_span,
+    index_batches,
     whole_batches_bytes,
 )
+from headrace.storage.fs import FileSystem
 from headrace.storage.log import CLEANED_SUFFIX, CleaningAborted, Log
 from headrace.storage.offset_map import HASH_RANGE_VALUES, MAX_OFFSET_SPAN, OffsetMap
 from headrace.storage.segment import (
@@ -109,6 +123,11 @@ SPAN_MS_AT_MAX_RATE = 100  # a throttled span is what the I/O limit allows in th
 SAMPLE_HEADROOM = 2  # the sampling range is sized to hold twice the extrapolated keys
 SPLIT_HEADROOM = 1.1  # ranges are sized to hold the estimated keys plus 10%
 _CLEANED_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+# O_DIRECT writes must start, end and sit in memory on a multiple of the device's logical
+# block size; 4 KiB is the largest in common use (Linux reports 512 or 4096).
+DIRECT_IO_ALIGNMENT_BYTES = 4096
+# One O_DIRECT write of the .cleaned file: large, as each waits for the device.
+DIRECT_STAGE_BYTES = 4 * 1024 * 1024
 ReadBuffer = bytearray | np.ndarray  # writable, contiguous bytes
 
 
@@ -128,6 +147,124 @@ class CleanerStats:
     elapsed_secs: float = 0.0
     end_offset: int = 0  # the new cleaner checkpoint: first offset not yet cleaned
     groups: list[int] = field(default_factory=list)
+
+
+class _CleanedIndex:
+    """The offset and time index of a ``.cleaned`` file, computed as its bytes are written
+    (the spans index their output in the kernel; recompressed chunks are indexed here) --
+    what recovery would compute from the finished file, handed to ``Log.replace_segments``
+    so the swap re-reads nothing."""
+
+    def __init__(self, base_offset: int, index_interval_bytes: int) -> None:
+        self.index_interval_bytes = index_interval_bytes
+        self.size_bytes = 0
+        self.next_offset = -1
+        self.first_max_timestamp_ms: int | None = None
+        # a fresh segment's state, as recovery from position 0 starts
+        self.state = IndexState(0, -1, base_offset, 0, False)
+        self._offset_entries: list[np.ndarray] = []
+        self._time_entries: list[np.ndarray] = []
+
+    def output(self) -> OutputIndex:
+        """Where the next span's output goes, for ``filter_span``."""
+        return OutputIndex(self.size_bytes, self.next_offset, self.index_interval_bytes,
+                           self.state)
+
+    def add(self, indexed: IndexedBatches, bytes_written: int) -> None:
+        """Take the index of ``bytes_written`` more bytes written at ``size_bytes``."""
+        self.size_bytes += bytes_written
+        self.next_offset = indexed.next_offset
+        if self.first_max_timestamp_ms is None:
+            self.first_max_timestamp_ms = indexed.first_max_timestamp_ms
+        self.state = indexed.state
+        if len(indexed.offset_entries):
+            self._offset_entries.append(indexed.offset_entries)
+        if len(indexed.time_entries):
+            self._time_entries.append(indexed.time_entries)
+
+    def add_written(self, data: memoryview | bytes) -> None:
+        """Index ``data``, just written at ``size_bytes`` (CRC-checked as recovery would)."""
+        indexed = index_batches(data, self.size_bytes, self.size_bytes + len(data), 0,
+                                self.next_offset, self.index_interval_bytes, self.state)
+        if indexed.bytes_valid != len(data):
+            raise CorruptMessage(f"cleaned output at position {self.size_bytes} fails "
+                                 "validation")
+        self.add(indexed, len(data))
+
+    def result(self) -> IndexedBatches:
+        """The whole file's index, as one ``index_batches`` over it would return it."""
+        return IndexedBatches(
+            self.size_bytes, self.next_offset, False, self.first_max_timestamp_ms, self.state,
+            _stacked(self._offset_entries), _stacked(self._time_entries),
+            np.empty(0, np.int64))
+
+
+class _CleanedFile:
+    """A ``.cleaned`` file being written, with ``O_DIRECT`` where the file system allows it:
+    the cleaned bytes then bypass the page cache, so a cleaning leaves no dirty pages behind
+    for write-back to flush while the broker serves requests. Direct writes go through
+    ``stage`` (aligned, ``DIRECT_STAGE_BYTES``): only whole stages are written as the
+    cleaning goes, and at the end the staged rest is written zero-padded to a whole block
+    and the file truncated to its size. A file system that refuses ``O_DIRECT`` at open
+    (``EINVAL``) gets plain writes."""
+
+    def __init__(self, fs: FileSystem, path: Path, stage: np.ndarray) -> None:
+        self.fs = fs
+        self.size_bytes = 0
+        self.stage_fill = 0
+        self.stage: np.ndarray | None = stage
+        try:
+            self.fd = fs.open(path, _CLEANED_FLAGS | os.O_DIRECT)
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+            self.stage = None
+            self.fd = fs.open(path, _CLEANED_FLAGS)
+
+    def took(self, span: FilterSpan) -> None:
+        """Account for the output ``filter_span`` wrote or staged."""
+        self.size_bytes += span.bytes_written
+        self.stage_fill = span.stage_fill
+
+    def write(self, data: memoryview | bytes) -> None:
+        """Append ``data`` (through the stage for a direct file)."""
+        self.size_bytes += len(data)
+        if self.stage is None:
+            self.fs.write(self.fd, data)
+            return
+        view, stage = memoryview(data), memoryview(self.stage)
+        while len(view):
+            count = min(len(view), len(stage) - self.stage_fill)
+            stage[self.stage_fill:self.stage_fill + count] = view[:count]
+            self.stage_fill += count
+            view = view[count:]
+            if self.stage_fill == len(stage):
+                self.fs.write(self.fd, stage)
+                self.stage_fill = 0
+
+    def finish(self) -> None:
+        """Write what is staged and fsync."""
+        if self.stage is not None and self.stage_fill:
+            padded = -(-self.stage_fill // DIRECT_IO_ALIGNMENT_BYTES) * DIRECT_IO_ALIGNMENT_BYTES
+            self.stage[self.stage_fill:padded] = 0
+            self.fs.write(self.fd, memoryview(self.stage)[:padded])
+            self.fs.truncate(self.fd, self.size_bytes)
+            self.stage_fill = 0
+        self.fs.fsync(self.fd)
+
+    def close(self) -> None:
+        self.fs.close(self.fd)
+
+
+def _aligned_buffer(size_bytes: int, alignment_bytes: int) -> np.ndarray:
+    """``size_bytes`` of memory starting at a multiple of ``alignment_bytes``."""
+    raw = np.empty(size_bytes + alignment_bytes, np.uint8)
+    start = -raw.ctypes.data % alignment_bytes
+    return raw[start:start + size_bytes]
+
+
+def _stacked(entries: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(entries) if entries else np.empty((0, 2), np.int64)
 
 
 @dataclass(slots=True)
@@ -198,12 +335,18 @@ class Cleaner:
 
     def __init__(self, offset_map: OffsetMap, io_chunk_bytes: int = DEFAULT_IO_CHUNK_BYTES,
                  on_chunk: Callable[[Log, int], None] | None = None,
-                 span_bytes: int = DEFAULT_SPAN_BYTES) -> None:
+                 span_bytes: int = DEFAULT_SPAN_BYTES,
+                 direct_stage_bytes: int = DIRECT_STAGE_BYTES, span_niceness: int = 0) -> None:
+        if direct_stage_bytes <= 0 or direct_stage_bytes % DIRECT_IO_ALIGNMENT_BYTES:
+            raise ValueError(f"direct_stage_bytes must be a positive multiple of "
+                             f"{DIRECT_IO_ALIGNMENT_BYTES}")
         self.offset_map = offset_map
         self.io_chunk_bytes = io_chunk_bytes
         self.span_bytes = span_bytes
+        self.span_niceness = span_niceness  # the spans' CPU priority below the caller's
         self._read_buffer = bytearray(io_chunk_bytes)
         self._grown_buffer: np.ndarray | None = None  # kept for the rest of one clean()
+        self._direct_stage = _aligned_buffer(direct_stage_bytes, DIRECT_IO_ALIGNMENT_BYTES)
         self.on_chunk = on_chunk or _no_hook
 
     def clean(self, log: Log, first_dirty_offset: int, now_ms: int) -> CleanerStats:
@@ -269,7 +412,8 @@ class Cleaner:
                          segment: LogSegment = segment) -> MapSpan:
                 nonlocal ordinal
                 span = offset_map.put_span(segment.fd, buffer, position, end_position,
-                                           self.span_bytes, scope, ordinal)
+                                           self.span_bytes, scope, ordinal,
+                                           self.span_niceness)
                 stats.map_messages_read += span.records_read
                 ordinal = span.next_ordinal
                 return span
@@ -357,21 +501,24 @@ class Cleaner:
             cleaned_path = group[0].directory / segment_file_name(
                 group[0].base_offset, LOG_SUFFIX + CLEANED_SUFFIX)
             try:
-                self._write_group(log, group, cleaned_path, scope, first_ordinals, now_ms,
-                                  protected, stats)
+                index = self._write_group(log, group, cleaned_path, scope, first_ordinals,
+                                          now_ms, protected, stats)
             except BaseException:
                 if log.fs.exists(cleaned_path):
                     log.fs.remove(cleaned_path)
                 raise
-            log.replace_segments(group, cleaned_path, now_ms)
+            log.replace_segments(group, cleaned_path, now_ms, index)
             stats.groups.append(len(group))
 
     def _write_group(self, log: Log, group: list[LogSegment], cleaned_path: Path,
                      scope: PassScope, first_ordinals: dict[int, int], now_ms: int,
-                     protected: np.ndarray, stats: CleanerStats) -> None:
+                     protected: np.ndarray, stats: CleanerStats) -> IndexedBatches:
+        """Write the group's cleaned records to ``cleaned_path`` and fsync it; returns the
+        file's index."""
         horizon_ms = now_ms + log.config.delete_retention_ms
         offset_map = self.offset_map
-        fd = log.fs.open(cleaned_path, _CLEANED_FLAGS)
+        index = _CleanedIndex(group[0].base_offset, log.config.index_interval_bytes)
+        cleaned = _CleanedFile(log.fs, cleaned_path, self._direct_stage)
         try:
             for segment in group:
                 ordinal = _first_ordinal(log, segment, scope, first_ordinals)
@@ -379,10 +526,13 @@ class Cleaner:
                 def filter_span_of(buffer: ReadBuffer, position: int, end_position: int,
                                    segment: LogSegment = segment) -> FilterSpan:
                     nonlocal ordinal
-                    span = filter_span(segment.fd, fd, buffer, position, end_position,
+                    span = filter_span(segment.fd, cleaned.fd, buffer, position, end_position,
                                        self.span_bytes, offset_map.fingerprints,
                                        offset_map.words, scope, ordinal, now_ms, horizon_ms,
-                                       protected)
+                                       protected, index.output(), cleaned.stage,
+                                       cleaned.stage_fill, self.span_niceness)
+                    cleaned.took(span)
+                    index.add(span.indexed, span.bytes_written)
                     ordinal = span.next_ordinal
                     stats.bytes_read += span.position - position
                     stats.messages_read += span.records_read
@@ -399,15 +549,17 @@ class Cleaner:
                     stats.messages_read += filtered.records_read
                     stats.messages_written += filtered.records_kept
                     if len(filtered.data):
-                        log.fs.write(fd, filtered.data)
+                        cleaned.write(filtered.data)
+                        index.add_written(filtered.data)
                         stats.bytes_written += len(filtered.data)
                     return True
 
                 self._walk_segment(log, segment, 0, segment.size_bytes, filter_span_of,
                                    filter_chunk)
-            log.fs.fsync(fd)
+            cleaned.finish()
         finally:
-            log.fs.close(fd)
+            cleaned.close()
+        return index.result()
 
 
 def _no_hook(_log: Log, _bytes_read: int) -> None:

@@ -93,7 +93,7 @@ from headrace.protocol.batch import (
     parse_header,
     set_log_append_time,
 )
-from headrace.protocol.kernel import append_plain_batch, write_batch
+from headrace.protocol.kernel import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import FileSystem, RealFileSystem
 from headrace.storage.producer_state import (
@@ -403,6 +403,23 @@ class Log:
         segment.recover(0)
         if sealed:
             segment.seal()
+        segment.flush()
+
+    @staticmethod
+    def _adopt_indexes(segment: LogSegment, index: IndexedBatches) -> None:
+        """Give a fresh, closed segment the index ``index_batches`` computed over its whole
+        file (what ``_rebuild_indexes`` would compute, without reading the file) and seal it."""
+        segment.first_batch_timestamp_ms = index.first_max_timestamp_ms
+        segment.bytes_since_last_index_entry = index.state.bytes_since_last_entry
+        segment.max_timestamp_ms = index.state.max_timestamp_ms
+        segment.offset_of_max_timestamp = index.state.offset_of_max_timestamp
+        if len(index.offset_entries):
+            segment.offset_index.append_entries(index.offset_entries[:, 0],
+                                                index.offset_entries[:, 1])
+        if len(index.time_entries):
+            segment.time_index.append_entries(index.time_entries[:, 0],
+                                              index.time_entries[:, 1])
+        segment.seal()
         segment.flush()
 
     def _trusted_start(self, segment: LogSegment, recovery_point: int) -> int:
@@ -904,12 +921,15 @@ class Log:
 
     # ---- compaction ----------------------------------------------------------------------
 
-    def replace_segments(self, old: list[LogSegment], cleaned_path: Path, now_ms: int
-                         ) -> LogSegment:
+    def replace_segments(self, old: list[LogSegment], cleaned_path: Path, now_ms: int,
+                         index: IndexedBatches | None = None) -> LogSegment:
         """Swap the cleaner's fsynced ``<base>.log.cleaned`` (base = ``old[0]``'s) in for the
         consecutive closed segments ``old``: rename it to ``.swap`` (the commit point), retire
         ``old`` as ``.deleted`` (open readers keep their descriptors), rename the swap file to
-        ``.log``, rebuild its indexes and publish the new segment list. Raises
+        ``.log``, write its indexes and publish the new segment list. The indexes are
+        ``index`` (the cleaner's, computed as it wrote the file: ``index_batches`` over the
+        whole file) if given and it covers the file, else rebuilt by a scan of the file
+        (either way written and fsynced at the same step, so the crash rules stay). Raises
         ``CleaningAborted`` (nothing changed) if ``old`` is no longer in the log."""
         with self._lock:
             first = next((i for i, s in enumerate(self._segments) if s is old[0]), -1)
@@ -928,7 +948,14 @@ class Log:
             self.fs.rename(swap_path, old[0].log_path)
             self.fs.fsync_dir(self.dir)
             cleaned = self._new_segment(old[0].base_offset, now_ms)
-            self._rebuild_indexes(cleaned, sealed=True)
+            if index is not None and index.bytes_valid == cleaned.size_bytes:
+                self._adopt_indexes(cleaned, index)
+            else:
+                if index is not None:
+                    logger.warning("%s: the cleaner's index covers %d of its %d bytes; "
+                                   "rebuilding it", cleaned.log_path, index.bytes_valid,
+                                   cleaned.size_bytes)
+                self._rebuild_indexes(cleaned, sealed=True)
             cleaned.last_modified_ms = max(s.last_modified_ms for s in old)
             self._segments[first : first + len(old)] = [cleaned]
             view = self._view

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,13 @@ from headrace.protocol.kernel import (
     SPAN_DONE,
     SPAN_FULL,
     SPAN_GROW,
+    IndexState,
+    OutputIndex,
     PassScope,
     decode_columns,
     filter_batches,
     filter_span,
+    index_batches,
     map_batches,
     map_span,
 )
@@ -33,6 +37,11 @@ NOW_MS = 1_700_000_000_000
 HORIZON_MS = NOW_MS + 1000
 ALL_KEYS = PassScope(0, 1 << 40, 0, 1 << 32)
 NO_PROTECTED = np.empty(0, np.int64)
+FRESH_INDEX = IndexState(0, -1, 0, 0, False)  # a segment of base offset 0 before its first batch
+
+
+def fresh_output(index_interval_bytes: int = 4096) -> OutputIndex:
+    return OutputIndex(0, -1, index_interval_bytes, FRESH_INDEX)
 
 
 def keyed_batches(seed: int, batches: int, keys: int, max_records: int = 6,
@@ -86,18 +95,41 @@ def run_map_spans(fd: int, end: int, tables: Tables, buffer_bytes: int, span_byt
     return records, ordinal, new_keys, stops
 
 
+class SpansIndex:
+    """The index entries filter_span calls reported, collected as the cleaner collects them."""
+
+    def __init__(self, index_interval_bytes: int) -> None:
+        self.output = fresh_output(index_interval_bytes)
+        self.offset_entries: list[list[int]] = []
+        self.time_entries: list[list[int]] = []
+        self.first_max_timestamp_ms: int | None = None
+
+    def add(self, span) -> None:
+        indexed = span.indexed
+        self.output = OutputIndex(self.output.out_position + span.bytes_written,
+                                  indexed.next_offset, self.output.index_interval_bytes,
+                                  indexed.state)
+        self.offset_entries += indexed.offset_entries.tolist()
+        self.time_entries += indexed.time_entries.tolist()
+        if self.first_max_timestamp_ms is None:
+            self.first_max_timestamp_ms = indexed.first_max_timestamp_ms
+
+
 def run_filter_spans(fd: int, out_path: Path, end: int, tables: Tables, buffer_bytes: int,
-                     span_bytes: int) -> tuple[bytes, int, int, int]:
+                     span_bytes: int, index: SpansIndex | None = None
+                     ) -> tuple[bytes, int, int, int]:
     """filter_span calls from 0 to ``end`` into ``out_path``: (bytes written, records read,
-    records kept, bytes reported written)."""
+    records kept, bytes reported written); the index they report goes into ``index``."""
     out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     buffer = bytearray(buffer_bytes)
     position = records = kept = written = ordinal = 0
+    index = index or SpansIndex(4096)
     try:
         while position < end:
             span = filter_span(fd, out_fd, buffer, position, end, span_bytes,
                                tables.fingerprints, tables.words, ALL_KEYS, ordinal, NOW_MS,
-                               HORIZON_MS, NO_PROTECTED)
+                               HORIZON_MS, NO_PROTECTED, index.output)
+            index.add(span)
             position, ordinal = span.position, span.next_ordinal
             records += span.records_read
             kept += span.records_kept
@@ -148,6 +180,30 @@ def test_filter_span_writes_what_filter_batches_returns(tmp_path, buffer_bytes, 
     assert written == bytes(expected.data) and reported == len(written)
     assert (records, kept) == (expected.records_read, expected.records_kept)
     assert kept < records  # the workload has duplicates to drop
+
+
+@pytest.mark.parametrize("buffer_bytes,span_bytes", [(311, 1 << 20), (200, 700)])
+def test_filter_span_indexes_its_output_as_recovery_indexes_the_file(tmp_path, buffer_bytes,
+                                                                     span_bytes):
+    batches = keyed_batches(12, batches=150, keys=30)
+    data = b"".join(batches)
+    tables = Tables()
+    map_batches(data, tables.fingerprints, tables.words, ALL_KEYS, 0, 1 << 30)
+    fd = write_file(tmp_path / "0.log", batches)
+    index = SpansIndex(index_interval_bytes=150)
+    try:
+        written, *_ = run_filter_spans(fd, tmp_path / "0.log.cleaned", len(data), tables,
+                                       buffer_bytes, span_bytes, index)
+    finally:
+        os.close(fd)
+    rebuilt = index_batches(written, 0, len(written), 0, -1, 150, FRESH_INDEX)
+    assert rebuilt.bytes_valid == len(written) == index.output.out_position
+    assert len(rebuilt.offset_entries) > 5  # entries on both sides of span and chunk ends
+    assert index.offset_entries == rebuilt.offset_entries.tolist()
+    assert index.time_entries == rebuilt.time_entries.tolist()
+    assert index.output.state == rebuilt.state
+    assert index.output.next_offset == rebuilt.next_offset
+    assert index.first_max_timestamp_ms == rebuilt.first_max_timestamp_ms
 
 
 def test_a_batch_larger_than_the_buffer_stops_the_span_to_grow_it(tmp_path):
@@ -221,7 +277,7 @@ def test_a_compressed_batch_stops_the_span_where_it_starts(tmp_path):
         try:
             filtered = filter_span(fd, out_fd, bytearray(300), 0, plain_bytes + len(compressed),
                                    1 << 20, tables.fingerprints, tables.words, ALL_KEYS, 0,
-                                   NOW_MS, HORIZON_MS, NO_PROTECTED)
+                                   NOW_MS, HORIZON_MS, NO_PROTECTED, fresh_output())
         finally:
             os.close(out_fd)
     finally:
@@ -261,3 +317,47 @@ def test_a_failed_read_raises_os_error(tmp_path):
                      tables.words, ALL_KEYS, 0, 1 << 30)
     finally:
         os.close(directory_fd)
+
+
+def _nice_values_of_this_process() -> set[int]:
+    values = set()
+    for stat_path in Path("/proc/self/task").glob("*/stat"):
+        try:
+            values.add(int(stat_path.read_text().rsplit(")", 1)[1].split()[16]))
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return values
+
+
+def test_a_niced_span_works_on_a_nicer_thread_and_leaves_the_caller_as_it_was(tmp_path):
+    batches = keyed_batches(13, batches=3000, keys=500)
+    data = b"".join(batches)
+    fd = write_file(tmp_path / "0.log", batches)
+    own_nice = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: the calling thread's
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.update(_nice_values_of_this_process())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(500):  # each span runs a few ms; the watcher looks meanwhile
+            niced = Tables()
+            span = map_span(fd, bytearray(311), 0, len(data), 1 << 30, niced.fingerprints,
+                            niced.words, ALL_KEYS, 0, 1 << 30, niceness=5)
+            if own_nice + 5 in seen:
+                break
+    finally:
+        stop.set()
+        watcher.join()
+        plain = Tables()
+        expected = map_span(fd, bytearray(311), 0, len(data), 1 << 30, plain.fingerprints,
+                            plain.words, ALL_KEYS, 0, 1 << 30)
+        os.close(fd)
+    assert own_nice + 5 in seen
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own_nice
+    assert span == expected and span.stop == SPAN_DONE
+    assert np.array_equal(niced.fingerprints, plain.fingerprints)

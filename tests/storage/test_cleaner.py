@@ -151,6 +151,30 @@ def test_cleaned_log_reopens_with_the_same_records(scratch):
     assert not [n for n in names if n.endswith((".cleaned", ".swap"))]
 
 
+def _index_state(segment):
+    return (segment.offset_index.relative_offsets.tolist(),
+            segment.offset_index.positions.tolist(), segment.time_index.timestamps.tolist(),
+            segment.time_index.relative_offsets.tolist(), segment.max_timestamp_ms,
+            segment.offset_of_max_timestamp, segment.first_batch_timestamp_ms,
+            segment.bytes_since_last_index_entry, segment.size_bytes)
+
+
+def test_the_swapped_in_index_is_the_one_a_scan_of_the_file_rebuilds(scratch):
+    log = open_log(scratch / "t-0", compact_config(index_interval_bytes=200))
+    for step, now_ms in enumerate([NOW_MS, NOW_MS + 5000, NOW_MS - 3000, NOW_MS + 9000]):
+        append_workload(log, 20 + step, keys=150, batches=150, delete_fraction=0.1,
+                        now_ms=now_ms)  # half the batches compressed: both write paths
+    log.roll(NOW_MS)
+    stats = _clean(log)
+    assert len(stats.groups) > 2
+    handed_over = [_index_state(segment) for segment in log.segments[:-1]]
+    assert sum(len(state[0]) for state in handed_over) > 20
+    for segment in log.segments[:-1]:  # what recovery computes from the cleaned files
+        segment.recover(0)
+        segment.seal()
+    assert [_index_state(segment) for segment in log.segments[:-1]] == handed_over
+
+
 def _record_timestamps(log):
     from headrace.protocol.kernel import decode_columns
     timestamps = {}
