@@ -1,7 +1,9 @@
 """One client connection: frames in, requests handled strictly in order, responses out.
 
-Owns ``KafkaConnection``, an ``asyncio.Protocol``. Bytes received go through a
-``wire.FrameReader`` (limit ``socket.request.max.bytes``); whole frames queue up (pipelining)
+Owns ``KafkaConnection``, an ``asyncio.BufferedProtocol``: the socket is read with
+``recv_into`` into a ``wire.FrameReceiver`` (limit ``socket.request.max.bytes``), so a large
+frame -- a produce request -- lands in its own buffer and is never copied again (its records
+reach the log as views of it); whole frames queue up (pipelining)
 and one task handles them one at a time, as Kafka does, so responses leave in request order.
 Reading pauses while ``MAX_QUEUED_REQUESTS`` frames wait and while the socket's write buffer
 is above asyncio's high-water mark.
@@ -117,12 +119,12 @@ def unsupported_api_versions_response(correlation_id: int) -> bytes:
     return _INT32.pack(len(payload)) + payload
 
 
-class KafkaConnection(asyncio.Protocol):
+class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, broker: Any, registry: set[KafkaConnection]) -> None:
         self.broker = broker
         self.registry = registry
-        self.reader = wire.FrameReader(broker.config.get_int("socket.request.max.bytes"))
-        self.queue: deque[bytes] = deque()
+        self.reader = wire.FrameReceiver(broker.config.get_int("socket.request.max.bytes"))
+        self.queue: deque[bytes | bytearray] = deque()
         self.transport: asyncio.Transport | None = None
         self.socket_fd = -1
         self.sock = None
@@ -152,15 +154,18 @@ class KafkaConnection(asyncio.Protocol):
         if self.worker is not None and not self.worker.done():
             self.worker.cancel()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         self.last_active_monotonic_s = time.monotonic()
-        self.reader.receive_data(data)
         try:
-            while (frame := self.reader.next_frame()) is not None:
-                self.queue.append(frame)
+            self.reader.buffer_updated(nbytes)
         except InvalidRequest as error:
             self.abort(f"bad frame: {error}")
             return
+        while (frame := self.reader.next_frame()) is not None:
+            self.queue.append(frame)
         if len(self.queue) >= MAX_QUEUED_REQUESTS and not self.reading_paused:
             self.transport.pause_reading()
             self.reading_paused = True
@@ -214,9 +219,10 @@ class KafkaConnection(asyncio.Protocol):
             except Exception:
                 log.exception("unexpected error handling a request from %s", self.peer)
                 self.abort("internal error")
+            frame = None  # unreferenced, a large frame's buffer can take the next one
             self.last_active_monotonic_s = time.monotonic()
 
-    async def _handle_frame(self, frame: bytes) -> None:
+    async def _handle_frame(self, frame: bytes | bytearray) -> None:
         header, _ = wire.parse_request_header(frame)
         handler = HANDLERS.get(header.api_key)
         if handler is None or not handler.supports(header.api_version):

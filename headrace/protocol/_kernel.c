@@ -36,6 +36,7 @@
 #include <unistd.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/uio.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -1472,13 +1473,15 @@ static PyObject *py_first_batch_outside_limits(PyObject *self, PyObject *const *
  * that is exactly one v2 batch needing nothing but validation and an offset -- in the
  * topic's codec (or a control batch), fitting the active segment -- is checked exactly as
  * validate_batches and first_batch_outside_limits check it (structure and CRC-32C raise
- * CorruptMessage with the same message), its base offset is rewritten and it is written to
- * fd, all with the GIL released: (last_offset, max_timestamp, True). A batch carrying a
- * producer id (not a control batch) is validated alike but neither changed nor written:
+ * CorruptMessage with the same message) and written to fd with its base offset replaced, all
+ * with the GIL released: (last_offset, max_timestamp, True). The caller's buffer is only read
+ * (it may be bytes or a read-only memoryview of a request frame): the new 8-byte base offset
+ * and the rest of the batch go out in one writev -- the CRC does not cover the base offset.
+ * A batch carrying a producer id (not a control batch) is validated alike but not written:
  * (last_offset, max_timestamp, False) -- the caller checks its sequence and then calls
  * write_batch. Anything else -- an empty request, several batches, a limit exceeded, another
- * codec, no room left in the segment, a buffer that is not writable -- is declined: None,
- * nothing written or changed, and the caller's general path validates again and decides
+ * codec, no room left in the segment, an object that is not a contiguous buffer -- is
+ * declined: None, nothing written, and the caller's general path validates again and decides
  * (raising the precise error); the header alone decides that, so a declined request costs no
  * CRC here. Writes continue after short writes; EINTR runs the signal handlers and retries; a
  * failed write truncates the file back to where the batch began and raises OSError. */
@@ -1532,13 +1535,45 @@ static void drop_partial_write(int fd, size_t written)
         return; /* the write's own error is the one reported */
 }
 
+/* A batch to write with its base offset replaced: `base_offset` (big-endian), then
+ * buf[BASE_OFFSET_BYTES..len); the caller's buffer itself is never changed. */
+enum { BASE_OFFSET_BYTES = 8 };
+typedef struct {
+    const uint8_t *buf;
+    size_t len;
+    uint8_t base_offset[BASE_OFFSET_BYTES];
+} PatchedBatch;
+
+/* Write bytes [*written..len) of the patched batch to fd: one writev for the new base offset
+ * and the rest while the base offset is not out, then plain writes; 0 when done, else errno
+ * (EINTR: call again after signals). */
+static int write_patched(int fd, const PatchedBatch *b, size_t *written)
+{
+    while (*written < b->len) {
+        ssize_t count;
+        if (*written < BASE_OFFSET_BYTES) {
+            struct iovec parts[2] = {
+                {(void *)(b->base_offset + *written), BASE_OFFSET_BYTES - *written},
+                {(void *)(b->buf + BASE_OFFSET_BYTES), b->len - BASE_OFFSET_BYTES},
+            };
+            count = writev(fd, parts, 2);
+        } else {
+            count = write(fd, b->buf + *written, b->len - *written);
+        }
+        if (count < 0)
+            return errno;
+        *written += (size_t)count;
+    }
+    return 0;
+}
+
 /* Finish a write begun without the GIL: retry after EINTR once signal handlers ran; on
  * failure drop the partial batch and set the exception. 0 when the batch is whole. */
-static int finish_write(int fd, const uint8_t *buf, size_t len, size_t *written, int error)
+static int finish_write(int fd, const PatchedBatch *b, size_t *written, int error)
 {
     while (error == EINTR && PyErr_CheckSignals() == 0) {
         Py_BEGIN_ALLOW_THREADS
-        error = write_fully(fd, buf, len, written);
+        error = write_patched(fd, b, written);
         Py_END_ALLOW_THREADS
     }
     if (error == 0)
@@ -1551,8 +1586,8 @@ static int finish_write(int fd, const uint8_t *buf, size_t len, size_t *written,
     return -1;
 }
 
-static int plain_validate(uint8_t *buf, size_t len, const PlainAppendLimits *l, BatchSummary *s,
-                          Failure *f)
+static int plain_validate(const uint8_t *buf, size_t len, const PlainAppendLimits *l,
+                          BatchSummary *s, Failure *f)
 {
     if (len < BATCH_HEADER_BYTES)
         return PLAIN_DECLINED;
@@ -1562,8 +1597,6 @@ static int plain_validate(uint8_t *buf, size_t len, const PlainAppendLimits *l, 
         return PLAIN_DECLINED;
     if (validate_one(buf, len, 0, s, f) < 0)
         return PLAIN_CORRUPT;
-    if (scope == PLAIN_WRITE)
-        put_be64(buf, l->base_offset);
     return scope;
 }
 
@@ -1623,20 +1656,22 @@ static PyObject *py_append_plain_batch(PyObject *self, PyObject *const *args, Py
     if (plain_append_args(args, nargs, &limits, &fd) < 0)
         return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
-        PyErr_Clear(); /* not a writable buffer: the general path reports it */
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* not a contiguous buffer: the general path reports it */
         Py_RETURN_NONE;
     }
     BatchSummary s = {0};
     Failure failure = {FAIL_NONE, ""};
-    size_t len = (size_t)view.len, written = 0;
+    PatchedBatch batch = {view.buf, (size_t)view.len, {0}};
+    size_t written = 0;
     int outcome, error = 0;
+    put_be64(batch.base_offset, limits.base_offset);
     Py_BEGIN_ALLOW_THREADS
-    outcome = plain_validate(view.buf, len, &limits, &s, &failure);
+    outcome = plain_validate(batch.buf, batch.len, &limits, &s, &failure);
     if (outcome == PLAIN_WRITE)
-        error = write_fully(fd, view.buf, len, &written);
+        error = write_patched(fd, &batch, &written);
     Py_END_ALLOW_THREADS
-    int status = outcome == PLAIN_WRITE ? finish_write(fd, view.buf, len, &written, error) : 0;
+    int status = outcome == PLAIN_WRITE ? finish_write(fd, &batch, &written, error) : 0;
     PyBuffer_Release(&view);
     if (outcome == PLAIN_CORRUPT)
         return raise_failure(&failure);
@@ -1648,9 +1683,9 @@ static PyObject *py_append_plain_batch(PyObject *self, PyObject *const *args, Py
                         outcome == PLAIN_WRITE);
 }
 
-/* write_batch(buf, fd, base_offset): rewrite the base offset of the batch buf (validated by
- * append_plain_batch, sequence checked by the caller) and write it to fd, GIL released; the
- * same write loop, EINTR and failure handling. */
+/* write_batch(buf, fd, base_offset): write the batch buf (validated by append_plain_batch,
+ * sequence checked by the caller) to fd with its base offset replaced, GIL released, buf
+ * only read; the same writev, EINTR and failure handling. */
 static PyObject *py_write_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -1663,20 +1698,21 @@ static PyObject *py_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
     if ((base_offset == -1 && PyErr_Occurred()) || fd_argument(args[1], &fd) < 0)
         return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     if (view.len < LOG_OVERHEAD_BYTES) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "write_batch: buffer shorter than a batch header");
         return NULL;
     }
+    PatchedBatch batch = {view.buf, (size_t)view.len, {0}};
     size_t written = 0;
     int error;
+    put_be64(batch.base_offset, base_offset);
     Py_BEGIN_ALLOW_THREADS
-    put_be64(view.buf, base_offset);
-    error = write_fully(fd, view.buf, (size_t)view.len, &written);
+    error = write_patched(fd, &batch, &written);
     Py_END_ALLOW_THREADS
-    int status = finish_write(fd, view.buf, (size_t)view.len, &written, error);
+    int status = finish_write(fd, &batch, &written, error);
     PyBuffer_Release(&view);
     if (status < 0)
         return NULL;

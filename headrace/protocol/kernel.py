@@ -4,8 +4,8 @@ Owns the per-record work shared by the log cleaner (key hashes, both passes: ``m
 fills the offset map, ``filter_batches`` writes the kept records, and ``map_span`` /
 ``filter_span`` run them over a span of a segment file -- reads and writes included -- in
 one call), produce validation (keyless records on compacted topics; ``append_plain_batch`` /
-``write_batch`` check a plain produce batch, patch its base offset and write it to the
-segment descriptor in one call), dump-log and the Spark
+``write_batch`` check a plain produce batch and write it to the segment descriptor with its
+base offset replaced, in one call, never changing the caller's buffer), dump-log and the Spark
 data source (columns). The loops live in C (``_kernel.c``, built by ``pip install``); this
 module checks arguments, decompresses compressed record sections (one
 ``compression.decompress`` call per batch) and wraps the C output buffers as read-only numpy
@@ -449,22 +449,26 @@ first_batch_outside_limits = _kernel.first_batch_outside_limits
 # append_plain_batch(buf, fd, base_offset, max_size_bytes, max_last_offset, now_ms,
 # (max_message_bytes, before_max_ms, after_max_ms, required_codec)) -> (last_offset,
 # max_timestamp, written) | None: the append path's common case in one call, GIL released
-# throughout. When ``buf`` is a writable buffer holding exactly one v2 batch that passes
-# ``validate_batches`` and ``first_batch_outside_limits`` (timestamps always checked:
-# CreateTime topics only), is at most ``max_size_bytes``, ends at or below ``max_last_offset``
-# once based at ``base_offset`` and is in ``required_codec`` (-1: any; control batches
-# excepted): rewrites its base offset and writes it to ``fd`` (``written`` True; continuing
-# short writes, retrying EINTR after running signal handlers; a failed write truncates the file
-# back to where the batch began and raises OSError) -- unless the batch carries a producer id
-# (and is no control batch): then nothing is changed or written (``written`` False) and the
-# caller checks its sequence before ``write_batch``. A malformed batch raises CorruptMessage
-# exactly as ``validate_batches`` would. Anything else returns None with nothing written or
-# changed (decided from the header, before any CRC work): the caller's general path validates
-# again and raises the precise error. Bound to the C function itself: it runs on every append.
+# throughout. ``buf`` is only read (bytes, bytearray, or a read-only memoryview of a request
+# frame). When it holds exactly one v2 batch that passes ``validate_batches`` and
+# ``first_batch_outside_limits`` (timestamps always checked: CreateTime topics only), is at
+# most ``max_size_bytes``, ends at or below ``max_last_offset`` once based at ``base_offset``
+# and is in ``required_codec`` (-1: any; control batches excepted): writes it to ``fd`` with
+# ``base_offset`` in place of its first 8 bytes -- one writev of the new base offset and the
+# rest, as the CRC does not cover the base offset (``written`` True; continuing short writes,
+# retrying EINTR after running signal handlers; a failed write truncates the file back to
+# where the batch began and raises OSError) -- unless the batch carries a producer id (and is
+# no control batch): then nothing is written (``written`` False) and the caller checks its
+# sequence before ``write_batch``. A malformed batch raises CorruptMessage exactly as
+# ``validate_batches`` would. Anything else (also an object that is no contiguous buffer)
+# returns None with nothing written (decided from the header, before any CRC work): the
+# caller's general path validates again and raises the precise error. Bound to the C function
+# itself: it runs on every append.
 append_plain_batch = _kernel.append_plain_batch
 
-# write_batch(buf, fd, base_offset): rewrite the base offset of the one batch in ``buf`` (that
-# ``append_plain_batch`` validated) and write it to ``fd`` as ``append_plain_batch`` writes.
+# write_batch(buf, fd, base_offset): write the one batch in ``buf`` (that
+# ``append_plain_batch`` validated) to ``fd`` with ``base_offset`` as its base offset, as
+# ``append_plain_batch`` writes; ``buf`` is only read.
 write_batch = _kernel.write_batch
 
 

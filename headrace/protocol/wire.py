@@ -4,9 +4,24 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
 
 * ``FrameReader`` splits a byte stream into size-delimited frames (``int32 length`` + body),
   enforcing a frame size limit. ``receive_data(bytes)`` then ``next_frame()``.
+* ``FrameReceiver`` does the same for a socket read with ``recv_into`` (asyncio's
+  ``BufferedProtocol``: ``get_buffer()`` then ``buffer_updated(nbytes)``): small frames are
+  copied out of one reused receive buffer; a frame over ``LARGE_FRAME_MIN_BYTES`` gets a
+  buffer of its own that the socket fills directly, and is returned as that ``bytearray``
+  (no copy: a 1 MB produce request is read once, by the kernel, and never copied again).
+  Such buffers are reused once nothing references them any more (``SPARE_FRAMES`` per
+  receiver, each at most ``SPARE_FRAME_MAX_BYTES``).
 * ``decode_request(frame)`` parses the request header (v1: api_key, api_version,
   correlation_id, legacy nullable ``client_id``; v2 adds tagged fields) and the body into
-  kio's frozen dataclass for that API key and version.
+  kio's frozen dataclass for that API key and version -- except Produce (key 0, versions
+  3-12), decoded by hand into ``ProduceRequest`` whose records are read-only memoryviews of
+  the frame (kio would copy every partition's records; the log writes them from the frame)::
+
+      transactional_id nullable string, acks int16, timeout_ms int32,
+      topic_data [ name string, partition_data [ index int32, records nullable bytes ] ]
+
+  v9+ are flexible: compact arrays, strings and bytes (unsigned varint length + 1) and a
+  tagged-field section (skipped) after each struct.
 * ``encode_response(header, body)`` produces a complete length-prefixed response frame.
 * ``encode_request`` / ``decode_response`` are the client-side mirror, used by headrace's
   own tools and tests.
@@ -71,8 +86,17 @@ from kio.static.constants import EntityType  # noqa: E402
 from headrace.errors import InvalidRequest, UnsupportedVersion  # noqa: E402
 
 API_VERSIONS_KEY = 18
+PRODUCE_KEY = 0
+HAND_DECODED_PRODUCE_VERSIONS = range(3, 13)  # v13 names topics by id: left to kio
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
+RECEIVE_BUFFER_BYTES = 128 * 1024  # FrameReceiver's reused buffer, per connection
+LARGE_FRAME_MIN_BYTES = 64 * 1024  # larger frames are received into a buffer of their own
+MIN_FREE_RECEIVE_BYTES = 4096  # below this, a partial frame moves to the buffer's start
+SPARE_FRAMES = 4  # large-frame buffers a FrameReceiver keeps for reuse
+SPARE_FRAME_MAX_BYTES = 2 * 1024 * 1024  # larger frames' buffers are not kept
+_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
+_PRODUCE_ACKS_TIMEOUT = struct.Struct(">hi")
 _REQUEST_HEADER = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -161,6 +185,131 @@ class FrameReader:
         return b"".join(parts)
 
 
+def _unreferenced_spare_refcount() -> int:
+    """What ``sys.getrefcount`` says of a spare that only the spare list holds, seen from
+    ``FrameReceiver._frame_buffer``'s loop (measured the same way: interpreters differ in
+    which references they count)."""
+    count = 0
+    for spare in [bytearray(1)]:
+        count = sys.getrefcount(spare)
+    return count
+
+
+_UNREFERENCED_SPARE_REFCOUNT = _unreferenced_spare_refcount()
+
+
+class FrameReceiver:
+    """Frames of at most ``max_frame_bytes`` received straight into buffers (see the module
+    docstring). Frames come out in order from ``next_frame()``: ``bytes``, or a
+    ``bytearray`` for frames over ``LARGE_FRAME_MIN_BYTES``. Raises FrameTooLarge or
+    MalformedFrame from ``buffer_updated``; the connection cannot continue after that."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray(RECEIVE_BUFFER_BYTES)
+        self._buffer_view = memoryview(self._buffer)
+        self._start = 0  # first byte not yet taken
+        self._end = 0  # end of the received bytes
+        self._large: bytearray | None = None  # a large frame being filled
+        self._large_view: memoryview | None = None
+        self._large_filled = 0
+        self._frames: deque[bytes | bytearray] = deque()
+        self._spares: list[bytearray] = []  # large-frame buffers to reuse
+
+    def get_buffer(self, size_hint: int = -1) -> memoryview:
+        """Where the socket's next bytes go: the rest of a large frame, else the free tail of
+        the receive buffer (moving a partial frame to its start when little room is left)."""
+        if self._large is not None:
+            return self._large_view[self._large_filled:]
+        if len(self._buffer) - self._end < MIN_FREE_RECEIVE_BYTES and self._start:
+            pending = self._end - self._start
+            self._buffer[:pending] = self._buffer_view[self._start:self._end]
+            self._start, self._end = 0, pending
+        return self._buffer_view[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._large is not None:
+            self._large_filled += nbytes
+            if self._large_filled == len(self._large):
+                self._frames.append(self._large)
+                self._large = self._large_view = None
+            return
+        self._end += nbytes
+        self._split()
+
+    def next_frame(self) -> bytes | bytearray | None:
+        return self._frames.popleft() if self._frames else None
+
+    def _frame_buffer(self, size: int) -> bytearray:
+        """A ``size``-byte buffer for a large frame: a spare one that nothing references any
+        more (no frame in a queue, no request's memoryview of it: the reference count says
+        so exactly), resized, or a new one. Reusing spares saves allocating, zeroing and
+        page-faulting a fresh buffer per large request."""
+        for spare in self._spares:
+            if sys.getrefcount(spare) == _UNREFERENCED_SPARE_REFCOUNT:
+                if len(spare) > size:
+                    del spare[size:]  # keeps the allocation unless it halves
+                elif len(spare) < size:
+                    spare += bytes(size - len(spare))
+                return spare
+        frame = bytearray(size)
+        if size <= SPARE_FRAME_MAX_BYTES and len(self._spares) < SPARE_FRAMES:
+            self._spares.append(frame)
+        return frame
+
+    def _split(self) -> None:
+        """Take every whole frame out of the receive buffer; start a large one's own buffer."""
+        buffer, view = self._buffer, self._buffer_view
+        start, end = self._start, self._end
+        while end - start >= 4:
+            (size,) = _INT32.unpack_from(buffer, start)
+            if size < 0:
+                raise MalformedFrame(f"negative frame size {size}")
+            if size > self.max_frame_bytes:
+                raise FrameTooLarge(
+                    f"frame of {size} bytes exceeds the limit of {self.max_frame_bytes}")
+            body_start = start + 4
+            if end - body_start >= size:
+                start = body_start + size
+                self._frames.append(bytes(view[body_start:start]))
+                continue
+            if size > LARGE_FRAME_MIN_BYTES:  # the rest goes straight into its own buffer
+                self._start_large(size, view[body_start:end])
+                start = end
+            break
+        if start == end:
+            start = end = 0
+        self._start, self._end = start, end
+
+    def _start_large(self, size: int, received: memoryview) -> None:
+        """A buffer of its own for a frame of ``size`` bytes whose first ``received`` bytes
+        (fewer than ``size``) are here."""
+        frame = self._frame_buffer(size)
+        frame[:len(received)] = received
+        self._large, self._large_view = frame, memoryview(frame)
+        self._large_filled = len(received)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProduceData:
+    index: int
+    records: memoryview | None  # a read-only view of the request frame
+
+
+@dataclass(frozen=True, slots=True)
+class TopicProduceData:
+    name: str
+    partition_data: tuple[PartitionProduceData, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest:
+    transactional_id: str | None
+    acks: int
+    timeout_ms: int
+    topic_data: tuple[TopicProduceData, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class RequestHeader:
     api_key: int
@@ -224,7 +373,91 @@ def decode_request(frame: bytes) -> Request:
     body_class = request_class(header.api_key, header.api_version)
     if body_class.__flexible__:
         position = skip_tagged_fields(frame, position)
+    if header.api_key == PRODUCE_KEY and header.api_version in HAND_DECODED_PRODUCE_VERSIONS:
+        return Request(header, _ProduceReader(frame, position, body_class.__flexible__).request())
+    if type(frame) is not bytes:  # a large frame's own buffer: kio's fields must be bytes
+        frame = bytes(frame)
     return Request(header, read_entity(body_class, frame, position)[0])
+
+
+class _ProduceReader:
+    """Decodes one Produce request body (v3+) from ``frame`` at ``position``; records stay
+    views of the frame. Raises MalformedFrame for anything that does not parse."""
+
+    __slots__ = ("_frame", "_view", "_position", "_flexible")
+
+    def __init__(self, frame: bytes, position: int, flexible: bool) -> None:
+        self._frame = frame
+        self._view = memoryview(frame).toreadonly()
+        self._position = position
+        self._flexible = flexible
+
+    def request(self) -> ProduceRequest:
+        try:
+            transactional_id = self._string(nullable=True)
+            acks, timeout_ms = _PRODUCE_ACKS_TIMEOUT.unpack_from(self._frame, self._position)
+            self._position += _PRODUCE_ACKS_TIMEOUT.size
+            topics = tuple(self._topic() for _ in range(self._array_length()))
+            self._end_struct()
+        except (struct.error, UnicodeDecodeError) as error:
+            raise MalformedFrame(f"cannot decode ProduceRequest: {error}") from error
+        return ProduceRequest(transactional_id, acks, timeout_ms, topics)
+
+    def _topic(self) -> TopicProduceData:
+        name = self._string(nullable=False)
+        partitions = tuple(self._partition() for _ in range(self._array_length()))
+        self._end_struct()
+        return TopicProduceData(name, partitions)
+
+    def _partition(self) -> PartitionProduceData:
+        (index,) = _INT32.unpack_from(self._frame, self._position)
+        self._position += 4
+        records = self._records()
+        self._end_struct()
+        return PartitionProduceData(index, records)
+
+    def _length(self, prefix: struct.Struct) -> int:
+        """A length prefix: unsigned varint minus one if flexible, else ``prefix``."""
+        if self._flexible:
+            length, self._position = _read_uvarint(self._frame, self._position)
+            return length - 1
+        (length,) = prefix.unpack_from(self._frame, self._position)
+        self._position += prefix.size
+        return length
+
+    def _array_length(self) -> int:
+        count = self._length(_INT32)
+        if count < 0 or count > len(self._frame) - self._position:
+            raise MalformedFrame(f"ProduceRequest array of {count} items does not fit")
+        return count
+
+    def _span(self, length: int) -> tuple[int, int]:
+        start = self._position
+        end = start + length
+        if end > len(self._frame):
+            raise MalformedFrame("ProduceRequest field overruns its frame")
+        self._position = end
+        return start, end
+
+    def _string(self, nullable: bool) -> str | None:
+        length = self._length(_INT16)
+        if length < 0:
+            if nullable:
+                return None
+            raise MalformedFrame("ProduceRequest has a null topic name")
+        start, end = self._span(length)
+        return str(self._frame[start:end], "utf-8")
+
+    def _records(self) -> memoryview | None:
+        length = self._length(_INT32)
+        if length < 0:
+            return None
+        start, end = self._span(length)
+        return self._view[start:end]
+
+    def _end_struct(self) -> None:
+        if self._flexible:
+            self._position = skip_tagged_fields(self._frame, self._position)
 
 
 def read_entity(entity_class: type, buf: bytes, position: int) -> tuple[Any, int]:

@@ -13,13 +13,15 @@ are rebuilt); a segment whose ``.index`` file is missing gets its indexes rebuil
 Appends are serialized by one lock and do no per-record work: one compiled-kernel call checks
 every batch of the request (whole batches, magic, CRC-32C) and summarises its header as a tuple,
 ``validation`` checks sizes, record counts and timestamps on those tuples, producer state is
-consulted only for batches carrying a producer id, each base offset is rewritten in place,
-LogAppendTime stamped if configured, and the request's batches are written with one ``write``
+consulted only for batches carrying a producer id, each base offset is rewritten and
+LogAppendTime stamped if configured (in a copy: the caller's buffer is never changed), and the
+request's batches are written with one ``write``
 (no per-append fstat or seek; index entries only each ``index.interval.bytes``). The common
 request -- one batch in the topic's codec, on a CreateTime topic, fitting the active segment --
-takes the plain path: one kernel call (``kernel.append_plain_batch``) makes the same checks,
-rewrites the base offset and writes the batch to the segment's descriptor with the GIL
-released (a batch with a producer id: validated by that call, sequence-checked in Python,
+takes the plain path: one kernel call (``kernel.append_plain_batch``) makes the same checks
+and writes the batch with its new base offset to the segment's descriptor with the GIL
+released, reading the caller's buffer in place -- a read-only view of the request frame needs
+no copy (a batch with a producer id: validated by that call, sequence-checked in Python,
 written by ``kernel.write_batch``); it is gated per active segment (``_plain_gate``: set after a general-path
 append, cleared by a roll, a config change or a full index) and used only when the log's file
 system is exactly ``RealFileSystem`` (decided once per log), so a wrapping file system still
@@ -468,10 +470,11 @@ class Log:
 
     # ---- appending -----------------------------------------------------------------------
 
-    def append(self, records: bytearray, now_ms: int) -> AppendResult:
+    def append(self, records: bytes | bytearray | memoryview, now_ms: int) -> AppendResult:
         """Validate, assign offsets to and write one or more whole v2 batches; a topic whose
-        compression.type names a codec gets batches of other codecs recompressed first (then
-        ``records`` itself is left as it was, the rebuilt copy is written).
+        compression.type names a codec gets batches of other codecs recompressed first.
+        ``records`` (any contiguous buffer) is only read: the plain path writes it with its
+        new base offset in one writev, the general path works on a copy.
 
         The hot path of every produce request. Its common case -- one batch in the topic's
         codec, on a CreateTime topic, fitting the active segment -- is one kernel call
@@ -496,8 +499,8 @@ class Log:
                 listener(result.last_offset + 1)
         return result
 
-    def _append_plain(self, records: bytearray, gate: _PlainGate, now_ms: int
-                      ) -> AppendResult | None:
+    def _append_plain(self, records: bytes | bytearray | memoryview, gate: _PlainGate,
+                      now_ms: int) -> AppendResult | None:
         """The common case in one kernel call (two with a producer id); None (nothing
         written) when the kernel declines the request and the general path must decide."""
         active = gate[0]
@@ -520,8 +523,8 @@ class Log:
             self._flush_locked(now_ms)
         return _new_append_result((first_offset, last_offset, -1, view.log_start_offset, False))
 
-    def _write_producer_batch(self, records: bytearray, fd: int, first_offset: int
-                              ) -> AppendResult | None:
+    def _write_producer_batch(self, records: bytes | bytearray | memoryview, fd: int,
+                              first_offset: int) -> AppendResult | None:
         """A validated batch with a producer id: the original result if it is a duplicate,
         else written at ``first_offset`` and recorded (None); raises for a bad epoch or
         sequence, as the general path does."""
@@ -532,9 +535,12 @@ class Log:
             self.producer_state.update(header, first_offset)
         return duplicate
 
-    def _append_general(self, records: bytearray, now_ms: int) -> AppendResult:
+    def _append_general(self, request: bytes | bytearray | memoryview, now_ms: int
+                        ) -> AppendResult:
         """Every append the plain path declines: several batches, LogAppendTime,
-        recompression, a roll, or a request to reject (the precise error is raised here)."""
+        recompression, a roll, or a request to reject (the precise error is raised here).
+        Base offsets and LogAppendTime are written into a copy of ``request``."""
+        records = bytearray(request)
         config = self.config
         summaries = validate_request(records, config, now_ms)
         producer_headers = None

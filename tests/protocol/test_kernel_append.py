@@ -4,9 +4,10 @@ write; and the folded CRC-32C they use, at each of its loop boundaries.
 Its decision is checked against the two calls the general append path makes
 (``validate_batches`` then ``first_batch_outside_limits``) plus the plain path's own scope
 (exactly one batch, room in the segment, no producer id, the topic's codec): every malformed
-batch raises the same CorruptMessage, every declined request leaves file and buffer untouched,
-every accepted one lands in the file byte-for-byte with its base offset rewritten. Writes go to
-real files; the failed-write test runs a child process under a file-size limit.
+batch raises the same CorruptMessage, every declined request leaves the file untouched, every
+accepted one lands in the file byte-for-byte with its base offset rewritten, and the caller's
+buffer -- writable or a read-only view of a larger frame -- is never changed. Writes go to real
+files; the failed-write tests run a child process under a file-size limit.
 """
 
 from __future__ import annotations
@@ -97,14 +98,17 @@ LIMITS = st.tuples(st.sampled_from([NO_LIMIT, 150, 60]), st.sampled_from([NO_LIM
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(requests(), st.sampled_from([NO_LIMIT, 200, 60]), st.integers(0, 2**40),
-       st.sampled_from([NO_LIMIT, 2**40 + 1]), LIMITS)
+       st.sampled_from([NO_LIMIT, 2**40 + 1]), LIMITS, st.booleans())
 def test_decides_and_raises_exactly_as_the_general_path(tmp_path, buf, max_size_bytes,
-                                                         base_offset, max_last_offset, limits):
+                                                         base_offset, max_last_offset, limits,
+                                                         as_frame_view):
     path = tmp_path / "segment.log"
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         original = bytes(buf)
+        if as_frame_view:  # a read-only slice of a request frame, as the broker passes it
+            buf = memoryview(b"head" + original + b"tail")[4:-4]
         arguments = (max_size_bytes, base_offset, max_last_offset, NOW_MS, limits)
         try:
             expected = _reference(bytearray(buf), *arguments)
@@ -123,10 +127,11 @@ def test_decides_and_raises_exactly_as_the_general_path(tmp_path, buf, max_size_
         written = path.read_bytes()
     finally:
         os.close(fd)
+    assert bytes(buf) == original
     if expected is None or not expected[2]:
-        assert written == b"" and bytes(buf) == original
+        assert written == b""
     else:
-        assert written == bytes(buf) == struct.pack(">q", base_offset) + original[8:]
+        assert written == struct.pack(">q", base_offset) + original[8:]
 
 
 @pytest.mark.parametrize("damage", ["magic", "crc"])
@@ -157,7 +162,9 @@ def test_appends_after_what_the_file_holds_and_returns_last_offset_and_max_times
     assert kernel.append_plain_batch(second, fd, 13, NO_LIMIT, NO_LIMIT, NOW_MS,
                                      OPEN_LIMITS) == (17, NOW_MS + 104, True)
     os.close(fd)
-    assert path.read_bytes() == bytes(first + second)
+    assert path.read_bytes() == (struct.pack(">q", 10) + first[8:]
+                                 + struct.pack(">q", 13) + second[8:])
+    assert first[:8] == second[:8] == bytes(8)  # the callers' buffers are left as they were
     assert kernel.validate_batches(path.read_bytes())[1][0] == len(first)
 
 
@@ -169,9 +176,10 @@ def test_a_producer_batch_is_validated_then_written_by_write_batch(tmp_path):
     assert kernel.append_plain_batch(batch, fd, 20, NO_LIMIT, NO_LIMIT, NOW_MS,
                                      OPEN_LIMITS) == (21, NOW_MS + 1, False)
     assert path.read_bytes() == b"" and bytes(batch) == original
-    kernel.write_batch(batch, fd, 20)
+    kernel.write_batch(memoryview(original), fd, 20)
     os.close(fd)
-    assert path.read_bytes() == bytes(batch) == struct.pack(">q", 20) + original[8:]
+    assert path.read_bytes() == struct.pack(">q", 20) + original[8:]
+    assert bytes(batch) == original
 
 
 def test_write_batch_rejects_what_it_cannot_write(tmp_path):
@@ -181,8 +189,8 @@ def test_write_batch_rejects_what_it_cannot_write(tmp_path):
     with pytest.raises(OSError):
         kernel.write_batch(_batch(), fd, 0)
     os.close(fd)
-    with pytest.raises(BufferError):
-        kernel.write_batch(bytes(_batch()), 1, 0)
+    with pytest.raises(TypeError):
+        kernel.write_batch("not a buffer", 1, 0)
     with pytest.raises(ValueError):
         kernel.write_batch(bytearray(11), 1, 0)
     with pytest.raises(TypeError):
@@ -190,9 +198,9 @@ def test_write_batch_rejects_what_it_cannot_write(tmp_path):
     assert path.read_bytes() == b""
 
 
-def test_immutable_or_foreign_buffers_are_declined_for_the_general_path_to_report(tmp_path):
+def test_objects_that_are_no_buffer_are_declined_for_the_general_path_to_report(tmp_path):
     fd = os.open(tmp_path / "segment.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-    for buf in (bytes(_batch()), "not a buffer", None):
+    for buf in ("not a buffer", None, memoryview(bytes(_batch()) * 2)[::2]):
         assert kernel.append_plain_batch(buf, fd, 0, NO_LIMIT, NO_LIMIT, NOW_MS,
                                          OPEN_LIMITS) is None
     os.close(fd)
@@ -226,8 +234,9 @@ _FILE_SIZE_LIMITED_CHILD = textwrap.dedent("""
     import errno, os, resource, signal, sys
     from headrace.protocol import kernel
     from headrace.protocol.records import build_batch
-    path, limit = sys.argv[1], int(sys.argv[2])
+    path, past_first_bytes = sys.argv[1], int(sys.argv[2])
     first = bytearray(build_batch([(None, b"a" * 100, [], 0)]))
+    limit = len(first) + past_first_bytes
     second = bytearray(build_batch([(None, b"b" * 400, [], 0)]))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a fatal signal
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
@@ -241,11 +250,14 @@ _FILE_SIZE_LIMITED_CHILD = textwrap.dedent("""
 """)
 
 
-def test_a_write_cut_short_by_an_error_is_truncated_away(tmp_path):
-    """The file-size limit lets the second batch's first write through partly; the next
-    write fails with EFBIG and the partial batch is removed again."""
+@pytest.mark.parametrize("past_first_bytes", [4, 130])
+def test_a_write_cut_short_by_an_error_is_truncated_away(tmp_path, past_first_bytes):
+    """The file-size limit lets the second batch's first writev through partly (within its
+    new base offset, or past it); the next write fails with EFBIG and the partial batch is
+    removed again."""
     path = tmp_path / "segment.log"
-    child = subprocess.run([sys.executable, "-c", _FILE_SIZE_LIMITED_CHILD, str(path), "300"],
+    child = subprocess.run([sys.executable, "-c", _FILE_SIZE_LIMITED_CHILD, str(path),
+                            str(past_first_bytes)],
                            capture_output=True, text=True, check=True)
     code, first_size, size_after = child.stdout.split()
     assert code == "EFBIG"

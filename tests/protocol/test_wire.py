@@ -3,7 +3,7 @@
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace.errors import UnsupportedVersion
@@ -135,3 +135,121 @@ def test_api_versions_request_round_trip(version, correlation_id, client_id):
     frame = _api_versions_request_frame(version, correlation_id, client_id)
     request = wire.decode_request(frame[4:])
     assert request.header == wire.RequestHeader(18, version, correlation_id, client_id)
+
+
+# --- FrameReceiver: frames read with recv_into ------------------------------------------
+
+def _receive(receiver: wire.FrameReceiver, stream: bytes, read_sizes: list[int]) -> list:
+    """Feed ``stream`` as a socket read with recv_into would, at most ``read_sizes`` bytes
+    per read (cycled); the frames in the order they came out."""
+    frames, position, reads = [], 0, 0
+    while position < len(stream):
+        buffer = receiver.get_buffer(-1)
+        assert len(buffer) > 0
+        count = min(len(buffer), read_sizes[reads % len(read_sizes)], len(stream) - position)
+        buffer[:count] = stream[position:position + count]
+        position += count
+        reads += 1
+        receiver.buffer_updated(count)
+        while (frame := receiver.next_frame()) is not None:
+            frames.append(frame)
+    return frames
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.sampled_from([0, 1, 3, 4000, wire.LARGE_FRAME_MIN_BYTES,
+                                 wire.LARGE_FRAME_MIN_BYTES + 1, 300_000, 1_000_000]),
+                min_size=1, max_size=6),
+       st.lists(st.integers(1000, 600_000), min_size=1, max_size=4))
+def test_frame_receiver_returns_every_frame_whole_and_in_order(sizes, read_sizes):
+    bodies = [bytes([n % 251]) * size for n, size in enumerate(sizes)]
+    stream = b"".join(struct.pack(">i", len(body)) + body for body in bodies)
+    frames = _receive(wire.FrameReceiver(), stream, read_sizes)
+    assert [bytes(frame) for frame in frames] == bodies
+
+
+def test_frame_receiver_reassembles_byte_by_byte_and_pipelined():
+    bodies = [b"", b"abc", bytes(wire.LARGE_FRAME_MIN_BYTES + 1), b"z"]
+    stream = b"".join(struct.pack(">i", len(body)) + body for body in bodies)
+    assert _receive(wire.FrameReceiver(), stream, [1]) == bodies
+
+
+def test_a_large_frame_is_received_into_a_buffer_of_its_own():
+    body = bytes(range(256)) * 1000
+    receiver = wire.FrameReceiver()
+    (frame,) = _receive(receiver, struct.pack(">i", len(body)) + body, [100_000])
+    assert type(frame) is bytearray and frame == body
+    assert len(receiver.get_buffer(-1)) == wire.RECEIVE_BUFFER_BYTES  # back to the shared one
+
+
+def test_frame_receiver_enforces_the_size_limit():
+    with pytest.raises(wire.FrameTooLarge):
+        _receive(wire.FrameReceiver(max_frame_bytes=100), struct.pack(">i", 101), [10])
+    with pytest.raises(wire.MalformedFrame):
+        _receive(wire.FrameReceiver(), struct.pack(">i", -1), [10])
+
+
+# --- Produce requests: decoded by hand, records as views of the frame --------------------
+
+def _produce_values(records: list) -> dict:
+    return {"transactional_id": "tx-1", "acks": -1, "timeout": 1500, "topic_data": [
+        {"name": "orders", "partition_data": [
+            {"index": index, "records": value} for index, value in enumerate(records)]},
+        {"name": "ünïcode", "partition_data": [{"index": 7, "records": b"\x01\x02"}]},
+    ]}
+
+
+@pytest.mark.parametrize("version", range(3, 13))
+def test_produce_requests_decode_as_kio_decodes_them_with_records_as_frame_views(version):
+    body = wire.build(wire.request_class(0, version), _produce_values([b"x" * 300, None, b""]))
+    frame = bytearray(wire.encode_request(0, version, 9, "p", body)[4:])
+    ours = wire.decode_request(frame).body
+    theirs = wire.read_entity(wire.request_class(0, version), bytes(frame),
+                              len(frame) - len(wire.encode_body(body)))[0]
+    assert (ours.transactional_id, ours.acks, ours.timeout_ms) == (
+        theirs.transactional_id, theirs.acks, wire.milliseconds(theirs.timeout))
+    assert [(t.name, [(p.index, None if p.records is None else bytes(p.records))
+                      for p in t.partition_data]) for t in ours.topic_data] == [
+        (t.name, [(p.index, p.records) for p in t.partition_data]) for t in theirs.topic_data]
+    records = ours.topic_data[0].partition_data[0].records
+    assert records.readonly and records.obj is frame  # a view of the frame, not a copy
+
+
+@pytest.mark.parametrize("version", [8, 9])
+def test_a_truncated_produce_request_is_a_malformed_frame(version):
+    body = wire.build(wire.request_class(0, version), _produce_values([b"x" * 40]))
+    frame = wire.encode_request(0, version, 9, "p", body)[4:]
+    header_bytes = len(frame) - len(wire.encode_body(body))
+    for end in range(header_bytes, len(frame) - (1 if version >= 9 else 0)):
+        with pytest.raises(wire.MalformedFrame):
+            wire.decode_request(frame[:end])
+
+
+def test_unknown_tagged_fields_in_a_produce_request_are_skipped():
+    body = wire.build(wire.request_class(0, 9), _produce_values([b"abc"]))
+    encoded = bytearray(wire.encode_body(body))
+    assert encoded[-1] == 0  # the request's own (empty) tagged-field section
+    encoded[-1:] = b"\x01\x05\x02hi"  # one field: tag 5, two bytes
+    header = struct.pack(">hhih", 0, 9, 3, -1) + b"\x00"
+    request = wire.decode_request(header + bytes(encoded)).body
+    assert bytes(request.topic_data[0].partition_data[0].records) == b"abc"
+
+
+def test_a_large_frame_buffer_is_reused_only_once_nothing_references_it():
+    receiver = wire.FrameReceiver()
+    first_body, second_body = b"a" * 200_000, b"b" * 190_000
+
+    def frame_of(body: bytes) -> bytearray:
+        (frame,) = _receive(receiver, struct.pack(">i", len(body)) + body, [50_000])
+        return frame
+
+    first = frame_of(first_body)
+    first_id = id(first)  # kept alive by the receiver's spares, so the id stays its own
+    held = memoryview(first)[10:20]  # a request still holding a view of its records
+    del first
+    second = frame_of(second_body)
+    assert id(second) != first_id and second == second_body
+    assert bytes(held) == b"a" * 10  # not overwritten while referenced
+    del held
+    third = frame_of(second_body)  # the first buffer is free now; the second is held
+    assert id(third) == first_id and third == second_body and second == second_body

@@ -45,12 +45,17 @@ def reopen(log: Log, clean: bool = True) -> Log:
 
 
 def test_offsets_are_assigned_and_batches_read_back_byte_for_byte(scratch):
+    """Each batch is stored with its assigned base offset; the caller's buffer -- a bytearray
+    or a read-only view of a larger frame, as the broker passes -- is left unchanged."""
     log = open_log(scratch)
     sent = []
     for i in range(10):
         batch = build_batch([b"value-%d" % i] * (i + 1))
-        result = log.append(batch, NOW_MS)
-        sent.append((result.base_offset, bytes(batch)))
+        original = bytes(batch)
+        buffer = memoryview(b"frame" + original)[5:] if i % 2 else batch
+        result = log.append(buffer, NOW_MS)
+        assert bytes(buffer) == original
+        sent.append((result.base_offset, struct.pack(">q", result.base_offset) + original[8:]))
         assert result.last_offset - result.base_offset == i
     assert [offset for offset, _ in sent] == [0, 1, 3, 6, 10, 15, 21, 28, 36, 45]
     assert read_all(log) == sent

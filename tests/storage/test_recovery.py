@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -22,13 +23,19 @@ NOW_MS = 1_700_000_000_000
 WRITER = Path(__file__).with_name("crash_writer.py")
 
 
+def appended(log: Log, batch: bytearray) -> tuple[int, bytes]:
+    """Append ``batch`` (left unchanged): its base offset and the bytes stored for it."""
+    base_offset = log.append(batch, NOW_MS).base_offset
+    return base_offset, struct.pack(">q", base_offset) + bytes(batch[8:])
+
+
 def build_log(path: Path, batches: int, fs=None, **config) -> tuple[Log, list[tuple[int, bytes]]]:
     log = Log("t", 0, path, LogConfig(**config), fs or RealFileSystem(), NOW_MS,
               clean_shutdown=True)
     sent = []
     for i in range(batches):
         batch = build_batch([b"record-%d" % i] * (1 + i % 3), timestamp_ms=NOW_MS + i)
-        sent.append((log.append(batch, NOW_MS).base_offset, bytes(batch)))
+        sent.append(appended(log, batch))
     return log, sent
 
 
@@ -103,7 +110,7 @@ def test_unsynced_writes_torn_by_a_crash_lose_only_the_unflushed_tail(scratch):
         sent, flushed = [], 0
         for i in range(rng.randint(5, 40)):
             batch = build_batch([b"v%d" % i] * (1 + i % 2))
-            sent.append((log.append(batch, NOW_MS).base_offset, bytes(batch)))
+            sent.append(appended(log, batch))
             if rng.random() < 0.2:
                 log.flush()
                 flushed = len(sent)

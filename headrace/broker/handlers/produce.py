@@ -3,21 +3,24 @@
 acks 0 (no response at all), 1 and -1 (all: on one node the local write; a partition whose
 min.insync.replicas exceeds 1 answers NOT_ENOUGH_REPLICAS, as Kafka does with too few
 in-sync replicas); any other acks value gets INVALID_REQUIRED_ACKS for every partition.
-Legacy magic 0/1 message sets are up-converted to one v2 batch. On a compacted topic a
-record without a key is INVALID_RECORD (found by the compiled kernel's
+Legacy magic 0/1 message sets are up-converted to one v2 batch. Records reach the log as
+read-only views of the request frame (``wire.decode_request``), never copied on the way. On a
+compacted topic a record without a key is INVALID_RECORD (found by the compiled kernel's
 ``first_keyless_offset``). Validation of sizes, CRCs, timestamps and producer sequences is the
 log's (``Log.append``); its errors become per-partition error codes, and an I/O error from the
 log (``OSError``: disk full, EIO...) answers KAFKA_STORAGE_ERROR for that partition only.
 Unknown topics are not created here (Kafka creates them on Metadata): UNKNOWN_TOPIC_OR_PARTITION.
 
 Every partition of a request is appended in one job on the broker's single append thread, so
-fsync (flush.messages, rolls) never blocks the event loop -- except a small request that
-certainly fsyncs nothing (``_appends_cannot_sync``: at most ``INLINE_APPEND_MAX_BYTES``, no
+fsync (flush.messages, rolls) never blocks the event loop -- except a request that certainly
+fsyncs nothing (``_appends_cannot_sync``: at most ``INLINE_APPEND_MAX_BYTES``, no
 flush.messages or segment roll reachable, no compacted partition) arriving while the append
-thread is idle: it is appended inline on the event loop, which saves the two thread
-wake-ups of a hand-off (bench/broker_request_cost.py: about a third of the broker CPU of a
-small produce). Serialization is unchanged: the loop thread is the only one that hands jobs
-to the append thread, so an inline append never overlaps one. Event loop thread otherwise.
+thread is idle: it is appended inline on the event loop, which saves the two thread wake-ups
+of a hand-off (bench/broker_request_cost.py: about a third of the broker CPU of a small
+produce; a quarter of that of a 400 KB lz4 request, whose write into the page cache holds the
+loop for some 100-200 us). Serialization is unchanged: the loop thread is the only one that
+hands jobs to the append thread, so an inline append never overlaps one. Event loop thread
+otherwise.
 
 The response body is encoded by hand (``encode_produce_body``, versions 3-12; a test checks
 it byte for byte against kio's encoder), which costs a fraction of building kio entities::
@@ -57,7 +60,7 @@ MIN_VERSION = 3
 MAX_VERSION = 12
 
 VALID_ACKS = (0, 1, -1)
-INLINE_APPEND_MAX_BYTES = 64 * 1024
+INLINE_APPEND_MAX_BYTES = 1024 * 1024  # librdkafka's default message.max.bytes
 FIRST_FLEXIBLE_VERSION = 9
 _PARTITION_HEAD = struct.Struct(">ihqq")  # index, error, base offset, log append time
 _INT16 = struct.Struct(">h")
@@ -71,15 +74,17 @@ def _partition_error(index: int, error: KafkaError) -> dict:
             "log_append_time": -1, "log_start_offset": -1, "error_message": error.message}
 
 
-def _prepare(records: bytes | None) -> bytearray:
+def _prepare(records: memoryview | bytes | None) -> memoryview | bytes:
+    """The v2 batches to append: ``records`` itself (a view of the request frame: the log
+    only reads it), or the up-converted batch of a legacy message set."""
     if not records:
         raise CorruptMessage("empty record set")
     if record_codec.is_legacy(records):
         converted = record_codec.upconvert_legacy(records)
         if not converted:
             raise CorruptMessage("empty legacy message set")
-        return bytearray(converted)
-    return bytearray(records)
+        return converted
+    return records
 
 
 def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int) -> dict:
