@@ -148,10 +148,14 @@ def spark_session(master: str):
     return session
 
 
+SOURCE_OPTIONS: dict[str, str] = {}  # --source-option: extra options of every Spark read
+
+
 def read_spark(spark, bootstrap: str, topic: str, ends: dict[int, int]) -> float:
     ending = json.dumps({topic: {str(p): end for p, end in ends.items()}})
     frame = (spark.read.format("headrace").option("kafka.bootstrap.servers", bootstrap)
-             .option("subscribe", topic).option("endingOffsets", ending).load())
+             .option("subscribe", topic).option("endingOffsets", ending)
+             .options(**SOURCE_OPTIONS).load())
     started = time.perf_counter()
     frame.write.format("noop").mode("overwrite").save()
     return time.perf_counter() - started
@@ -261,9 +265,13 @@ def main() -> None:
                              "which only the confluent-kafka path takes); repeatable")
     parser.add_argument("--ceiling", action="store_true",
                         help="also measure Spark's ceiling: pre-built Arrow batches into noop")
+    parser.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the Spark reads, e.g. "
+                             "kafka.max.partition.fetch.bytes=1048576 (repeatable)")
     args = parser.parse_args()
     sink_options = dict(option.split("=", 1) for option in args.sink_option)
     fallback_options = dict(option.split("=", 1) for option in args.fallback_option)
+    SOURCE_OPTIONS.update(option.split("=", 1) for option in args.source_option)
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
     topic = _create_topic(admin, args.partitions)
     produce_s = produce_plain(args.bootstrap, topic, args.records, args.partitions)

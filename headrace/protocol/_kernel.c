@@ -23,7 +23,8 @@
  * Thread-safety: no shared mutable state after module init (the CRC table is written
  * once there; the CRC-32C variant is chosen there from the CPU's features). Every loop and
  * every read or write runs with the GIL released over a buffer the caller holds;
- * output is collected in malloc'd buffers handed to Python as read-only OwnedBuffers.
+ * output is collected in malloc'd buffers handed to Python as read-only OwnedBuffers
+ * (decode_arrow alone writes into writable buffers the caller holds for the call).
  * Malformed input is reported as headrace.errors.CorruptMessage, never read past.
  */
 #define PY_SSIZE_T_CLEAN
@@ -830,6 +831,170 @@ static PyObject *py_decode_columns(PyObject *self, PyObject *args)
     if (run_walk(args, visit_columns, &columns, bufs, COLUMN_COUNT))
         return NULL;
     return bufs_to_tuple(bufs, COLUMN_COUNT);
+}
+
+/* ------------------------------------------------------------------ Arrow columns in place */
+
+/* decode_arrow's output: caller-provided, fixed-capacity buffers laid out as Arrow wants
+ * them (little-endian), filled with the records of [from_offset, until_offset) -- the Spark
+ * source's columns without headers. Key and value are Arrow binary columns (int32 offsets,
+ * validity bitmap with bit i set for a non-null value, data); offsets and timestamps (in
+ * microseconds) are int64, timestamp types int32 (0 CreateTime, 1 LogAppendTime). */
+typedef struct {
+    int64_t *offsets, *timestamps_us;
+    int32_t *timestamp_types, *key_offsets, *value_offsets;
+    uint8_t *key_validity, *value_validity, *key_data, *value_data;
+    size_t row_capacity, key_capacity, value_capacity;
+    size_t rows, key_bytes, value_bytes, key_nulls, value_nulls;
+    int64_t from_offset, until_offset;
+} ArrowFill;
+
+#define ARROW_BUFFER_COUNT 9
+#define MICROS_PER_MILLI 1000
+
+/* Append one binary value at row a->rows: its bytes, its end offset and its validity bit. */
+static int fill_binary(uint8_t *data, size_t capacity, size_t *used, int32_t *offsets,
+                       uint8_t *validity, size_t row, size_t *nulls, Bytes v, Failure *f)
+{
+    if (v.len > 0) {
+        if ((size_t)v.len > capacity - *used)
+            return fail(f, FAIL_USAGE, "record data exceeds the %zu bytes given", capacity);
+        memcpy(data + *used, v.data, (size_t)v.len);
+        *used += (size_t)v.len;
+    }
+    if (*used > INT32_MAX)
+        return fail(f, FAIL_TOO_LARGE,
+                    "more than %d bytes in one column: decode fewer batches at a time",
+                    INT32_MAX);
+    offsets[row + 1] = (int32_t)*used;
+    if ((row & 7) == 0)
+        validity[row >> 3] = 0;
+    if (v.len >= 0)
+        validity[row >> 3] |= (uint8_t)(1u << (row & 7));
+    else
+        (*nulls)++;
+    return 0;
+}
+
+static int visit_arrow(void *state, const Batch *b, const Record *r, Failure *f)
+{
+    ArrowFill *a = state;
+    int64_t offset = record_offset(b, r);
+    if (offset < a->from_offset || offset >= a->until_offset)
+        return 0;
+    if (a->rows >= a->row_capacity)
+        return fail(f, FAIL_USAGE, "more records than the %zu rows given", a->row_capacity);
+    int log_append_time = (b->attributes & ATTR_LOG_APPEND_TIME) != 0;
+    int64_t timestamp_ms = log_append_time
+                               ? b->max_timestamp
+                               : (int64_t)((uint64_t)b->base_timestamp +
+                                           (uint64_t)r->timestamp_delta);
+    size_t row = a->rows;
+    a->offsets[row] = offset;
+    a->timestamps_us[row] = (int64_t)((uint64_t)timestamp_ms * MICROS_PER_MILLI);
+    a->timestamp_types[row] = log_append_time;
+    if (fill_binary(a->key_data, a->key_capacity, &a->key_bytes, a->key_offsets,
+                    a->key_validity, row, &a->key_nulls, r->key, f) ||
+        fill_binary(a->value_data, a->value_capacity, &a->value_bytes, a->value_offsets,
+                    a->value_validity, row, &a->value_nulls, r->value, f))
+        return -1;
+    a->rows++;
+    return 0;
+}
+
+/* Like walk_records with visit_arrow, checking each batch's CRC-32C just before its records
+ * are decoded (the batch is still in the CPU caches) and passing over batches wholly outside
+ * [from_offset, until_offset) without parsing their records. */
+static int walk_arrow(const Input *in, int verify_crc, ArrowFill *a, Failure *f)
+{
+    Batch b = {0};
+    int status;
+    size_t pos = 0;
+    Py_ssize_t section = 0;
+    while ((status = next_batch(in->buf, in->len, &pos, &b, f)) == 1) {
+        if (verify_crc && check_batch_crc(in->buf, b.position, b.size_bytes, b.crc, f))
+            return -1;
+        if (batch_is_skipped(&b, in->skip_control))
+            continue;
+        Cursor records;
+        if (batch_records(in, &b, pos, &section, &records, f))
+            return -1;
+        if (batch_next_offset(&b) <= a->from_offset || b.base_offset >= a->until_offset)
+            continue;
+        status = walk_batch_records(&b, records, visit_arrow, a, f);
+        if (status)
+            return status;
+    }
+    if (status == 0 && section != in->section_count)
+        return fail(f, FAIL_USAGE, "%lld decompressed sections given, %lld used",
+                    (long long)in->section_count, (long long)section);
+    return status;
+}
+
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Point the fill at the nine writable buffers; rows fit the smallest per-row buffer. */
+static void arrow_fill_init(ArrowFill *a, Py_buffer *out)
+{
+    a->offsets = out[0].buf;
+    a->timestamps_us = out[1].buf;
+    a->timestamp_types = out[2].buf;
+    a->key_offsets = out[3].buf;
+    a->key_validity = out[4].buf;
+    a->key_data = out[5].buf;
+    a->value_offsets = out[6].buf;
+    a->value_validity = out[7].buf;
+    a->value_data = out[8].buf;
+    size_t rows = min_size((size_t)out[0].len / 8, (size_t)out[1].len / 8);
+    rows = min_size(rows, (size_t)out[2].len / 4);
+    rows = min_size(rows, (size_t)out[4].len * 8);
+    rows = min_size(rows, (size_t)out[7].len * 8);
+    size_t offset_slots = min_size((size_t)out[3].len / 4, (size_t)out[6].len / 4);
+    a->row_capacity = offset_slots ? min_size(rows, offset_slots - 1) : 0;
+    a->key_capacity = (size_t)out[5].len;
+    a->value_capacity = (size_t)out[8].len;
+    if (offset_slots) {
+        a->key_offsets[0] = 0;
+        a->value_offsets[0] = 0;
+    }
+}
+
+static PyObject *py_decode_arrow(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *buf, *sections;
+    int skip_control, verify_crc, parsed, status = -1;
+    long long from_offset, until_offset;
+    Py_buffer out[ARROW_BUFFER_COUNT];
+    Held held;
+    ArrowFill fill;
+    Failure failure = {FAIL_NONE, ""};
+    memset(out, 0, sizeof out);
+    memset(&held, 0, sizeof held);
+    memset(&fill, 0, sizeof fill);
+    parsed = PyArg_ParseTuple(args, "OOppLL(w*w*w*w*w*w*w*w*w*)", &buf, &sections, &skip_control,
+                              &verify_crc, &from_offset, &until_offset, &out[0], &out[1],
+                              &out[2], &out[3], &out[4], &out[5], &out[6], &out[7], &out[8]);
+    if (parsed && hold(buf, sections, &held) == 0) {
+        arrow_fill_init(&fill, out);
+        fill.from_offset = from_offset;
+        fill.until_offset = until_offset;
+        Input in = input_of(&held, skip_control);
+        Py_BEGIN_ALLOW_THREADS
+        status = walk_arrow(&in, verify_crc, &fill, &failure);
+        Py_END_ALLOW_THREADS
+        if (status < 0)
+            raise_failure(&failure);
+    }
+    release_held(&held);
+    for (int i = 0; i < ARROW_BUFFER_COUNT; i++)
+        if (out[i].obj)
+            PyBuffer_Release(&out[i]);
+    if (status < 0)
+        return NULL;
+    return Py_BuildValue("nnnnn", (Py_ssize_t)fill.rows, (Py_ssize_t)fill.key_bytes,
+                         (Py_ssize_t)fill.value_bytes, (Py_ssize_t)fill.key_nulls,
+                         (Py_ssize_t)fill.value_nulls);
 }
 
 static PyObject *py_hash_keys(PyObject *self, PyObject *args)
@@ -3389,6 +3554,12 @@ static PyMethodDef kernel_methods[] = {
      "compressed_spans): header-only pass; spans are int64 (start, end, codec) triples."},
     {"decode_columns", py_decode_columns, METH_VARARGS,
      "decode_columns(buf, sections, skip_control) -> tuple of 15 read-only column buffers."},
+    {"decode_arrow", py_decode_arrow, METH_VARARGS,
+     "decode_arrow(buf, sections, skip_control, verify_crc, from_offset, until_offset, "
+     "(offsets, timestamps_us, timestamp_types, key_offsets, key_validity, key_data, "
+     "value_offsets, value_validity, value_data)) -> (rows, key_bytes, value_bytes, key_nulls, "
+     "value_nulls): the records of [from_offset, until_offset) written into nine writable "
+     "Arrow-layout buffers, each batch CRC-checked just before its records are read."},
     {"hash_keys", py_hash_keys, METH_VARARGS,
      "hash_keys(buf, sections, skip_control) -> (offsets, hash_hi, hash_lo, is_tombstone, "
      "has_key) buffers."},

@@ -6,8 +6,8 @@ fills the offset map, ``filter_batches`` writes the kept records, and ``map_span
 one call), produce validation (keyless records on compacted topics; ``append_plain_batch`` /
 ``write_batch`` check a plain produce batch and write it to the segment descriptor with its
 base offset replaced, in one call, never changing the caller's buffer), dump-log and the Spark
-data source (columns). The loops live in C (``_kernel.c``, built by ``pip install``); this
-module checks arguments, decompresses compressed record sections (one
+data source (columns; ``decode_arrow`` writes the source's Arrow buffers in place). The loops
+live in C (``_kernel.c``, built by ``pip install``); this module checks arguments, decompresses compressed record sections (one
 ``compression.decompress`` call per batch) and wraps the C output buffers as read-only numpy
 arrays -- no Python object per record.
 
@@ -137,6 +137,107 @@ def decode_columns(
     return RecordColumns(
         len(arrays[0]), *arrays, next_offset=scan.next_offset, bytes_consumed=scan.bytes_consumed
     )
+
+
+ARROW_ALIGNMENT_BYTES = 64  # where each of ArrowBuffers' buffers starts in a region
+_ARROW_ROW_BYTES = (8, 8, 4)  # offsets, timestamps_us, timestamp_types: bytes per record
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowDecodePlan:
+    """What ``decode_arrow`` needs before decoding a buffer, from its batch headers alone:
+    at most ``max_records`` records and at most ``max_data_bytes`` bytes of keys (and of
+    values) -- its output capacities -- and the decompressed record sections."""
+
+    max_records: int
+    max_data_bytes: int
+    sections: tuple[bytes, ...]
+    skip_control: bool
+    next_offset: int
+    bytes_consumed: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowBuffers:
+    """The writable buffers ``decode_arrow`` fills, in Arrow's layout (little-endian)."""
+
+    offsets: memoryview  # int64[rows]
+    timestamps_us: memoryview  # int64[rows]: Arrow timestamp[us]
+    timestamp_types: memoryview  # int32[rows]: 0 CreateTime, 1 LogAppendTime
+    key_offsets: memoryview  # int32[rows + 1]
+    key_validity: memoryview  # bitmap[rows]: bit i set = key i is not null
+    key_data: memoryview
+    value_offsets: memoryview  # int32[rows + 1]
+    value_validity: memoryview  # bitmap[rows]
+    value_data: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowFilled:
+    """What ``decode_arrow`` wrote: ``count`` rows, data bytes and null counts."""
+
+    count: int
+    key_bytes: int
+    value_bytes: int
+    key_null_count: int
+    value_null_count: int
+
+
+def plan_arrow_decode(buf: BufferLike, *, skip_control: bool = True) -> ArrowDecodePlan:
+    """Capacities for ``decode_arrow(buf, ...)`` (batch headers only; no CRC check here)."""
+    with _byte_view(buf) as view:
+        scan = _scan(view, skip_control, False, decompress_sections=True)
+        data_bytes = len(view) + sum(len(section) for section in scan.sections)
+    return ArrowDecodePlan(scan.record_count, data_bytes, scan.sections, skip_control,
+                           scan.next_offset, scan.bytes_consumed)
+
+
+def _arrow_buffer_sizes(max_records: int, max_data_bytes: int) -> tuple[int, ...]:
+    bitmap_bytes = (max_records + 7) // 8
+    offsets_bytes = 4 * (max_records + 1)
+    return (*(width * max_records for width in _ARROW_ROW_BYTES),
+            offsets_bytes, bitmap_bytes, max_data_bytes,
+            offsets_bytes, bitmap_bytes, max_data_bytes)
+
+
+def _aligned(size_bytes: int) -> int:
+    return -(-size_bytes // ARROW_ALIGNMENT_BYTES) * ARROW_ALIGNMENT_BYTES
+
+
+def arrow_region_bytes(plan: ArrowDecodePlan) -> int:
+    """Bytes of the one region ``arrow_buffers_in`` carves ``plan``'s buffers from."""
+    return sum(_aligned(size) for size in
+               _arrow_buffer_sizes(plan.max_records, plan.max_data_bytes))
+
+
+def arrow_buffers_in(region: WritableBuffer, plan: ArrowDecodePlan) -> ArrowBuffers:
+    """``plan``'s output buffers as consecutive slices of ``region`` (at least
+    ``arrow_region_bytes(plan)`` bytes), each starting ``ARROW_ALIGNMENT_BYTES``-aligned
+    relative to the region's start."""
+    view = memoryview(region).cast("B")
+    slices, start = [], 0
+    for size in _arrow_buffer_sizes(plan.max_records, plan.max_data_bytes):
+        slices.append(view[start:start + size])
+        start += _aligned(size)
+    if start > len(view):
+        raise ValueError(f"region of {len(view)} bytes, {start} needed")
+    return ArrowBuffers(*slices)
+
+
+def decode_arrow(buf: BufferLike, plan: ArrowDecodePlan, out: ArrowBuffers,
+                 from_offset: int, until_offset: int, *, verify_crc: bool = True
+                 ) -> ArrowFilled:
+    """Decode the records of ``buf`` with offsets in [``from_offset``, ``until_offset``)
+    into ``out`` (planned by ``plan_arrow_decode(buf)``) in one pass without the GIL: each
+    batch's CRC-32C is checked right before its records are read; control batches are
+    skipped as the plan says. Timestamps as ``decode_columns`` gives them, in microseconds.
+    More records or bytes than ``out`` holds raise ValueError."""
+    with _byte_view(buf) as view:
+        return ArrowFilled(*_kernel.decode_arrow(
+            view, plan.sections, plan.skip_control, verify_crc, from_offset, until_offset,
+            (out.offsets, out.timestamps_us, out.timestamp_types, out.key_offsets,
+             out.key_validity, out.key_data, out.value_offsets, out.value_validity,
+             out.value_data)))
 
 
 def hash_keys(buf: BufferLike, *, verify_crc: bool = True) -> KeyHashes:

@@ -7,17 +7,32 @@ Spark's ints (0 CreateTime, 1 LogAppendTime, -1 none; Kafka's TimestampType ids)
 
 ``record_columns_to_arrow`` wraps the record kernel's column buffers
 (``headrace.protocol.kernel.RecordColumns``) as an Arrow batch of the source schema without a
-Python object per record.
+Python object per record. ``ArrowBatchDecoder`` is the source's path without headers: the
+kernel's ``decode_arrow`` writes key, value, offset and timestamp columns straight into Arrow
+buffers carved from one pooled region per Fetch response (``headrace.spark.buffers``), and the
+constant topic and partition columns are slices of arrays built once per task.
 
-Pure data and pure functions; thread-safe.
+Pure data and pure functions are thread-safe; an ``ArrowBatchDecoder`` belongs to one thread
+(the batches it returns may be used and released anywhere).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
 
-from headrace.protocol.kernel import RecordColumns
+from headrace.protocol.kernel import (
+    ArrowBuffers,
+    ArrowFilled,
+    RecordColumns,
+    arrow_buffers_in,
+    arrow_region_bytes,
+    decode_arrow,
+    plan_arrow_decode,
+)
+from headrace.spark.buffers import RegionPool
 
 BASE_COLUMNS_DDL = (
     "key binary, value binary, topic string, partition int, offset long, "
@@ -47,6 +62,9 @@ def source_arrow_schema(include_headers: bool) -> pa.Schema:
     if include_headers:
         fields.append(("headers", ARROW_HEADER_TYPE))
     return pa.schema(fields)
+
+
+SOURCE_SCHEMA = source_arrow_schema(include_headers=False)
 
 
 def _validity(valid: np.ndarray) -> pa.Buffer | None:
@@ -100,3 +118,86 @@ def record_columns_to_arrow(columns: RecordColumns, topic: str, partition: int,
     if include_headers:
         arrays.append(_headers_array(columns).slice(start, count))
     return pa.RecordBatch.from_arrays(arrays, schema=source_arrow_schema(include_headers))
+
+
+def arrow_chunks(record_bytes_before: np.ndarray, start: int, stop: int, max_records: int,
+                 max_bytes: int) -> Iterator[tuple[int, int]]:
+    """Record index ranges covering [start, stop), each at most ``max_records`` records and,
+    unless one record alone is larger, ``max_bytes`` of keys and values; record i's keys and
+    values start at byte ``record_bytes_before[i]`` (n + 1 entries)."""
+    while start < stop:
+        limit = record_bytes_before[start] + max_bytes
+        by_bytes = int(np.searchsorted(record_bytes_before, limit, "right")) - 1
+        chunk_stop = min(stop, start + max_records, max(by_bytes, start + 1))
+        yield start, chunk_stop
+        start = chunk_stop
+
+
+def _filled_binary(count: int, null_count: int, offsets: memoryview, validity: memoryview,
+                   data: memoryview, data_bytes: int) -> pa.Array:
+    bitmap = pa.py_buffer(validity[:(count + 7) // 8]) if null_count else None
+    return pa.Array.from_buffers(
+        pa.binary(), count,
+        [bitmap, pa.py_buffer(offsets[:4 * (count + 1)]), pa.py_buffer(data[:data_bytes])],
+        null_count=null_count)
+
+
+def _filled_fixed(arrow_type: pa.DataType, count: int, width_bytes: int,
+                  values: memoryview) -> pa.Array:
+    return pa.Array.from_buffers(arrow_type, count,
+                                 [None, pa.py_buffer(values[:width_bytes * count])],
+                                 null_count=0)
+
+
+class ArrowBatchDecoder:
+    """Decodes one topic-partition's Fetch responses into record batches of the source
+    schema without headers, reusing its buffers once Spark has released their batches."""
+
+    def __init__(self, topic: str, partition: int, pool: RegionPool) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._pool = pool
+        self._topics = pa.array([], pa.string())
+        self._partitions = pa.array([], pa.int32())
+
+    def decode(self, records: memoryview, from_offset: int, until_offset: int,
+               max_records: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
+        """The records of ``records`` (whole batches) in [from_offset, until_offset)
+        (CRC-32C checked, control batches skipped), in batches of at most ``max_records``
+        rows and, unless one record alone is larger, ``max_bytes`` of keys and values."""
+        plan = plan_arrow_decode(records)
+        out = arrow_buffers_in(self._pool.take(arrow_region_bytes(plan)), plan)
+        filled = decode_arrow(records, plan, out, from_offset, until_offset)
+        if filled.count == 0:
+            return
+        batch = self._batch(out, filled)
+        if filled.count <= max_records and filled.key_bytes + filled.value_bytes <= max_bytes:
+            yield batch
+            return
+        record_bytes_before = (
+            np.frombuffer(out.key_offsets, np.int32, filled.count + 1).astype(np.int64)
+            + np.frombuffer(out.value_offsets, np.int32, filled.count + 1))
+        for start, stop in arrow_chunks(record_bytes_before, 0, filled.count, max_records,
+                                        max_bytes):
+            yield batch.slice(start, stop - start)
+
+    def _constant_columns(self, count: int) -> tuple[pa.Array, pa.Array]:
+        if len(self._topics) < count:
+            self._topics = pa.repeat(pa.scalar(self.topic, pa.string()), count)
+            self._partitions = pa.repeat(pa.scalar(self.partition, pa.int32()), count)
+        return self._topics.slice(0, count), self._partitions.slice(0, count)
+
+    def _batch(self, out: ArrowBuffers, filled: ArrowFilled) -> pa.RecordBatch:
+        count = filled.count
+        topics, partitions = self._constant_columns(count)
+        arrays = [
+            _filled_binary(count, filled.key_null_count, out.key_offsets, out.key_validity,
+                           out.key_data, filled.key_bytes),
+            _filled_binary(count, filled.value_null_count, out.value_offsets,
+                           out.value_validity, out.value_data, filled.value_bytes),
+            topics, partitions,
+            _filled_fixed(pa.int64(), count, 8, out.offsets),
+            _filled_fixed(ARROW_TIMESTAMP_TYPE, count, 8, out.timestamps_us),
+            _filled_fixed(pa.int32(), count, 4, out.timestamp_types),
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=SOURCE_SCHEMA)

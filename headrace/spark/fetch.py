@@ -1,10 +1,13 @@
 """Executor side of the Spark source: one offset range read into Arrow record batches.
 
 Owns: ``read_range``, which reads one topic-partition's range with the raw Fetch client of
-``headrace.spark.wire_fetch``, decodes each response's record batches into columns with the
-compiled record kernel (``headrace.protocol.kernel.decode_columns``: CRC-checked,
-decompressed, control batches skipped) and yields ``pyarrow.RecordBatch``es of at most
-``records_per_arrow_batch`` rows built from the kernel's buffers -- no Python object per record.
+``headrace.spark.wire_fetch``, decodes each response's record batches with the compiled record
+kernel (CRC-checked, decompressed, control batches skipped) and yields ``pyarrow.RecordBatch``es
+of at most ``records_per_arrow_batch`` rows -- no Python object per record. Without headers the
+kernel's ``decode_arrow`` writes the Arrow buffers themselves in one pass, into regions of a
+process-wide pool (``headrace.spark.buffers``) that are reused once Spark has released the
+batches made from them: with fresh multi-MiB buffers per response, page faults cost as much as
+the decoding. With ``includeHeaders`` the kernel's ``decode_columns`` output is wrapped instead.
 The next Fetch is sent before a response is decoded, so the broker works while we decode, and
 fetching and decoding run on a prefetch thread (``_Prefetcher``) up to
 ``PREFETCHED_ARROW_BATCHES`` batches ahead of the caller, so the Python worker's writes of
@@ -25,8 +28,9 @@ Range semantics (Spark's KafkaDataConsumer):
 
 Nothing is committed and no group is joined. Each call owns its client and its prefetch
 thread, which alone touches the client (and closes it); batches cross to the caller through a
-bounded queue. Nothing is shared between calls, so concurrent tasks are safe. When the caller
-stops early the thread exits after its current fetch.
+bounded queue. Calls share only the buffer pools, which are thread-safe and never hand out a
+region still referenced, so concurrent tasks are safe. When the caller stops early the thread
+exits after its current fetch.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -48,8 +52,9 @@ from headrace.errors import (
     error_for_code,
 )
 from headrace.protocol.batch import BATCH_HEADER_BYTES
-from headrace.protocol.kernel import RecordColumns, decode_columns
-from headrace.spark.columns import record_columns_to_arrow
+from headrace.protocol.kernel import decode_columns
+from headrace.spark.buffers import RegionPool
+from headrace.spark.columns import ArrowBatchDecoder, arrow_chunks, record_columns_to_arrow
 from headrace.spark.offsets import OffsetRange, report_data_loss
 from headrace.spark.options import SourceOptions
 from headrace.spark.wire_fetch import (
@@ -63,8 +68,17 @@ from headrace.spark.wire_fetch import (
 from headrace.storage.clock import Clock, SystemClock
 
 RETRY_BACKOFF_MS = 100  # Kafka's retry.backoff.ms
-ARROW_BATCH_MAX_BYTES = 4 * 1024 * 1024  # keys + values per Arrow batch handed to Spark
-PREFETCHED_ARROW_BATCHES = 4  # decoded ahead of Spark per task (each views a fetch frame)
+# Keys + values per Arrow batch handed to Spark: one default-sized Fetch response (16k rows of
+# 1 KiB) -- larger batches cost Spark's JVM less per row than 4 MiB ones (measured: see
+# wire_fetch.DEFAULT_MAX_PARTITION_FETCH_BYTES).
+ARROW_BATCH_MAX_BYTES = 16 * 1024 * 1024
+PREFETCHED_ARROW_BATCHES = 4  # decoded ahead of Spark per task
+# Column buffer regions the process keeps for reuse: the queued batches' and the one Spark is
+# writing, plus the one being decoded (each backs one Fetch response's batches) -- a Spark
+# Python worker runs one task at a time, and keeps them from one task to the next. Each holds
+# up to twice a response's bytes, of which only the pages written become resident.
+COLUMN_REGIONS = PREFETCHED_ARROW_BATCHES + 2
+_COLUMN_BUFFERS = RegionPool(COLUMN_REGIONS)
 PREFETCH_STOP_POLL_MS = 100  # how often a prefetch thread blocked on a full queue checks stop
 LOG_OVERHEAD_BYTES = 12  # base offset + batch length
 _BATCH_PREFIX = struct.Struct(">qi")  # base offset, batch length
@@ -159,19 +173,6 @@ def next_fetch_offset(records: memoryview, position: int,
     return next_offset, consumed
 
 
-def arrow_chunks(columns: RecordColumns, start: int, stop: int, max_records: int,
-                 max_bytes: int = ARROW_BATCH_MAX_BYTES) -> Iterator[tuple[int, int]]:
-    """Record index ranges covering [start, stop), each at most ``max_records`` records and,
-    unless one record alone is larger, ``max_bytes`` of keys and values."""
-    record_bytes_before = columns.key_offsets.astype(np.int64) + columns.value_offsets
-    while start < stop:
-        limit = record_bytes_before[start] + max_bytes
-        by_bytes = int(np.searchsorted(record_bytes_before, limit, "right")) - 1
-        chunk_stop = min(stop, start + max_records, max(by_bytes, start + 1))
-        yield start, chunk_stop
-        start = chunk_stop
-
-
 def _first_batch_bytes(records: memoryview) -> int:
     _, batch_length = _BATCH_PREFIX.unpack_from(records, 0)
     return LOG_OVERHEAD_BYTES + batch_length
@@ -190,6 +191,8 @@ class _RangeReader:
         self.position = offset_range.from_offset
         self.last_progress_ms = clock.monotonic_ms()
         self.in_flight_offset: int | None = None
+        self._decoder = None if options.include_headers else ArrowBatchDecoder(
+            offset_range.topic, offset_range.partition, _COLUMN_BUFFERS)
 
     @property
     def _name(self) -> str:
@@ -197,22 +200,27 @@ class _RangeReader:
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         while self.position < self.range.until_offset:
-            response = self._fetch()
-            if response is None:
+            finished = yield from self._batches_of_next_response()
+            if finished:
                 return
-            if response.error_code != NO_ERROR:
-                if not self._handle_error(response.error_code):
-                    return
-                continue
-            next_offset, whole_bytes = next_fetch_offset(response.records, self.position,
-                                                        self.range.until_offset)
-            if whole_bytes == 0:
-                if not self._handle_empty(response):
-                    return
-                continue
-            start_position = self.position
-            self._advance(next_offset)
-            yield from self._arrow_batches(response.records[:whole_bytes], start_position)
+
+    def _batches_of_next_response(self) -> Generator[pa.RecordBatch, None, bool]:
+        """The batches of the next Fetch response; returns True once the range is finished.
+        The response (a view of the client's reused receive buffer) is released on return,
+        before the next one is received."""
+        response = self._fetch()
+        if response is None:
+            return True
+        if response.error_code != NO_ERROR:
+            return not self._handle_error(response.error_code)
+        next_offset, whole_bytes = next_fetch_offset(response.records, self.position,
+                                                    self.range.until_offset)
+        if whole_bytes == 0:
+            return not self._handle_empty(response)
+        start_position = self.position
+        self._advance(next_offset)
+        yield from self._arrow_batches(response.records[:whole_bytes], start_position)
+        return False
 
     def _fetch(self) -> FetchedPartition | None:
         """The response for ``position`` (the one in flight if it asked for it); None when
@@ -250,11 +258,17 @@ class _RangeReader:
 
     def _arrow_batches(self, records: memoryview, start_position: int
                        ) -> Iterator[pa.RecordBatch]:
+        max_records = self.options.records_per_arrow_batch
+        if self._decoder is not None:
+            yield from self._decoder.decode(records, start_position, self.range.until_offset,
+                                            max_records, ARROW_BATCH_MAX_BYTES)
+            return
         columns = decode_columns(records)
         start = int(np.searchsorted(columns.offsets, start_position, "left"))
         stop = int(np.searchsorted(columns.offsets, self.range.until_offset, "left"))
-        for chunk_start, chunk_stop in arrow_chunks(columns, start, stop,
-                                                    self.options.records_per_arrow_batch):
+        record_bytes_before = columns.key_offsets.astype(np.int64) + columns.value_offsets
+        for chunk_start, chunk_stop in arrow_chunks(record_bytes_before, start, stop,
+                                                    max_records, ARROW_BATCH_MAX_BYTES):
             yield record_columns_to_arrow(columns, self.range.topic, self.range.partition,
                                           self.options.include_headers, chunk_start, chunk_stop)
 

@@ -19,6 +19,12 @@ Read speed (measured on pyspark 4.3): ``read()`` yields ``pyarrow.RecordBatch``e
 equals pyspark's own Arrow form of the source schema (binary, int32, int64,
 timestamp[us, UTC]), so pyspark passes them to the JVM as they are -- no per-row conversion,
 no pickled rows; ``spark.sql.execution.arrow.maxRecordsPerBatch`` does not apply to them.
+Executors fetch up to 16 MiB per partition per request and yield one batch per response
+(~16k rows of 1 KiB): large batches cost Spark's JVM less per row. Responses are received,
+and decoded by the kernel straight into Arrow buffers, in regions each Python worker reuses
+once Spark has released the batches made from them (no page faults for fresh buffers); a
+worker keeps these regions between tasks (measured: ~90 MiB more resident after a task
+than before the first; peak ~190 MiB against ~120 MiB with fresh buffers per response).
 Each task fetches and decodes on a prefetch thread while its batches are written to the JVM.
 A task still spends much of its time waiting (on the broker, on the JVM), so on a small
 machine more task slots than cores read faster: e.g. ``local[4]`` on 2 cores read a

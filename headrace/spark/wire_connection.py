@@ -10,7 +10,9 @@ option helpers both clients share: ``parse_servers`` (``bootstrap.servers``),
 
 Requests are encoded with kio through ``headrace.protocol.wire``, or given as ready frame
 pieces (``send_pieces``: a hand-encoded prefix and record batches sent with one
-``sendmsg`` without joining them). Responses come back as raw frames or kio entities.
+``sendmsg`` without joining them). Responses come back as raw frames or kio entities; a
+connection given a ``frame_pool`` (``headrace.spark.buffers.RegionPool``) receives its frames
+into the pool's reused regions instead of fresh buffers.
 
 Not thread-safe: one connection belongs to one client, which belongs to one Spark task.
 """
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 
 from headrace.errors import KafkaError, UnsupportedVersion, error_for_code
 from headrace.protocol import wire
+from headrace.spark.buffers import RegionPool
 
 API_VERSIONS_KEY = 18
 NO_ERROR = 0
@@ -82,8 +85,11 @@ class BrokerConnection:
 
     def __init__(self, address: tuple[str, int], client_id: str, timeout_s: float, *,
                  receive_buffer_bytes: int | None = None,
-                 send_buffer_bytes: int | None = None) -> None:
+                 send_buffer_bytes: int | None = None,
+                 frame_pool: RegionPool | None = None) -> None:
         self.address = address
+        self._frame_pool = frame_pool
+        self._size_view = memoryview(bytearray(_INT32.size))
         self._client_id = client_id
         self._socket = socket.create_connection(address, timeout=timeout_s)
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -152,11 +158,20 @@ class BrokerConnection:
                 pending[0] = pending[0][sent:]
         self._take_correlation_id(api_key, version)
 
-    def receive_frame(self) -> tuple[int, int, bytearray]:
-        """(api key, version, frame without its length) of the oldest request in flight."""
+    def receive_frame(self) -> tuple[int, int, bytearray | memoryview]:
+        """(api key, version, frame without its length) of the oldest request in flight.
+
+        With a ``frame_pool`` the frame is received into one of its regions, reused for a
+        later frame only once every view of this one has been released; else into a fresh
+        ``bytearray``."""
         correlation_id, api_key, version = self._in_flight.popleft()
-        (size,) = _INT32.unpack(self._receive_exactly(_INT32.size))
-        frame = self._receive_exactly(size)
+        self._receive_into(self._size_view)
+        (size,) = _INT32.unpack(self._size_view)
+        if self._frame_pool is None:
+            frame = bytearray(size)
+        else:
+            frame = memoryview(self._frame_pool.take(size))[:size]
+        self._receive_into(memoryview(frame))
         (received_id,) = _INT32.unpack_from(frame)
         if received_id != correlation_id:
             raise WireClientError(
@@ -175,16 +190,14 @@ class BrokerConnection:
         self.send(api_key, version, body)
         return self.receive()
 
-    def _receive_exactly(self, size: int) -> bytearray:
-        buffer = bytearray(size)
-        view = memoryview(buffer)
+    def _receive_into(self, view: memoryview) -> None:
+        size = len(view)
         received = 0
         while received < size:
             count = self._socket.recv_into(view[received:], size - received)
             if count == 0:
                 raise ConnectionError(f"broker {self.address} closed the connection")
             received += count
-        return buffer
 
     def close(self) -> None:
         self._socket.close()

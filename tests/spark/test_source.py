@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 
+import numpy as np
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -16,10 +17,11 @@ from pyspark.sql import functions as F
 
 from headrace.errors import OffsetOutOfRange, RequestTimedOut, UnknownTopicOrPartition
 from headrace.protocol.kernel import decode_columns
-from headrace.spark.fetch import arrow_chunks, read_range
+from headrace.spark.columns import arrow_chunks, source_arrow_schema
+from headrace.spark.fetch import COLUMN_REGIONS, read_range
 from headrace.spark.offsets import OffsetRange
 from headrace.spark.options import parse_source_options
-from headrace.spark.wire_fetch import FetchClientConfig, PartitionFetchClient
+from headrace.spark.wire_fetch import FRAME_REGIONS, FetchClientConfig, PartitionFetchClient
 
 pytestmark = pytest.mark.spark
 
@@ -130,22 +132,38 @@ def _rows(options, offset_range) -> list[dict]:
     return [row for batch in read_range(options, offset_range) for row in batch.to_pylist()]
 
 
-def test_read_range_trims_batches_keeps_nulls_and_chunks(bootstrap):
+@pytest.mark.parametrize("include_headers", ["true", "false"])
+def test_read_range_trims_batches_keeps_nulls_and_chunks(bootstrap, include_headers):
     topic = new_topic(bootstrap, 1)
     values = [None if i == 4 else b"v%d" % i for i in range(10)]
     keys = [None if i % 3 == 0 else b"k%d" % i for i in range(10)]
     headers = [[("h", b"%d" % i), ("n", None)] if i % 2 else [] for i in range(10)]
     append(bootstrap, topic, 0, values, keys=keys, headers=headers)
-    options = dataclasses.replace(_options(bootstrap), records_per_arrow_batch=3)
+    options = dataclasses.replace(_options(bootstrap, includeHeaders=include_headers),
+                                  records_per_arrow_batch=3)
     batches = list(read_range(options, OffsetRange(topic, 0, 2, 9)))
     assert [batch.num_rows for batch in batches] == [3, 3, 1]
+    assert {batch.schema for batch in batches} == {
+        source_arrow_schema(include_headers == "true")}
     rows = [row for batch in batches for row in batch.to_pylist()]
     assert [row["offset"] for row in rows] == list(range(2, 9))
     assert [row["value"] for row in rows] == values[2:9]
     assert [row["key"] for row in rows] == keys[2:9]
-    assert [[(h["key"], h["value"]) for h in row["headers"]] for row in rows] == headers[2:9]
+    if include_headers == "true":
+        assert [[(h["key"], h["value"]) for h in row["headers"]] for row in rows] == headers[2:9]
     assert {(row["topic"], row["partition"], row["timestampType"]) for row in rows} == {
         (topic, 0, 0)}
+
+
+def test_read_range_batches_kept_by_the_caller_are_never_overwritten(bootstrap):
+    topic = new_topic(bootstrap, 1)
+    values = [b"%04d" % i * 64 for i in range(120)]  # 256 bytes each, a batch each
+    append(bootstrap, topic, 0, values, batch_per_record=True)
+    options = _options(bootstrap, includeHeaders="false",
+                       **{"kafka.max.partition.fetch.bytes": "1024"})  # ~3 records a response
+    kept = list(read_range(options, OffsetRange(topic, 0, 0, 120)))
+    assert len(kept) > COLUMN_REGIONS + FRAME_REGIONS  # more than the pools ever reuse
+    assert [row["value"] for batch in kept for row in batch.to_pylist()] == values
 
 
 def test_read_range_closed_early_ends_its_prefetch_thread(bootstrap):
@@ -161,15 +179,17 @@ def test_read_range_closed_early_ends_its_prefetch_thread(bootstrap):
     assert not prefetch_thread.is_alive()
 
 
-@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-def test_read_range_decodes_compressed_batches(bootstrap, codec):
+@pytest.mark.parametrize(("codec", "include_headers"), [
+    ("gzip", "true"), ("snappy", "false"), ("lz4", "true"), ("zstd", "false")])
+def test_read_range_decodes_compressed_batches(bootstrap, codec, include_headers):
     topic = new_topic(bootstrap, 1)
     producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec,
                          "linger.ms": 20})
     for index in range(200):
         producer.produce(topic, b"value-%d" % index * 20, key=b"%d" % index, partition=0)
     assert producer.flush(30) == 0
-    rows = _rows(_options(bootstrap), OffsetRange(topic, 0, 50, 200))
+    rows = _rows(_options(bootstrap, includeHeaders=include_headers),
+                 OffsetRange(topic, 0, 50, 200))
     assert [row["offset"] for row in rows] == list(range(50, 200))
     assert [row["value"] for row in rows] == [b"value-%d" % i * 20 for i in range(50, 200)]
 
@@ -212,9 +232,11 @@ def test_read_range_gives_log_append_time_batches_the_broker_time(bootstrap):
         future.result(timeout=30)
     long_ago_ms = 1_000_000_000_000
     append(bootstrap, topic, 0, [b"a", b"b"], timestamps_ms=[long_ago_ms, long_ago_ms])
-    rows = _rows(_options(bootstrap), OffsetRange(topic, 0, 0, 2))
-    assert [row["timestampType"] for row in rows] == [1, 1]
-    assert all(row["timestamp"].timestamp() * 1000 > long_ago_ms for row in rows)
+    for include_headers in ("true", "false"):
+        rows = _rows(_options(bootstrap, includeHeaders=include_headers),
+                     OffsetRange(topic, 0, 0, 2))
+        assert [row["timestampType"] for row in rows] == [1, 1]
+        assert all(row["timestamp"].timestamp() * 1000 > long_ago_ms for row in rows)
 
 
 def test_arrow_chunks_bound_records_and_bytes(bootstrap):
@@ -227,7 +249,8 @@ def test_arrow_chunks_bound_records_and_bytes(bootstrap):
         columns = decode_columns(client.receive_fetch().records)
     finally:
         client.close()
-    assert list(arrow_chunks(columns, 1, 6, max_records=4, max_bytes=1000)) == [(1, 5), (5, 6)]
-    assert list(arrow_chunks(columns, 0, 6, max_records=4, max_bytes=30)) == [
+    before = columns.key_offsets.astype(np.int64) + columns.value_offsets
+    assert list(arrow_chunks(before, 1, 6, max_records=4, max_bytes=1000)) == [(1, 5), (5, 6)]
+    assert list(arrow_chunks(before, 0, 6, max_records=4, max_bytes=30)) == [
         (0, 2), (2, 4), (4, 6)]
-    assert list(arrow_chunks(columns, 0, 2, max_records=4, max_bytes=5)) == [(0, 1), (1, 2)]
+    assert list(arrow_chunks(before, 0, 2, max_records=4, max_bytes=5)) == [(0, 1), (1, 2)]

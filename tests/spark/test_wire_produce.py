@@ -141,13 +141,21 @@ def test_produce_requests_decode_as_kafka_encodes_them(version):
     header = request_header_bytes(PRODUCE_KEY, version, 7, "me", version >= 9)
     frame = b"".join(bytes(piece) for piece in
                      encode_produce_request(header, version, 1500, batches))
-    request = wire.decode_request(frame)
-    assert (request.header.api_version, request.header.correlation_id) == (version, 7)
-    body = request.body
-    assert (body.transactional_id, body.acks, wire.milliseconds(body.timeout)) == (None, -1, 1500)
-    assert [(topic.name, [(p.index, bytes(p.records)) for p in topic.partition_data])
-            for topic in body.topic_data] == [
-        ("t1", [(0, b"batch-one"), (4, b"batch-four")]), ("t2", [(1, b"other")])]
+    header_entity, position = wire.parse_request_header(frame)
+    assert (header_entity.api_version, header_entity.correlation_id) == (version, 7)
+    body_class = wire.request_class(PRODUCE_KEY, version)
+    if body_class.__flexible__:
+        position = wire.skip_tagged_fields(frame, position)
+    kio_body = wire.read_entity(body_class, frame, position)[0]
+    broker_body = wire.decode_request(frame).body
+    expected = [("t1", [(0, b"batch-one"), (4, b"batch-four")]), ("t2", [(1, b"other")])]
+    assert (kio_body.transactional_id, kio_body.acks,
+            wire.milliseconds(kio_body.timeout)) == (None, -1, 1500)
+    assert (broker_body.transactional_id, broker_body.acks, broker_body.timeout_ms) == (
+        None, -1, 1500)
+    for body in (kio_body, broker_body):
+        assert [(topic.name, [(p.index, bytes(p.records)) for p in topic.partition_data])
+                for topic in body.topic_data] == expected
 
 
 def test_options_it_cannot_honour_are_named():

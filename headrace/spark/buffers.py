@@ -1,0 +1,69 @@
+"""Byte regions reused once nothing refers to them: receive buffers and Arrow column buffers.
+
+Owns ``RegionPool``. Each Fetch response of a Spark task is received into, and decoded into,
+multi-MiB buffers; fresh ones cost a page fault per 4 KiB page (glibc serves them with mmap and
+unmaps them when freed), which measured as much as the decoding itself. A pool hands out
+``bytearray`` regions and takes one back for reuse only when its sole remaining reference is
+the pool's own -- that is, when every memoryview, Arrow buffer and record batch made from it
+has been released (CPython reference counts; exporting a buffer holds a reference). So nothing
+handed out is ever overwritten while in use, whoever keeps it and for however long; a region
+still referenced is simply not reused, and the pool allocates another (keeping at most
+``max_regions``).
+
+Pools are meant to live as long as the process (a Spark Python worker runs task after task), so
+a task's first responses reuse the regions of the one before; ``take`` is thread-safe (a lock),
+and any thread may release what it handed out. Memory kept: at most ``max_regions`` regions,
+of which only the pages ever written are resident.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+REGION_ROUNDING_BYTES = 1 << 20  # regions grow in whole MiB, so sizes that vary a little fit
+
+
+def _reference_count(regions: list[bytearray], index: int) -> int:
+    return sys.getrefcount(regions[index])
+
+
+# The count ``_reference_count`` sees for a region that only its list refers to, measured
+# once here in the same way: the interpreter's own temporary references vary by version.
+_UNREFERENCED_COUNT = _reference_count([bytearray()], 0)
+
+
+def _rounded(size_bytes: int) -> int:
+    return max(1, -(-size_bytes // REGION_ROUNDING_BYTES)) * REGION_ROUNDING_BYTES
+
+
+class RegionPool:
+    """At most ``max_regions`` reusable regions; ``take(n)`` returns one of at least n bytes
+    that nothing else refers to (contents undefined)."""
+
+    def __init__(self, max_regions: int) -> None:
+        self.max_regions = max_regions
+        self._regions: list[bytearray] = []
+        self._lock = threading.Lock()
+        self.allocated_bytes = 0  # by this pool so far: tells reuse from fresh allocation
+
+    def take(self, size_bytes: int) -> bytearray:
+        with self._lock:
+            return self._take(size_bytes)
+
+    def _take(self, size_bytes: int) -> bytearray:
+        for index in range(len(self._regions)):
+            if _reference_count(self._regions, index) != _UNREFERENCED_COUNT:
+                continue
+            if len(self._regions[index]) < size_bytes:
+                self._regions[index] = self._allocate(size_bytes)
+            return self._regions[index]
+        region = self._allocate(size_bytes)
+        if len(self._regions) < self.max_regions:
+            self._regions.append(region)
+        return region
+
+    def _allocate(self, size_bytes: int) -> bytearray:
+        size = _rounded(size_bytes)
+        self.allocated_bytes += size
+        return bytearray(size)
