@@ -48,7 +48,7 @@ segments touched are rebuilt, so the work grows with the unflushed tail, not wit
 Time-based rolling uses Kafka's ``LogConfig.maxSegmentMs``: ``segment.ms``, or for a compacted
 log ``min(segment.ms, max.compaction.lag.ms)``, so records in the active segment become
 cleanable within max.compaction.lag.ms. Rolls happen on the appending thread only (at append
-or in ``maybe_roll_by_time`` called by the broker's maintenance on that same thread).
+or in ``maintain`` called by the broker's maintenance on that same thread).
 
 Thread-safety: ``append``, ``roll``, ``flush``, retention and ``close`` take the log's lock;
 ``read``, ``offset_for_timestamp`` and the properties work on the published snapshot from any
@@ -733,9 +733,28 @@ class Log:
 
     def maybe_roll_by_time(self, now_ms: int) -> None:
         with self._lock:
-            active = self._segments[-1]
-            if active.size_bytes and self._segment_expired(active, now_ms):
-                self._roll_locked(now_ms)
+            self._maybe_roll_by_time_locked(now_ms)
+
+    def _maybe_roll_by_time_locked(self, now_ms: int) -> None:
+        active = self._segments[-1]
+        if active.size_bytes and self._segment_expired(active, now_ms):
+            self._roll_locked(now_ms)
+
+    def maintain(self, now_ms: int) -> bool:
+        """The broker's periodic work on this log: roll by segment.ms, flush by flush.ms (and
+        after rolls), retention. Skipped -- False -- while another thread holds the log's lock
+        (a cleaner swapping segments in holds it across renames and fsyncs): the caller is
+        the append thread, which must not wait for that, and the next round catches up."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if not self._closed:
+                self._maybe_roll_by_time_locked(now_ms)
+                self._flush_if_due_locked(now_ms)
+                self._delete_old_segments_locked(now_ms)
+        finally:
+            self._lock.release()
+        return True
 
     def _roll_locked(self, now_ms: int) -> None:
         log_end_offset = self._view.log_end_offset
@@ -775,13 +794,15 @@ class Log:
     def flush_if_due(self, now_ms: int) -> None:
         """Time-based flush (flush.ms), and the flush Kafka schedules after a roll."""
         with self._lock:
-            if self._closed:
-                return
-            if now_ms - self.last_flush_ms >= self.config.flush_ms:
-                self._flush_locked(now_ms)
-                self.last_flush_ms = now_ms
-            elif self._rolled_unflushed():
-                self._flush_rolled_segments()
+            if not self._closed:
+                self._flush_if_due_locked(now_ms)
+
+    def _flush_if_due_locked(self, now_ms: int) -> None:
+        if now_ms - self.last_flush_ms >= self.config.flush_ms:
+            self._flush_locked(now_ms)
+            self.last_flush_ms = now_ms
+        elif self._rolled_unflushed():
+            self._flush_rolled_segments()
 
     def _flush_rolled_segments(self) -> None:
         active_base = self._segments[-1].base_offset
@@ -869,12 +890,13 @@ class Log:
         """Retention: delete whole non-active segments past retention.ms / retention.bytes
         (cleanup.policy delete) or wholly below the log start offset. Returns the count."""
         with self._lock:
-            if self._closed:
-                return 0
-            deletable = self._deletable_prefix(now_ms)
-            if deletable:
-                self._delete_segments(deletable, now_ms)
-            return deletable
+            return 0 if self._closed else self._delete_old_segments_locked(now_ms)
+
+    def _delete_old_segments_locked(self, now_ms: int) -> int:
+        deletable = self._deletable_prefix(now_ms)
+        if deletable:
+            self._delete_segments(deletable, now_ms)
+        return deletable
 
     def _deletable_prefix(self, now_ms: int) -> int:
         segments, config = self._segments, self.config

@@ -384,14 +384,14 @@ class LogManager:
 
     def maintenance(self, now_ms: int) -> None:
         """Roll by segment.ms, flush by flush.ms (and after rolls), apply retention (which
-        renames segments to ``.deleted``). Neither checkpoints nor file removal happen here:
-        ``write_checkpoints`` and ``remove_expired_files`` run on another thread so appends
-        never wait for their fsyncs and unlinks."""
+        renames segments to ``.deleted``). A log whose lock another thread holds (a cleaner
+        swapping segments in) is skipped until the next call (``Log.maintain``), so the append
+        thread never waits for a swap's fsyncs. Neither checkpoints nor file removal happen
+        here: ``write_checkpoints`` and ``remove_expired_files`` run on another thread so
+        appends never wait for their fsyncs and unlinks."""
         with self._lock:
             for log in list(self._logs.values()):
-                log.maybe_roll_by_time(now_ms)
-                log.flush_if_due(now_ms)
-                log.delete_old_segments(now_ms)
+                log.maintain(now_ms)
 
     def remove_expired_files(self, now_ms: int) -> None:
         """Remove the ``.deleted`` segments and deleted partition directories whose

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 
 import crc32c
 import pytest
@@ -266,6 +267,31 @@ def test_retention_by_time_and_size_deletes_exactly_eligible_segments(scratch):
     assert sized.size_bytes <= 1000 + sizes[-1]
     assert sized.size_bytes - sized.segments[0].size_bytes < 1000
     assert len(sized.segments) >= 1
+
+
+def test_maintain_skips_a_log_whose_lock_is_held_and_catches_up_after(scratch):
+    log = open_log(scratch, segment_bytes=500, retention_ms=1000)
+    for i in range(12):
+        log.append(build_batch([b"x" * 100], timestamp_ms=NOW_MS + i * 100), NOW_MS + i * 100)
+    segments = len(log.segments)
+    held, release = threading.Event(), threading.Event()
+
+    def swap_in_progress():
+        with log._lock:  # what replace_segments holds across its renames and fsyncs
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=swap_in_progress)
+    holder.start()
+    assert held.wait(10)
+    try:
+        assert log.maintain(NOW_MS + 1500) is False
+        assert len(log.segments) == segments
+    finally:
+        release.set()
+        holder.join()
+    assert log.maintain(NOW_MS + 1500) is True
+    assert 1 <= len(log.segments) < segments
 
 
 def test_retention_never_deletes_the_active_segment(scratch):
