@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/uio.h>
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -2743,6 +2744,10 @@ static int run_span(Span *s, ChunkPass pass, void *state, Failure *f)
             s->stop = SPAN_FULL;
             return 0;
         }
+        /* Give the CPU to any thread waiting for it (the event loop, a client) after each
+         * chunk: a CPU-bound span is otherwise left running for a whole scheduler tick
+         * (several ms) while a woken thread waits on its CPU, nice value or not. */
+        sched_yield();
     }
     return 0;
 }
