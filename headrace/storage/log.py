@@ -411,16 +411,7 @@ class Log:
     def _adopt_indexes(segment: LogSegment, index: IndexedBatches) -> None:
         """Give a fresh, closed segment the index ``index_batches`` computed over its whole
         file (what ``_rebuild_indexes`` would compute, without reading the file) and seal it."""
-        segment.first_batch_timestamp_ms = index.first_max_timestamp_ms
-        segment.bytes_since_last_index_entry = index.state.bytes_since_last_entry
-        segment.max_timestamp_ms = index.state.max_timestamp_ms
-        segment.offset_of_max_timestamp = index.state.offset_of_max_timestamp
-        if len(index.offset_entries):
-            segment.offset_index.append_entries(index.offset_entries[:, 0],
-                                                index.offset_entries[:, 1])
-        if len(index.time_entries):
-            segment.time_index.append_entries(index.time_entries[:, 0],
-                                              index.time_entries[:, 1])
+        segment.apply_index(index)
         segment.seal()
         segment.flush()
 

@@ -356,7 +356,7 @@ class LogSegment:
         if scan.bytes_valid == 0 and not scan.stopped and len(chunk) >= BATCH_HEADER_BYTES:
             chunk = self.fs.pread(self.fd, parse_header(chunk).size_bytes, chunk_start)
             scan = self._index_chunk(chunk, chunk_start, file_size, next_offset)
-        self._apply_indexed(scan)
+        self.apply_index(scan)
         if on_batch is not None:
             for position in scan.batch_positions.tolist():
                 on_batch(parse_header(chunk, position))
@@ -375,8 +375,9 @@ class LogSegment:
         return index_batches(chunk, chunk_start, file_size, self.base_offset, next_offset,
                              self.index_interval_bytes, state)
 
-    def _apply_indexed(self, scan: IndexedBatches) -> None:
-        """Take the index entries and timestamp state ``index_batches`` computed."""
+    def apply_index(self, scan: IndexedBatches) -> None:
+        """Take the index entries and timestamp state ``index_batches`` computed (over this
+        segment's bytes from where its index left off)."""
         if self.first_batch_timestamp_ms is None:
             self.first_batch_timestamp_ms = scan.first_max_timestamp_ms
         self.bytes_since_last_index_entry = scan.state.bytes_since_last_entry
