@@ -124,7 +124,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.broker = broker
         self.registry = registry
         self.reader = wire.FrameReceiver(broker.config.get_int("socket.request.max.bytes"))
-        self.queue: deque[bytes | bytearray] = deque()
+        self.queue: deque[bytes | memoryview] = deque()
         self.transport: asyncio.Transport | None = None
         self.socket_fd = -1
         self.sock = None
@@ -222,7 +222,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             frame = None  # unreferenced, a large frame's buffer can take the next one
             self.last_active_monotonic_s = time.monotonic()
 
-    async def _handle_frame(self, frame: bytes | bytearray) -> None:
+    async def _handle_frame(self, frame: bytes | memoryview) -> None:
         header, _ = wire.parse_request_header(frame)
         handler = HANDLERS.get(header.api_key)
         if handler is None or not handler.supports(header.api_version):

@@ -7,10 +7,10 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
 * ``FrameReceiver`` does the same for a socket read with ``recv_into`` (asyncio's
   ``BufferedProtocol``: ``get_buffer()`` then ``buffer_updated(nbytes)``): small frames are
   copied out of one reused receive buffer; a frame over ``LARGE_FRAME_MIN_BYTES`` gets a
-  buffer of its own that the socket fills directly, and is returned as that ``bytearray``
+  region of its own that the socket fills directly, and is returned as a ``memoryview`` of it
   (no copy: a 1 MB produce request is read once, by the kernel, and never copied again).
-  Such buffers are reused once nothing references them any more (``SPARE_FRAMES`` per
-  receiver, each at most ``SPARE_FRAME_MAX_BYTES``).
+  Regions come from a ``buffers.RegionPool`` per receiver and are reused once nothing
+  references them any more (``SPARE_FRAMES`` kept, each at most ``SPARE_FRAME_MAX_BYTES``).
 * ``decode_request(frame)`` parses the request header (v1: api_key, api_version,
   correlation_id, legacy nullable ``client_id``; v2 adds tagged fields) and the body into
   kio's frozen dataclass for that API key and version -- except Produce (key 0, versions
@@ -84,6 +84,7 @@ from kio.serial.errors import DecodeError  # noqa: E402
 from kio.static.constants import EntityType  # noqa: E402
 
 from headrace.errors import InvalidRequest, UnsupportedVersion  # noqa: E402
+from headrace.protocol.buffers import RegionPool  # noqa: E402
 
 API_VERSIONS_KEY = 18
 PRODUCE_KEY = 0
@@ -185,23 +186,10 @@ class FrameReader:
         return b"".join(parts)
 
 
-def _unreferenced_spare_refcount() -> int:
-    """What ``sys.getrefcount`` says of a spare that only the spare list holds, seen from
-    ``FrameReceiver._frame_buffer``'s loop (measured the same way: interpreters differ in
-    which references they count)."""
-    count = 0
-    for spare in [bytearray(1)]:
-        count = sys.getrefcount(spare)
-    return count
-
-
-_UNREFERENCED_SPARE_REFCOUNT = _unreferenced_spare_refcount()
-
-
 class FrameReceiver:
     """Frames of at most ``max_frame_bytes`` received straight into buffers (see the module
     docstring). Frames come out in order from ``next_frame()``: ``bytes``, or a
-    ``bytearray`` for frames over ``LARGE_FRAME_MIN_BYTES``. Raises FrameTooLarge or
+    ``memoryview`` of a pooled region for frames over ``LARGE_FRAME_MIN_BYTES``. Raises FrameTooLarge or
     MalformedFrame from ``buffer_updated``; the connection cannot continue after that."""
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
@@ -210,17 +198,16 @@ class FrameReceiver:
         self._buffer_view = memoryview(self._buffer)
         self._start = 0  # first byte not yet taken
         self._end = 0  # end of the received bytes
-        self._large: bytearray | None = None  # a large frame being filled
-        self._large_view: memoryview | None = None
+        self._large: memoryview | None = None  # a large frame being filled
         self._large_filled = 0
-        self._frames: deque[bytes | bytearray] = deque()
-        self._spares: list[bytearray] = []  # large-frame buffers to reuse
+        self._frames: deque[bytes | memoryview] = deque()
+        self._large_regions = RegionPool(SPARE_FRAMES, max_kept_region_bytes=SPARE_FRAME_MAX_BYTES)
 
     def get_buffer(self, size_hint: int = -1) -> memoryview:
         """Where the socket's next bytes go: the rest of a large frame, else the free tail of
         the receive buffer (moving a partial frame to its start when little room is left)."""
         if self._large is not None:
-            return self._large_view[self._large_filled:]
+            return self._large[self._large_filled:]
         if len(self._buffer) - self._end < MIN_FREE_RECEIVE_BYTES and self._start:
             pending = self._end - self._start
             self._buffer[:pending] = self._buffer_view[self._start:self._end]
@@ -232,30 +219,13 @@ class FrameReceiver:
             self._large_filled += nbytes
             if self._large_filled == len(self._large):
                 self._frames.append(self._large)
-                self._large = self._large_view = None
+                self._large = None
             return
         self._end += nbytes
         self._split()
 
-    def next_frame(self) -> bytes | bytearray | None:
+    def next_frame(self) -> bytes | memoryview | None:
         return self._frames.popleft() if self._frames else None
-
-    def _frame_buffer(self, size: int) -> bytearray:
-        """A ``size``-byte buffer for a large frame: a spare one that nothing references any
-        more (no frame in a queue, no request's memoryview of it: the reference count says
-        so exactly), resized, or a new one. Reusing spares saves allocating, zeroing and
-        page-faulting a fresh buffer per large request."""
-        for spare in self._spares:
-            if sys.getrefcount(spare) == _UNREFERENCED_SPARE_REFCOUNT:
-                if len(spare) > size:
-                    del spare[size:]  # keeps the allocation unless it halves
-                elif len(spare) < size:
-                    spare += bytes(size - len(spare))
-                return spare
-        frame = bytearray(size)
-        if size <= SPARE_FRAME_MAX_BYTES and len(self._spares) < SPARE_FRAMES:
-            self._spares.append(frame)
-        return frame
 
     def _split(self) -> None:
         """Take every whole frame out of the receive buffer; start a large one's own buffer."""
@@ -284,10 +254,9 @@ class FrameReceiver:
     def _start_large(self, size: int, received: memoryview) -> None:
         """A buffer of its own for a frame of ``size`` bytes whose first ``received`` bytes
         (fewer than ``size``) are here."""
-        frame = self._frame_buffer(size)
+        frame = memoryview(self._large_regions.take(size))[:size]
         frame[:len(received)] = received
-        self._large, self._large_view = frame, memoryview(frame)
-        self._large_filled = len(received)
+        self._large, self._large_filled = frame, len(received)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +293,7 @@ class Request:
     body: Any  # the kio request dataclass for (api_key, api_version)
 
 
-def parse_request_header(frame: bytes) -> tuple[RequestHeader, int]:
+def parse_request_header(frame: bytes | bytearray | memoryview) -> tuple[RequestHeader, int]:
     """The request header v1 fields and the position right after ``client_id``."""
     if len(frame) < _REQUEST_HEADER.size:
         raise MalformedFrame(f"request of {len(frame)} bytes is shorter than a header")
@@ -335,7 +304,7 @@ def parse_request_header(frame: bytes) -> tuple[RequestHeader, int]:
         end = position + client_id_length
         if end > len(frame):
             raise MalformedFrame("client_id overruns the request")
-        client_id = frame[position:end].decode("utf-8", errors="replace")
+        client_id = str(frame[position:end], "utf-8", errors="replace")
         position = end
     return RequestHeader(api_key, api_version, correlation_id, client_id), position
 
@@ -367,7 +336,7 @@ def _payload_class(api_key: int, api_version: int, entity_type: EntityType) -> t
     raise UnsupportedVersion(f"api key {api_key} version {api_version} has no {suffix} class")
 
 
-def decode_request(frame: bytes) -> Request:
+def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     """Parse a whole request frame (without its length prefix)."""
     header, position = parse_request_header(frame)
     body_class = request_class(header.api_key, header.api_version)

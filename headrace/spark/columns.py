@@ -9,7 +9,7 @@ Spark's ints (0 CreateTime, 1 LogAppendTime, -1 none; Kafka's TimestampType ids)
 (``headrace.protocol.kernel.RecordColumns``) as an Arrow batch of the source schema without a
 Python object per record. ``ArrowBatchDecoder`` is the source's path without headers: the
 kernel's ``decode_arrow`` writes key, value, offset and timestamp columns straight into Arrow
-buffers carved from one pooled region per Fetch response (``headrace.spark.buffers``), and the
+buffers carved from one pooled region per Fetch response (``headrace.protocol.buffers``), and the
 constant topic and partition columns are slices of arrays built once per task.
 
 Pure data and pure functions are thread-safe; an ``ArrowBatchDecoder`` belongs to one thread
@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
+from headrace.protocol.buffers import RegionPool
 from headrace.protocol.kernel import (
     ArrowBuffers,
     ArrowFilled,
@@ -32,7 +33,6 @@ from headrace.protocol.kernel import (
     decode_arrow,
     plan_arrow_decode,
 )
-from headrace.spark.buffers import RegionPool
 
 BASE_COLUMNS_DDL = (
     "key binary, value binary, topic string, partition int, offset long, "

@@ -5,7 +5,7 @@ Owns: ``read_range``, which reads one topic-partition's range with the raw Fetch
 kernel (CRC-checked, decompressed, control batches skipped) and yields ``pyarrow.RecordBatch``es
 of at most ``records_per_arrow_batch`` rows -- no Python object per record. Without headers the
 kernel's ``decode_arrow`` writes the Arrow buffers themselves in one pass, into regions of a
-process-wide pool (``headrace.spark.buffers``) that are reused once Spark has released the
+process-wide pool (``headrace.protocol.buffers``) that are reused once Spark has released the
 batches made from them: with fresh multi-MiB buffers per response, page faults cost as much as
 the decoding. With ``includeHeaders`` the kernel's ``decode_columns`` output is wrapped instead.
 The next Fetch is sent before a response is decoded, so the broker works while we decode, and
@@ -52,8 +52,8 @@ from headrace.errors import (
     error_for_code,
 )
 from headrace.protocol.batch import BATCH_HEADER_BYTES
+from headrace.protocol.buffers import RegionPool
 from headrace.protocol.kernel import decode_columns
-from headrace.spark.buffers import RegionPool
 from headrace.spark.columns import ArrowBatchDecoder, arrow_chunks, record_columns_to_arrow
 from headrace.spark.offsets import OffsetRange, report_data_loss
 from headrace.spark.options import SourceOptions

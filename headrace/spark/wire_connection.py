@@ -11,7 +11,7 @@ option helpers both clients share: ``parse_servers`` (``bootstrap.servers``),
 Requests are encoded with kio through ``headrace.protocol.wire``, or given as ready frame
 pieces (``send_pieces``: a hand-encoded prefix and record batches sent with one
 ``sendmsg`` without joining them). Responses come back as raw frames or kio entities; a
-connection given a ``frame_pool`` (``headrace.spark.buffers.RegionPool``) receives its frames
+connection given a ``frame_pool`` (``headrace.protocol.buffers.RegionPool``) receives its frames
 into the pool's reused regions instead of fresh buffers.
 
 Not thread-safe: one connection belongs to one client, which belongs to one Spark task.
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from headrace.errors import KafkaError, UnsupportedVersion, error_for_code
 from headrace.protocol import wire
-from headrace.spark.buffers import RegionPool
+from headrace.protocol.buffers import RegionPool
 
 API_VERSIONS_KEY = 18
 NO_ERROR = 0

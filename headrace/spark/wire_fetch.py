@@ -17,7 +17,7 @@ produce client) to read one topic-partition:
 - ``send_fetch`` / ``receive_fetch`` allow one request in flight while the caller decodes the
   previous response (Kafka answers a connection's requests in order).
 - Response frames are received into regions of a process-wide pool
-  (``headrace.spark.buffers``): a region is reused only once every view of its last frame has
+  (``headrace.protocol.buffers``): a region is reused only once every view of its last frame has
   been released, so a caller that drops each response before receiving the next pays no page
   faults for fresh buffers.
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from headrace.errors import error_for_code
 from headrace.protocol import wire
-from headrace.spark.buffers import RegionPool
+from headrace.protocol.buffers import RegionPool
 from headrace.spark.wire_connection import (
     NO_ERROR,
     BrokerConnection,

@@ -178,7 +178,7 @@ def test_a_large_frame_is_received_into_a_buffer_of_its_own():
     body = bytes(range(256)) * 1000
     receiver = wire.FrameReceiver()
     (frame,) = _receive(receiver, struct.pack(">i", len(body)) + body, [100_000])
-    assert type(frame) is bytearray and frame == body
+    assert type(frame) is memoryview and frame == body
     assert len(receiver.get_buffer(-1)) == wire.RECEIVE_BUFFER_BYTES  # back to the shared one
 
 
@@ -239,17 +239,17 @@ def test_a_large_frame_buffer_is_reused_only_once_nothing_references_it():
     receiver = wire.FrameReceiver()
     first_body, second_body = b"a" * 200_000, b"b" * 190_000
 
-    def frame_of(body: bytes) -> bytearray:
+    def frame_of(body: bytes) -> memoryview:
         (frame,) = _receive(receiver, struct.pack(">i", len(body)) + body, [50_000])
         return frame
 
     first = frame_of(first_body)
-    first_id = id(first)  # kept alive by the receiver's spares, so the id stays its own
-    held = memoryview(first)[10:20]  # a request still holding a view of its records
+    first_id = id(first.obj)  # kept alive by the receiver's pool, so the id stays its own
+    held = first[10:20]  # a request still holding a view of its records
     del first
     second = frame_of(second_body)
-    assert id(second) != first_id and second == second_body
+    assert id(second.obj) != first_id and second == second_body
     assert bytes(held) == b"a" * 10  # not overwritten while referenced
     del held
     third = frame_of(second_body)  # the first buffer is free now; the second is held
-    assert id(third) == first_id and third == second_body and second == second_body
+    assert id(third.obj) == first_id and third == second_body and second == second_body

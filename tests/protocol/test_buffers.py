@@ -1,13 +1,13 @@
-"""Tests for headrace.spark.buffers.RegionPool: reuse only of regions nothing refers to."""
+"""Tests for headrace.protocol.buffers.RegionPool: reuse only of regions nothing refers to."""
 
 from __future__ import annotations
 
 import threading
 
 import numpy as np
-import pyarrow as pa
+import pytest
 
-from headrace.spark.buffers import REGION_ROUNDING_BYTES, RegionPool
+from headrace.protocol.buffers import REGION_ROUNDING_BYTES, RegionPool
 
 
 def test_a_released_region_is_reused_without_allocating():
@@ -25,6 +25,7 @@ def _overwrite_takes(pool: RegionPool, count: int) -> None:
 
 
 def test_a_region_any_view_still_refers_to_is_not_handed_out_again():
+    pa = pytest.importorskip("pyarrow")  # the Spark source's column buffers
     pool = RegionPool(max_regions=4)
     region = pool.take(16)
     batch = pa.RecordBatch.from_arrays(
@@ -60,6 +61,20 @@ def test_beyond_max_regions_fresh_regions_are_not_kept():
     del extra
     assert pool.take(10) is not held  # the extra one was not kept; held is still in use
     assert pool.allocated_bytes == 3 * REGION_ROUNDING_BYTES
+
+
+def test_regions_over_the_kept_size_are_handed_out_but_not_kept():
+    pool = RegionPool(max_regions=2, max_kept_region_bytes=REGION_ROUNDING_BYTES)
+    large = pool.take(REGION_ROUNDING_BYTES + 1)
+    del large
+    again = pool.take(REGION_ROUNDING_BYTES + 1)
+    assert pool.allocated_bytes == 4 * REGION_ROUNDING_BYTES  # two fresh 2 MiB regions
+    del again
+    small = pool.take(10)
+    small_id = id(small)
+    del small
+    assert id(pool.take(10)) == small_id  # a kept region is reused
+    assert pool.allocated_bytes == 5 * REGION_ROUNDING_BYTES
 
 
 def test_concurrent_takers_never_share_a_region():

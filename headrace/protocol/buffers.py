@@ -1,14 +1,15 @@
 """Byte regions reused once nothing refers to them: receive buffers and Arrow column buffers.
 
-Owns ``RegionPool``. Each Fetch response of a Spark task is received into, and decoded into,
-multi-MiB buffers; fresh ones cost a page fault per 4 KiB page (glibc serves them with mmap and
-unmaps them when freed), which measured as much as the decoding itself. A pool hands out
+Owns ``RegionPool``, used by the broker for large request frames (``wire.FrameReceiver``) and
+by the Spark source for Fetch responses and the Arrow columns decoded from them. Fresh
+multi-MiB buffers cost a page fault per 4 KiB page (glibc serves them with mmap and unmaps them
+when freed), which measured as much as decoding a Fetch response itself. A pool hands out
 ``bytearray`` regions and takes one back for reuse only when its sole remaining reference is
 the pool's own -- that is, when every memoryview, Arrow buffer and record batch made from it
 has been released (CPython reference counts; exporting a buffer holds a reference). So nothing
 handed out is ever overwritten while in use, whoever keeps it and for however long; a region
 still referenced is simply not reused, and the pool allocates another (keeping at most
-``max_regions``).
+``max_regions``, and none larger than ``max_kept_region_bytes`` when that is given).
 
 Pools are meant to live as long as the process (a Spark Python worker runs task after task), so
 a task's first responses reuse the regions of the one before; ``take`` is thread-safe (a lock),
@@ -41,8 +42,9 @@ class RegionPool:
     """At most ``max_regions`` reusable regions; ``take(n)`` returns one of at least n bytes
     that nothing else refers to (contents undefined)."""
 
-    def __init__(self, max_regions: int) -> None:
+    def __init__(self, max_regions: int, max_kept_region_bytes: int | None = None) -> None:
         self.max_regions = max_regions
+        self.max_kept_region_bytes = max_kept_region_bytes
         self._regions: list[bytearray] = []
         self._lock = threading.Lock()
         self.allocated_bytes = 0  # by this pool so far: tells reuse from fresh allocation
@@ -52,6 +54,8 @@ class RegionPool:
             return self._take(size_bytes)
 
     def _take(self, size_bytes: int) -> bytearray:
+        if not self._keeps(size_bytes):
+            return self._allocate(size_bytes)
         for index in range(len(self._regions)):
             if _reference_count(self._regions, index) != _UNREFERENCED_COUNT:
                 continue
@@ -62,6 +66,10 @@ class RegionPool:
         if len(self._regions) < self.max_regions:
             self._regions.append(region)
         return region
+
+    def _keeps(self, size_bytes: int) -> bool:
+        return self.max_kept_region_bytes is None or \
+            _rounded(size_bytes) <= self.max_kept_region_bytes
 
     def _allocate(self, size_bytes: int) -> bytearray:
         size = _rounded(size_bytes)
