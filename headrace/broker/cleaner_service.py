@@ -111,7 +111,10 @@ MAX_OFFSET_MAP_BYTES = 2**31 - 1  # Kafka's per-thread cap (Int.MaxValue)
 class Throttler:
     """Kafka's ``Throttler``: keeps the observed byte rate at or below the desired rate by
     sleeping, measured over ``THROTTLE_CHECK_INTERVAL_MS`` periods. ``sleep(seconds)`` returns
-    early when the service stops. Unlike Kafka's, a throttling sleep is taken in slices of
+    early when the service stops. Unlike Kafka's, a period also ends as soon as it has seen
+    the bytes the rate allows in a whole period, so no burst exceeds one period's worth
+    (Kafka's throttler lets any amount through until ``checkIntervalMs`` has passed, so a
+    small cleaning is never throttled at all). A throttling sleep is taken in slices of
     ``THROTTLE_SLEEP_SLICE_MS`` and ends early when the desired rate changes or the caller's
     ``interrupted()`` turns true (the cleaned log was deleted or closed), so neither a rate
     change nor a topic deletion waits for a long sleep at a low rate."""
@@ -130,9 +133,11 @@ class Throttler:
             self._observed_bytes += observed_bytes
             now_ms = self._clock.monotonic_ms()
             elapsed_ms = now_ms - self._period_start_ms
-            if elapsed_ms < THROTTLE_CHECK_INTERVAL_MS or self._observed_bytes <= 0:
-                return
             rate = self.desired_bytes_per_second
+            period_bytes = rate * THROTTLE_CHECK_INTERVAL_MS / 1000
+            if self._observed_bytes <= 0 or (elapsed_ms < THROTTLE_CHECK_INTERVAL_MS
+                                             and self._observed_bytes < period_bytes):
+                return
             wanted_ms = 1000.0 * self._observed_bytes / rate
             if wanted_ms > elapsed_ms:
                 self._sleep_until(now_ms + wanted_ms - elapsed_ms, rate, interrupted)
