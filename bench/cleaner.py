@@ -8,19 +8,28 @@ buffer, fsynced), and the copy is cleaned with a 128 MiB dedupe buffer -- in alt
 order from round to round, so neither side always runs second, each after ``os.sync()``
 (no write-back or delete of the round's earlier steps overlaps a measurement; cached pages
 stay, so both read the log hot); the figure is the median ratio of plain seconds to
-cleaning seconds.
+cleaning seconds. The cleaner's spans run on the calling thread at its priority, unless
+``--broker-spans``: as in the broker, on a helper thread ``CLEANER_SPAN_NICENESS`` nicer and
+cooperative (on a machine with other load, a nicer thread gets less CPU). ``--busy-broker``
+(implies ``--broker-spans``) also notes a broker request every millisecond throughout
+(``note_broker_request``), so the spans pause as they do on a broker serving requests all
+along: the cleaning speed's floor.
 
     .venv/bin/python bench/cleaner.py --megabytes 512 --records-per-batch 100
     .venv/bin/python bench/cleaner.py --megabytes 512 --records-per-batch 1
+    .venv/bin/python bench/cleaner.py --megabytes 256 --skip-capacity --runs 5 --broker-spans
+    .venv/bin/python bench/cleaner.py --megabytes 256 --skip-capacity --runs 5 --busy-broker
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cleaner_workload import NOW_MS, BatchBuilder, permuted_ids  # noqa: E402
 
+from headrace.broker.cleaner_service import CLEANER_SPAN_NICENESS  # noqa: E402
+from headrace.protocol.kernel import note_broker_request  # noqa: E402
 from headrace.storage.cleaner import Cleaner  # noqa: E402
 from headrace.storage.config import LogConfig  # noqa: E402
 from headrace.storage.fs import RealFileSystem  # noqa: E402
@@ -100,7 +111,29 @@ def settle() -> None:
     os.sync()
 
 
-def one_round(source: Path, work: Path, clean_first: bool) -> tuple[float, float, float, object]:
+BUSY_BROKER_REQUEST_INTERVAL_S = 0.001
+
+
+class BusyBroker:
+    """Notes a broker request every ``BUSY_BROKER_REQUEST_INTERVAL_S`` while in use."""
+
+    def __enter__(self) -> BusyBroker:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stop.wait(BUSY_BROKER_REQUEST_INTERVAL_S):
+            note_broker_request()
+
+    def __exit__(self, *_exception) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def one_round(source: Path, work: Path, clean_first: bool, span_niceness: int,
+              busy_broker: bool) -> tuple[float, float, float, object]:
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(source, work)
     log = open_log(work / "bench-0")
@@ -109,11 +142,12 @@ def one_round(source: Path, work: Path, clean_first: bool) -> tuple[float, float
         settle()
         copy_secs = plain_copy_secs(log, work / "plain-copy")
         os.remove(work / "plain-copy")
-    cleaner = Cleaner(OffsetMap())
+    cleaner = Cleaner(OffsetMap(), span_niceness=span_niceness)
     settle()
-    started = time.perf_counter()
-    stats = cleaner.clean(log, 0, NOW_MS)
-    clean_secs = time.perf_counter() - started
+    with BusyBroker() if busy_broker else contextlib.nullcontext():
+        started = time.perf_counter()
+        stats = cleaner.clean(log, 0, NOW_MS)
+        clean_secs = time.perf_counter() - started
     if clean_first:  # the cleaned log replaced the source bytes: copy the untouched source
         settle()
         copy_secs = plain_copy_secs(open_log(source / "bench-0"), work / "plain-copy")
@@ -130,6 +164,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/cleaner/bench"))
     parser.add_argument("--skip-capacity", action="store_true")
+    parser.add_argument("--broker-spans", action="store_true",
+                        help="spans as in the broker: on a nicer helper thread, cooperative")
+    parser.add_argument("--busy-broker", action="store_true",
+                        help="--broker-spans on a broker receiving requests all along")
     args = parser.parse_args()
     shutil.rmtree(args.dir, ignore_errors=True)
     args.dir.mkdir(parents=True)
@@ -142,10 +180,12 @@ def main() -> None:
                      args.records_per_batch)
     print(f"generated {keys:,} keys x {args.versions} versions, {args.records_per_batch} "
           f"records a batch in {time.perf_counter() - started:.1f} s")
+    span_niceness = CLEANER_SPAN_NICENESS if args.broker_spans or args.busy_broker else 0
     ratios = []
     for run in range(args.runs):
         size_mb, copy_secs, clean_secs, stats = one_round(args.dir / "source",
-                                                          args.dir / "work", run % 2 == 1)
+                                                          args.dir / "work", run % 2 == 1,
+                                                          span_niceness, args.busy_broker)
         ratios.append(copy_secs / clean_secs)
         print(f"run {run + 1}: {size_mb:.0f} MB: plain read+write {size_mb / copy_secs:.0f} "
               f"MB/s, cleaning {size_mb / clean_secs:.0f} MB/s, ratio {ratios[-1]:.2f}; "

@@ -15,7 +15,11 @@ cleaning's CPU work -- its spans, which run without the GIL -- runs ``CLEANER_SP
 nicer than the broker (on a helper thread per span: Linux nice values are per thread), so a
 full-speed cleaning yields the CPU to the event loop and the append thread; the cleaner
 thread itself keeps the broker's priority, because it takes the GIL between spans, and a
-low-priority thread preempted while holding the GIL would stall every other thread.
+low-priority thread preempted while holding the GIL would stall every other thread. Such a
+span is also cooperative: while the broker receives requests (the connections note each
+with ``kernel.note_broker_request``) it pauses 50 us after every 250 us of CPU, so a thread
+woken on its CPU runs at once instead of after a scheduler tick (a broker busy all along
+cleans about a third slower but never stops; an idle broker's cleaning never pauses).
 
 Live reconfiguration (Kafka's ``LogCleaner.reconfigure``; the broker config validates first,
 see ``headrace.broker.config``): ``log.cleaner.backoff.ms`` and
@@ -24,7 +28,7 @@ the threads, dedupe buffer, I/O buffer or load factor restarts the cleaner threa
 current ones stop at their next span (a cleaning in progress is aborted exactly as at
 shutdown and retried by the new threads from the same checkpoint), are joined -- their maps
 freed -- and the new number of threads starts with the new buffers. The restart runs on its
-own short-lived thread, so the config change (on the append thread) never waits for a span;
+own short-lived thread, so the config change never waits for a span;
 several changes in a row coalesce into the latest settings. A thread that died (its map could
 not be allocated, or an error escaped its loop) counts in ``DeadThreadCount`` until the next
 restart replaces it.
@@ -254,7 +258,8 @@ class CleanerService:
 
     def _on_config_change(self, properties: dict[str, str]) -> None:
         """Kafka's ``reconfigure``: backoff and I/O rate at once; new thread or buffer
-        settings restart the threads (on a restart thread: this runs on the append thread)."""
+        settings restart the threads (on a restart thread: this runs on the thread applying the
+        config change, which must not wait for a span)."""
         self.backoff_ms = int(properties["log.cleaner.backoff.ms"])
         self.throttler.desired_bytes_per_second = float(
             properties["log.cleaner.io.max.bytes.per.second"])

@@ -24,7 +24,9 @@ When AlterConfigs changes one of ``CLEANER_RECONFIGURABLE_CONFIGS``, also
 one and not above double it; these and the buffer checks answer INVALID_REQUEST, as Kafka's
 ConfigException in a dynamic update does.
 
-Thread-safety: reads are lock-free over an immutable snapshot; ``alter_dynamic`` takes a lock.
+Thread-safety: reads are lock-free over an immutable snapshot; ``alter_dynamic`` may run on
+any thread: a change lock orders whole changes, listener calls included, so listeners see
+changes in the order they were persisted.
 """
 
 from __future__ import annotations
@@ -193,6 +195,7 @@ class BrokerConfig:
         self._static = dict(static_properties or {})
         self._dynamic: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._change_lock = threading.Lock()  # a whole alter_dynamic; taken before ``_lock``
         self._listeners: list[Callable[[dict[str, str]], None]] = []
         for key in self._static:
             if key not in BROKER_CONFIGS and key not in TOPIC_CONFIGS:
@@ -296,7 +299,13 @@ class BrokerConfig:
 
     def alter_dynamic(self, changes: Mapping[str, str | None], validate_only: bool) -> None:
         """Set (value) or remove (None) dynamic broker configs, atomically. InvalidConfig for
-        an unknown or read-only name or a bad value; nothing is applied then."""
+        an unknown or read-only name or a bad value; nothing is applied then. Listeners are
+        called after the change is persisted, in the order of the changes."""
+        with self._change_lock:
+            self._alter_dynamic_locked(changes, validate_only)
+
+    def _alter_dynamic_locked(self, changes: Mapping[str, str | None],
+                              validate_only: bool) -> None:
         with self._lock:
             updated = dict(self._dynamic)
             for name, value in changes.items():

@@ -45,6 +45,7 @@ from headrace.broker.context import RawResponse, RequestContext
 from headrace.broker.handlers import HANDLERS
 from headrace.errors import InvalidRequest, UnsupportedVersion
 from headrace.protocol import wire
+from headrace.protocol.kernel import note_broker_request
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_active_monotonic_s = time.monotonic()
+        note_broker_request()  # the cleaner's spans give way while requests come in
         try:
             self.reader.buffer_updated(nbytes)
         except InvalidRequest as error:

@@ -392,6 +392,14 @@ class FilterSpan:
     indexed: IndexedBatches
 
 
+note_broker_request = _kernel.note_broker_request
+"""``note_broker_request()``: the broker's event loop received a request now. While requests
+keep coming (one within the last 50 ms), a niced span (``niceness`` > 0 in ``map_span`` /
+``filter_span``) pauses 50 us after every 250 us of CPU, between chunks, so a thread woken
+on its CPU -- the event loop, the append thread, a client -- runs at once instead of waiting
+for the scheduler to preempt the span; an idle broker's spans never pause. One atomic store."""
+
+
 def map_span(
     fd: int, buffer: WritableBuffer, position: int, end_position: int, span_bytes: int,
     fingerprints: np.ndarray, words: np.ndarray, scope: PassScope, first_ordinal: int,
@@ -406,7 +414,8 @@ def map_span(
     ``end_position`` or the end of the file raises ``CorruptMessage``. With ``niceness``
     > 0 the span runs on a helper thread that much nicer than the caller (Linux nice values
     are per thread), while the caller waits without the GIL: the span's CPU work yields to
-    other threads, yet the caller takes the GIL back at its own priority."""
+    other threads, yet the caller takes the GIL back at its own priority; such a span also
+    pauses briefly while the broker serves requests (``note_broker_request``)."""
     return MapSpan(*_kernel.map_span(
         fd, buffer, position, end_position, span_bytes, fingerprints, words, room_keys,
         scope.first_offset, scope.end_offset, scope.range_low, scope.range_high,

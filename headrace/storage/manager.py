@@ -25,7 +25,12 @@ before the topic is published, so a topic a client has seen survives a crash.
 Thread-safety: mutating calls (create/delete/alter/maintenance/shutdown) are serialized by one
 lock (deleting a topic first waits for a cleaning of its partitions to stop, see
 ``Log.stop_cleaning``); ``get_log``/``topic``/``topics`` read dictionaries that are replaced, not mutated, so they
-are safe from any thread. ``write_checkpoints`` may run on its own thread (the broker's
+are safe from any thread. Topic config changes (``alter_topic_config``) may run on any thread:
+a config lock, always taken before the manager's lock, orders them with each other and with
+topic creation and deletion, and their file writes (fsyncs) happen under the config lock
+alone, so the append thread and maintenance never wait for them; the new config is then
+applied under the manager's lock and each log's (``Log.update_config``), which every append
+holds. ``write_checkpoints`` may run on its own thread (the broker's
 background thread): it takes a checkpoint lock, then the manager's lock only to read offsets,
 and writes the files outside it.
 """
@@ -125,6 +130,7 @@ class LogManager:
         self.fs = fs or RealFileSystem()
         self._lock = threading.RLock()
         self._checkpoint_lock = threading.Lock()  # taken before ``_lock``, never after
+        self._config_lock = threading.Lock()  # topic config files; taken before ``_lock``
         self._topics: dict[str, TopicInfo] = {}
         self._logs: dict[tuple[str, int], Log] = {}
         self._log_dir_of: dict[tuple[str, int], Path] = {}
@@ -226,7 +232,7 @@ class LogManager:
 
     def create_topic(self, name: str, partitions: int, overrides: dict[str, str],
                      validate_only: bool = False) -> TopicInfo:
-        with self._lock:
+        with self._config_lock, self._lock:
             validate_topic_name(name)
             if name in self._topics:
                 raise TopicAlreadyExists(f"Topic '{name}' already exists.")
@@ -311,7 +317,7 @@ class LogManager:
     def delete_topic(self, name: str) -> None:
         """Rename the partition directories to ``<dir>.<uuid>-delete``; their files are
         removed after log.segment.delete.delay.ms (readers holding slices still finish)."""
-        with self._lock:
+        with self._config_lock, self._lock:
             info = self.topic(name)
             due_ms = self.clock.now_ms() + self._delete_delay_ms
             logs = dict(self._logs)
@@ -359,12 +365,19 @@ class LogManager:
         return log
 
     def alter_topic_config(self, name: str, overrides: dict[str, str]) -> None:
-        with self._lock:
-            info = self.topic(name)
+        """Make ``overrides`` the topic's whole override set: persist it (temp file, fsync,
+        rename, directory fsync) without the manager's lock, then apply it to every partition
+        under it. Any thread; never holds a lock the append path takes while it fsyncs."""
+        with self._config_lock:
+            self.topic(name)
             normalised = validate_topic_overrides(dict(overrides))
-            config = LogConfig.from_properties(normalised, self.broker_properties)
+            LogConfig.from_properties(normalised, self.broker_properties)
             self._write_topic_config(name, normalised)
-            self._apply_config(TopicInfo(name, info.topic_id, info.partitions, config, normalised))
+            with self._lock:
+                info = self.topic(name)
+                config = LogConfig.from_properties(normalised, self.broker_properties)
+                self._apply_config(TopicInfo(name, info.topic_id, info.partitions, config,
+                                             normalised))
 
     def _apply_config(self, info: TopicInfo) -> None:
         self._set_topic(info)

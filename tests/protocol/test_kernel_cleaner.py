@@ -30,6 +30,7 @@ from headrace.protocol.kernel import (
     index_batches,
     map_batches,
     map_span,
+    note_broker_request,
 )
 from headrace.protocol.records import build_batch
 
@@ -359,5 +360,57 @@ def test_a_niced_span_works_on_a_nicer_thread_and_leaves_the_caller_as_it_was(tm
         os.close(fd)
     assert own_nice + 5 in seen
     assert os.getpriority(os.PRIO_PROCESS, 0) == own_nice
+    assert span == expected and span.stop == SPAN_DONE
+    assert np.array_equal(niced.fingerprints, plain.fingerprints)
+
+
+def _voluntary_switches_of_threads_niced(nice: int) -> int:
+    """The most voluntary context switches (sleeps) of any thread at ``nice``."""
+    most = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]) != nice:
+                continue
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    most = max(most, int(line.split()[1]))
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return most
+
+
+def test_a_niced_span_pauses_while_the_broker_receives_requests_and_cleans_the_same(tmp_path):
+    # Read from the page cache, a span's thread sleeps only in its cooperative pauses: with
+    # requests noted all along, it must be seen with voluntary context switches.
+    batches = keyed_batches(17, batches=3000, keys=500)
+    data = b"".join(batches)
+    fd = write_file(tmp_path / "0.log", batches)
+    niced_value = os.getpriority(os.PRIO_PROCESS, 0) + 5
+    most_switches = 0
+    stop = threading.Event()
+
+    def busy_broker() -> None:
+        nonlocal most_switches
+        while not stop.is_set():
+            note_broker_request()
+            most_switches = max(most_switches, _voluntary_switches_of_threads_niced(niced_value))
+
+    watcher = threading.Thread(target=busy_broker)
+    watcher.start()
+    try:
+        for _ in range(500):  # each span runs a few ms; the watcher looks meanwhile
+            niced = Tables()
+            span = map_span(fd, bytearray(4096), 0, len(data), 1 << 30, niced.fingerprints,
+                            niced.words, ALL_KEYS, 0, 1 << 30, niceness=5)
+            if most_switches:
+                break
+    finally:
+        stop.set()
+        watcher.join()
+        plain = Tables()
+        expected = map_span(fd, bytearray(4096), 0, len(data), 1 << 30, plain.fingerprints,
+                            plain.words, ALL_KEYS, 0, 1 << 30)
+        os.close(fd)
+    assert most_switches > 0
     assert span == expected and span.stop == SPAN_DONE
     assert np.array_equal(niced.fingerprints, plain.fingerprints)

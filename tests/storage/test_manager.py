@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from headrace.errors import (
     UnknownTopicOrPartition,
 )
 from headrace.storage.checkpoint import read_checkpoint
-from headrace.storage.manager import CLEAN_SHUTDOWN_MARKER, LogManager
+from headrace.storage.fs import RealFileSystem
+from headrace.storage.manager import CLEAN_SHUTDOWN_MARKER, TOPIC_CONFIGS_DIR, LogManager
 
 from .batches import build_batch
 from .faulty_fs import CrashingFileSystem
@@ -224,3 +226,55 @@ def test_retention_renames_in_maintenance_and_unlinks_in_remove_expired_files(sc
     manager.remove_expired_files(clock.now_ms() + 500)
     assert not any(p.exists() for p in deleted)
     assert log.read(log.log_start_offset, 1000).slices
+
+
+class ConfigSyncHoldingFileSystem(RealFileSystem):
+    """Holds the directory fsync of the topic config files, once ``armed``, until ``release``
+    is set: a disk so busy with write-back that a config change's fsync takes long."""
+
+    def __init__(self, configs_dir: Path) -> None:
+        self.configs_dir = configs_dir
+        self.armed = False
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def fsync_dir(self, path: Path) -> None:
+        if self.armed and Path(path) == self.configs_dir:
+            self.holding.set()
+            self.release.wait()
+        super().fsync_dir(path)
+
+
+def test_a_config_change_being_persisted_holds_neither_appends_nor_maintenance(scratch, clock):
+    fs = ConfigSyncHoldingFileSystem(scratch / TOPIC_CONFIGS_DIR)
+    manager = LogManager([scratch], {}, clock, fs)
+    manager.startup()
+    manager.create_topic("t", 1, {})
+    log = manager.get_log("t", 0)
+    fs.armed = True
+    alter = threading.Thread(target=manager.alter_topic_config,
+                             args=("t", {"cleanup.policy": "compact"}))
+    alter.start()
+    try:
+        assert fs.holding.wait(60)
+
+        def append_and_maintain() -> None:
+            log.append(build_batch([b"v"]), clock.now_ms())
+            manager.maintenance(clock.now_ms())
+
+        other = threading.Thread(target=append_and_maintain)
+        other.start()
+        other.join(60)  # a bound on a deadlock, not a speed: it must not wait for the fsync
+        appended_while_held = not other.is_alive()
+        applied_before_durable = log.config.compact_enabled
+    finally:
+        fs.release.set()
+        alter.join(60)
+    assert appended_while_held and log.log_end_offset == 1
+    assert not applied_before_durable
+    assert log.config.compact_enabled and manager.topic("t").overrides == {
+        "cleanup.policy": "compact"}
+    manager.shutdown()
+    restarted = start([scratch], clock)
+    assert restarted.get_log("t", 0).config.compact_enabled
+    restarted.shutdown()

@@ -9,12 +9,17 @@ INVALID_REQUEST, a null value INVALID_REQUEST, an unknown topic UNKNOWN_TOPIC_OR
 in Kafka. ``validate_only`` checks without changing anything.
 
 The helpers for applying topic overrides and broker changes are shared with
-IncrementalAlterConfigs. Runs on the event loop thread; changes are applied on the broker's
-append thread (``BrokerState.run_append``), serialized with appends.
+IncrementalAlterConfigs. Runs on the event loop thread; a change is persisted and applied on a
+worker thread (``asyncio.to_thread``), never on the append thread: persisting fsyncs a file
+and its directory, which on a disk busy with write-back takes tens to hundreds of
+milliseconds, and produce requests queued behind it on the append thread would wait as long.
+The change reaches each log under its lock (which every append holds), and
+``LogManager``/``BrokerConfig`` order concurrent changes themselves.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -54,7 +59,7 @@ async def apply_topic_overrides(broker: Any, topic: str, overrides: Mapping[str,
     """Validate the complete new override set and, unless validate_only, apply it."""
     normalised = validate_topic_overrides(dict(overrides))
     if not validate_only:
-        await broker.run_append(broker.log_manager.alter_topic_config, topic, normalised)
+        await asyncio.to_thread(broker.log_manager.alter_topic_config, topic, normalised)
 
 
 def dynamic_broker_configs(broker: Any) -> dict[str, str]:
@@ -66,9 +71,9 @@ def dynamic_broker_configs(broker: Any) -> dict[str, str]:
 async def apply_broker_changes(broker: Any, changes: dict[str, str | None],
                                validate_only: bool) -> None:
     """Set (value) or remove (None) dynamic broker configs; InvalidConfig for read-only or
-    unknown names. Its change listeners push new defaults to the log manager, so it runs on
-    the append thread."""
-    await broker.run_append(broker.config.alter_dynamic, changes, validate_only)
+    unknown names. Its change listeners push the new defaults to the log manager and the
+    cleaner."""
+    await asyncio.to_thread(broker.config.alter_dynamic, changes, validate_only)
 
 
 def _require_values(configs: tuple[Any, ...]) -> dict[str, str]:

@@ -6,7 +6,8 @@ such as cleanup.policy, starting from the effective value. APPEND/SUBTRACT on a 
 is INVALID_CONFIG; an unknown operation, a config named twice, or a null value for SET/APPEND/
 SUBTRACT is INVALID_REQUEST. Topic changes are validated as a whole and applied live and
 persisted through ``LogManager.alter_topic_config``; broker changes (resource "" or this
-node's id) through ``BrokerConfig.alter_dynamic``. Runs on the event loop thread.
+node's id) through ``BrokerConfig.alter_dynamic``, both on a worker thread, not the append
+thread (see ``alter_configs``). Runs on the event loop thread.
 """
 
 from __future__ import annotations
