@@ -19,9 +19,12 @@ selector event loop); slices totalling under ``SENDFILE_MIN_BYTES`` are read wit
 the whole response goes out in one write (each separate write to a loopback socket is a
 segment and a wake-up of the reader, the largest fixed cost of a small fetch), as is every
 slice on a loop without native sendfile (uvloop). A slice is first offered to one direct
-non-blocking ``os.sendfile`` when the transport has nothing queued; only what does not fit
-in the socket buffer goes through ``loop.sendfile``. A sendfile response is written with
-TCP_CORK set, so its few bytes after the file data do not leave as a segment of their own.
+non-blocking ``os.sendfile`` when the transport has nothing queued; what does not fit in the
+socket buffer follows by ``os.sendfile`` each time the socket is writable again (waited for
+on a duplicate descriptor, ``writer_fd``, since the transport's own is registered with the
+selector); only a slice with transport bytes queued ahead of it goes through
+``loop.sendfile``. A sendfile response is written with TCP_CORK set, so its few bytes after
+the file data do not leave as a segment of their own.
 
 Request handling starts on the stack of ``data_received`` ("eager", as Python 3.12's eager
 tasks) and moves to a task only if it has to wait (an append-thread job, a long poll, a full
@@ -101,6 +104,11 @@ class _Resumed:
                     return stop.value
 
 
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 async def _continue(coroutine, yielded):
     return await _Resumed(coroutine, yielded)
 
@@ -128,6 +136,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.queue: deque[bytes | memoryview] = deque()
         self.transport: asyncio.Transport | None = None
         self.socket_fd = -1
+        self.writer_fd = -1  # a duplicate of socket_fd, made when a sendfile has to wait
+        self.loop: asyncio.AbstractEventLoop | None = None  # known from the first sendfile
         self.sock = None
         self.peer = ""
         self.last_active_monotonic_s = time.monotonic()
@@ -150,6 +160,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self._close_writer_fd()
         self.registry.discard(self)
         self.writable.set()
         if self.worker is not None and not self.worker.done():
@@ -262,7 +273,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if parts and isinstance(parts[0], bytes | bytearray):
             head, parts = head + parts[0], parts[1:]  # one write for the header and body start
-        loop = asyncio.get_running_loop()
+        loop = self.loop
+        if loop is None:  # asked once: each get_running_loop() is a getpid() system call
+            loop = self.loop = asyncio.get_running_loop()
         if not has_native_sendfile(loop):
             for part in (head, *parts):
                 if self.closing:
@@ -286,9 +299,54 @@ class KafkaConnection(asyncio.BufferedProtocol):
             elif part.length:
                 await self.writable.wait()
                 sent = self._sendfile_at_once(part)
-                if sent < part.length and not self.closing:
+                if sent == part.length or self.closing or self.transport.is_closing():
+                    continue
+                if self.transport.get_write_buffer_size() or self.socket_fd < 0:
                     await loop.sendfile(self.transport, _FileAtOffset(part.fd),
                                         part.position + sent, part.length - sent)
+                else:
+                    await self._sendfile_when_writable(part, sent, loop)
+
+    async def _sendfile_when_writable(self, part: Any, sent: int,
+                                      loop: asyncio.AbstractEventLoop) -> None:
+        """The rest of ``part`` after its first ``sent`` bytes, by non-blocking ``os.sendfile``
+        each time the socket is writable again. The transport has nothing queued and this
+        connection writes nothing else meanwhile, so the socket is ours until it is done:
+        cheaper than ``loop.sendfile``, which also pauses and resumes reading and waits for
+        the transport to drain (several selector changes and callbacks per response)."""
+        while sent < part.length and not self.closing:
+            await self._socket_writable(loop)
+            if self.closing or self.transport.is_closing():
+                return
+            try:
+                sent += os.sendfile(self.socket_fd, part.fd, part.position + sent,
+                                    part.length - sent)
+            except BlockingIOError:
+                continue
+            except OSError as error:
+                self.abort(f"sending a fetch response failed: {error}")
+                return
+
+    async def _socket_writable(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait until the socket can take more bytes. The transport owns the socket's own
+        descriptor in the selector, so the wait is registered on a duplicate of it."""
+        if self.writer_fd < 0:
+            self.writer_fd = os.dup(self.socket_fd)
+        writable = loop.create_future()
+        loop.add_writer(self.writer_fd, _resolve, writable)
+        try:
+            await writable
+        finally:
+            if self.writer_fd >= 0:
+                loop.remove_writer(self.writer_fd)
+
+    def _close_writer_fd(self) -> None:
+        """Unregister and close the duplicate descriptor; unregistering first, so a later
+        ``remove_writer`` can never name a reused descriptor number."""
+        if self.writer_fd >= 0:
+            self.loop.remove_writer(self.writer_fd)
+            os.close(self.writer_fd)
+            self.writer_fd = -1
 
     def _set_cork(self, corked: bool) -> None:
         """TCP_CORK around a sendfile response: the header, the file data and the few bytes

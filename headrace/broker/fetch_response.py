@@ -26,13 +26,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NO_PREFERRED_READ_REPLICA = -1
+NO_ABORTED_TRANSACTIONS = 0
 FIRST_FLEXIBLE_VERSION = 12
 FIRST_TOPIC_ID_VERSION = 13
 
-_PARTITION_HEAD = struct.Struct(">ihqq")  # index, error, high watermark, last stable offset
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
-_INT64 = struct.Struct(">q")
+# A partition's fields up to its records, per version: index, error, high watermark, last
+# stable offset, log start offset (v5+), aborted_transactions count (int32, or compact
+# "length + 1" byte when flexible), preferred_read_replica (v11+), records length (int32;
+# flexible versions append it as an unsigned varint after this fixed part).
+_V4_PARTITION_HEAD = struct.Struct(">ihqqii")
+_V5_PARTITION_HEAD = struct.Struct(">ihqqqii")
+_V11_PARTITION_HEAD = struct.Struct(">ihqqqiii")
+_FLEXIBLE_PARTITION_HEAD = struct.Struct(">ihqqqBi")
+_EMPTY_COMPACT_ARRAY = 1
 
 
 @dataclass(slots=True)
@@ -72,19 +80,21 @@ def _string(text: str, flexible: bool) -> bytes:
     return prefix + encoded
 
 
-def _partition_head(partition: PartitionData, version: int, flexible: bool) -> bytes:
-    out = bytearray(_PARTITION_HEAD.pack(
-        partition.partition_index, partition.error_code,
-        partition.high_watermark, partition.last_stable_offset,
-    ))
-    if version >= 5:
-        out += _INT64.pack(partition.log_start_offset)
-    out += _array_length(0, flexible)  # aborted_transactions: none (no transactions)
-    if version >= 11:
-        out += _INT32.pack(NO_PREFERRED_READ_REPLICA)
+def _partition_head(partition: PartitionData, version: int) -> bytes:
+    fields = (partition.partition_index, partition.error_code, partition.high_watermark,
+              partition.last_stable_offset)
     size = partition.size_bytes
-    out += uvarint(size + 1) if flexible else _INT32.pack(size)
-    return bytes(out)
+    if version >= FIRST_FLEXIBLE_VERSION:
+        return _FLEXIBLE_PARTITION_HEAD.pack(
+            *fields, partition.log_start_offset, _EMPTY_COMPACT_ARRAY,
+            NO_PREFERRED_READ_REPLICA) + uvarint(size + 1)
+    if version >= 11:
+        return _V11_PARTITION_HEAD.pack(*fields, partition.log_start_offset,
+                                        NO_ABORTED_TRANSACTIONS, NO_PREFERRED_READ_REPLICA, size)
+    if version >= 5:
+        return _V5_PARTITION_HEAD.pack(*fields, partition.log_start_offset,
+                                       NO_ABORTED_TRANSACTIONS, size)
+    return _V4_PARTITION_HEAD.pack(*fields, NO_ABORTED_TRANSACTIONS, size)
 
 
 def encode_fetch_body(
@@ -92,12 +102,11 @@ def encode_fetch_body(
 ) -> tuple[list[Any], int]:
     """(parts, total size in bytes) of a Fetch response body of ``version``."""
     flexible = version >= FIRST_FLEXIBLE_VERSION
-    head = bytearray(_INT32.pack(0))  # throttle_time_ms
+    pending = bytearray(_INT32.pack(0))  # throttle_time_ms
     if version >= 7:
-        head += _INT16.pack(error_code) + _INT32.pack(session_id)
-    head += _array_length(len(topics), flexible)
+        pending += _INT16.pack(error_code) + _INT32.pack(session_id)
+    pending += _array_length(len(topics), flexible)
     parts: list[Any] = []
-    pending = head
     size = 0
     for topic in topics:
         if version >= FIRST_TOPIC_ID_VERSION:
@@ -106,7 +115,7 @@ def encode_fetch_body(
             pending += _string(topic.name or "", flexible)
         pending += _array_length(len(topic.partitions), flexible)
         for partition in topic.partitions:
-            pending += _partition_head(partition, version, flexible)
+            pending += _partition_head(partition, version)
             if partition.slices:
                 parts.append(bytes(pending))
                 size += len(pending)

@@ -52,7 +52,12 @@ or in ``maintain`` called by the broker's maintenance on that same thread).
 
 Thread-safety: ``append``, ``roll``, ``flush``, retention and ``close`` take the log's lock;
 ``read``, ``offset_for_timestamp`` and the properties work on the published snapshot from any
-thread.
+thread. ``read`` remembers where each read's next batch starts (``_next_batches``: its base
+offset -> segment and position, filled from the header the read's last step already read), so
+a sequential reader's next read skips the index lookup and header read; an entry is trusted
+only while its segment object is still in the snapshot (segments are append-only; the cleaner
+replaces whole segment objects), and the map is only read, popped and rebound, so readers on
+several threads need no lock.
 
 Cleaning guard: a cleaner thread brackets a cleaning with ``begin_cleaning``/``end_cleaning``
 (a per-log lock, separate from the append lock, so appends never wait for a cleaning) and calls
@@ -108,6 +113,7 @@ from headrace.storage.segment import (
     LOG_SUFFIX,
     MAX_RELATIVE_OFFSET,
     TIME_INDEX_SUFFIX,
+    BatchLocation,
     FileSlice,
     LogSegment,
     segment_file_name,
@@ -128,6 +134,7 @@ MAX_TIMESTAMP = -3
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 LEFTOVER_SUFFIXES = (DELETED_SUFFIX, ".tmp", CLEANED_SUFFIX)
+MAX_READ_HINTS = 16  # remembered next-read positions per log (one per sequential reader)
 
 __all__ = [
     "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "AppendResult", "FileSlice",
@@ -221,6 +228,8 @@ class Log:
         self._lock = threading.Lock()  # not re-entrant: locked paths call *_locked helpers
         self._listeners: list[Callable[[int], None]] = []
         self._pending_deletions: list[_PendingDeletion] = []
+        # next batch's base offset -> (segment, its BatchLocation): see _remember_next_batch
+        self._next_batches: dict[int, tuple[LogSegment, BatchLocation]] = {}
         self._rng = rng or random.Random()
         self._segment_jitter_ms = self._pick_jitter(config)
         self._apply_config(config)
@@ -813,22 +822,38 @@ class Log:
         slices: list[FileSlice] = []
         remaining = max_bytes
         first_index = bisect.bisect_right(view.base_offsets, offset) - 1
+        hint = self._next_batches.pop(offset, None)
         for index in range(first_index, len(view.segments)):
             if offset >= view.log_end_offset:
                 break
             segment, max_position = view.segments[index], view.max_position(index)
-            location = segment.find_batch(offset, max_position)
+            if hint is not None and hint[0] is segment:
+                location = hint[1]
+            else:
+                location = segment.find_batch(offset, max_position)
+            hint = None
             if location is None:
                 continue
-            piece = segment.slice(location, remaining, max_position, min_one_batch and not slices)
+            piece, following = segment.slice_and_next(location, remaining, max_position,
+                                                      min_one_batch and not slices)
             if piece is None:
                 break
             slices.append(piece)
             remaining -= piece.length
             if piece.position + piece.length < max_position or remaining <= 0:
+                if following is not None:
+                    self._remember_next_batch(segment, following)
                 break
         size_bytes = sum(piece.length for piece in slices)
         return ReadResult(tuple(slices), size_bytes, view.log_end_offset, view.log_start_offset)
+
+    def _remember_next_batch(self, segment: LogSegment, location: BatchLocation) -> None:
+        """Where the next read of a sequential reader starts (by the batch's base offset),
+        so that read needs no index lookup and no header read. Entries are used once; the
+        map is emptied when it holds ``MAX_READ_HINTS`` (readers that went away)."""
+        if len(self._next_batches) >= MAX_READ_HINTS:
+            self._next_batches = {}
+        self._next_batches[location.base_offset] = (segment, location)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         view = self._view

@@ -222,22 +222,31 @@ class LogSegment:
               min_one_batch: bool) -> FileSlice | None:
         """Whole batches from ``start`` totalling at most ``max_bytes`` (at least the first
         one when ``min_one_batch``), never past ``max_position``."""
+        return self.slice_and_next(start, max_bytes, max_position, min_one_batch)[0]
+
+    def slice_and_next(self, start: BatchLocation, max_bytes: int, max_position: int,
+                       min_one_batch: bool) -> tuple[FileSlice | None, BatchLocation | None]:
+        """``slice``, and the batch right after the slice when its header was read on the
+        way (where a sequential reader's next read starts), else None."""
         limit = start.position + max_bytes
+        following = None
         if limit >= max_position:
             end = max_position
         else:
             _, end = self.offset_index.lookup_position(limit)
             end = max(end, start.position)
             while end < limit:
-                size_bytes = self._header_prefix(end)[1]
+                base_offset, size_bytes, last_offset = self._header_prefix(end)
                 if end + size_bytes > limit:
+                    following = BatchLocation(end, size_bytes, base_offset, last_offset)
                     break
                 end += size_bytes
         if end == start.position:
             if not min_one_batch:
-                return None
+                return None, None
             end = start.position + start.size_bytes
-        return FileSlice(self.fd, start.position, end - start.position)
+            following = None
+        return FileSlice(self.fd, start.position, end - start.position), following
 
     def iter_batches(self, start_position: int = 0, end_position: int | None = None):
         """Yield ``(position, header)`` for each batch header in the range (no CRC check)."""

@@ -8,9 +8,13 @@ per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID
 requests by topic id, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError``).
 read_committed is accepted and behaves as read_uncommitted.
 
-Long poll: when the first read has fewer than ``min_bytes``, the request registers an
-``asyncio.Event`` with the broker's AppendHub for its partitions (appends wake it through
-``loop.call_soon_threadsafe``), re-reads, and waits until enough data or ``max_wait_ms``.
+Topic ids (v13+) resolve through ``_TopicIds``, a per-broker id -> name map rebuilt from the
+log manager only when an id is missing from it or names a topic that no longer has that id.
+
+Long poll: only when the first read has fewer than ``min_bytes`` (a consumer that is behind
+never registers anything): the request registers an ``asyncio.Event`` with the broker's
+AppendHub for its partitions (appends wake it through ``loop.call_soon_threadsafe``),
+re-reads, and waits until enough data or ``max_wait_ms``.
 
 Fetch sessions (KIP-227) are not kept: every response has session_id 0, which tells clients
 to send full fetch requests; a request naming a session id gets FETCH_SESSION_ID_NOT_FOUND.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+import weakref
 
 from headrace.broker.context import RawResponse
 from headrace.broker.fetch_response import (
@@ -36,6 +41,7 @@ from headrace.errors import (
     KafkaError,
     KafkaStorageError,
     UnknownTopicId,
+    UnknownTopicOrPartition,
 )
 from headrace.protocol import wire
 
@@ -44,27 +50,61 @@ MIN_VERSION = 4
 MAX_VERSION = 16
 
 NO_SESSION_ID = 0
+ZERO_TOPIC_ID = uuid.UUID(int=0)
 logger = logging.getLogger(__name__)
+
+
+class _TopicIds:
+    """topic id -> name for one log manager, refreshed from it when an id is not found or
+    its topic was deleted or re-created under another id."""
+
+    __slots__ = ("_manager", "_names")
+
+    def __init__(self, manager) -> None:
+        self._manager = manager
+        self._names: dict[uuid.UUID, str] = {}
+
+    def name(self, topic_id: uuid.UUID) -> str | None:
+        name = self._names.get(topic_id)
+        if name is not None and self._still_names(name, topic_id):
+            return name
+        self._names = {info.topic_id: info.name for info in self._manager.topics().values()}
+        return self._names.get(topic_id)
+
+    def _still_names(self, name: str, topic_id: uuid.UUID) -> bool:
+        try:
+            return self._manager.topic(name).topic_id == topic_id
+        except UnknownTopicOrPartition:
+            return False
+
+
+_topic_ids_by_manager: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _topic_ids(manager) -> _TopicIds:
+    topic_ids = _topic_ids_by_manager.get(manager)
+    if topic_ids is None:
+        topic_ids = _topic_ids_by_manager[manager] = _TopicIds(manager)
+    return topic_ids
 
 
 class _FetchPlan:
     """The partitions of one request, resolved to logs, and how to read them."""
 
+    __slots__ = ("max_bytes", "topics", "logs")
+
     def __init__(self, ctx, request) -> None:
         manager = ctx.broker.log_manager
-        self.version = ctx.api_version
         self.max_bytes = request.max_bytes
-        by_id = None
-        if self.version >= FIRST_TOPIC_ID_VERSION:
-            by_id = {info.topic_id: info.name for info in manager.topics().values()}
+        topic_ids = _topic_ids(manager) if ctx.api_version >= FIRST_TOPIC_ID_VERSION else None
         self.topics: list[tuple[str | None, uuid.UUID, list]] = []
         self.logs: list = []
         for topic in request.topics:
-            if by_id is not None:
-                topic_id = topic.topic_id
-                name = by_id.get(topic_id)
+            if topic_ids is None:
+                topic_id, name = ZERO_TOPIC_ID, topic.topic
             else:
-                topic_id, name = uuid.UUID(int=0), topic.topic
+                topic_id = topic.topic_id
+                name = topic_ids.name(topic_id)
             entries = []
             for partition in topic.partitions:
                 log = None
@@ -105,24 +145,20 @@ def _read_partition(partition, log, error, remaining_bytes: int, first_data: boo
     index = partition.partition
     if log is None:
         return PartitionData(index, error_code=error.code)
-    data = PartitionData(index)
     try:
         limit_bytes = min(partition.partition_max_bytes, max(remaining_bytes, 0))
         if limit_bytes > 0 or first_data:
             result = log.read(partition.fetch_offset, limit_bytes, min_one_batch=first_data)
-            data.slices, data.size_bytes = result.slices, result.size_bytes
-            data.high_watermark = result.high_watermark
-            data.last_stable_offset = result.high_watermark
-            data.log_start_offset = result.log_start_offset
-            return data
+            return PartitionData(index, 0, result.high_watermark, result.high_watermark,
+                                 result.log_start_offset, result.slices, result.size_bytes)
+        error_code = 0
     except KafkaError as caught:
-        data.error_code = caught.code
+        error_code = caught.code
     except OSError as caught:
         logger.error("storage error reading %s-%d: %s", log.topic, log.partition, caught)
-        data.error_code = KafkaStorageError.code
-    data.high_watermark = data.last_stable_offset = log.high_watermark
-    data.log_start_offset = log.log_start_offset
-    return data
+        error_code = KafkaStorageError.code
+    high_watermark = log.high_watermark
+    return PartitionData(index, error_code, high_watermark, high_watermark, log.log_start_offset)
 
 
 async def _long_poll(ctx, plan: _FetchPlan, min_bytes: int, max_wait_ms: int):
@@ -156,8 +192,7 @@ async def handle(ctx, request):
         return RawResponse(tuple(parts), size)
     plan = _FetchPlan(ctx, request)
     topics, total_bytes, any_error = plan.read()
-    max_wait_ms = wire.milliseconds(request.max_wait)
-    min_bytes = request.min_bytes
+    min_bytes, max_wait_ms = request.min_bytes, wire.milliseconds(request.max_wait)
     if total_bytes < min_bytes and not any_error and max_wait_ms > 0 and plan.logs:
         topics = await _long_poll(ctx, plan, min_bytes, max_wait_ms)
     parts, size = encode_fetch_body(version, 0, NO_SESSION_ID, topics)
