@@ -19,12 +19,14 @@ broker's (``--broker-pid``, which run-headrace.sh exports as $BROKER_PID), per m
 
 ``--ceiling`` also measures Spark's own ceiling in the same session and rounds: a Python data
 source that yields one pre-built Arrow batch of the source's schema (4,096 rows of 1 KiB
-values, the size the source yields) over and over into format("noop") -- no fetching, no
+values; the source yields a batch per Fetch response, ~16k rows, which measured as cheap for
+Spark as 1k-16k rows per batch) over and over into format("noop") -- no fetching, no
 decoding -- as ``ceiling_rows_per_s`` and ``ceiling_vs_consumer``. A source cannot beat it.
 
-``--sink-only`` skips the reads (consumer, source). ``--fallback-option KEY=VALUE`` also times
-the sink with that extra writer option in every round, as ``sink_fallback``: an option only
-the confluent-kafka path takes (``kafka.queue.buffering.max.kbytes=262144``, that path's own
+``--sink-only`` skips the reads (consumer, source); ``--read-only`` skips the writes (the
+producer after its first run, the sink). ``--fallback-option KEY=VALUE`` also times the sink
+with that extra writer option in every round, as ``sink_fallback``: an option only the
+confluent-kafka path takes (``kafka.queue.buffering.max.kbytes=262144``, that path's own
 default) measures the sink's fallback path against its own path in the same run.
 
     run-peer.sh -- sh -c '.venv/bin/python bench/spark_read.py --bootstrap $BOOTSTRAP'
@@ -255,6 +257,8 @@ def main() -> None:
                              "measuring too")
     parser.add_argument("--sink-only", action="store_true",
                         help="measure only the sink and the plain producer (no reads)")
+    parser.add_argument("--read-only", action="store_true",
+                        help="measure only the reads (consumer, source, ceiling): no sink runs")
     parser.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra option of the sink's writer (e.g. "
                              "kafka.compression.type=lz4); repeatable")
@@ -284,6 +288,8 @@ def main() -> None:
             read_spark(spark, args.bootstrap, topic, ends)
         if args.ceiling:
             read_ceiling(spark)
+        if args.read_only:
+            continue
         write_spark(spark, args.bootstrap, _create_topic(admin, args.partitions), args.records,
                     sink_options)
         if args.fallback_option:
@@ -301,7 +307,7 @@ def main() -> None:
         cpu[kind].append(cpu_s)
 
     for run in range(args.repeat):
-        if run:  # the first producer run filled the topic read above
+        if run and not args.read_only:  # the first producer run filled the topic read above
             timed("producer", producer_s, lambda: produce_plain(
                 args.bootstrap, _create_topic(admin, args.partitions), args.records,
                 args.partitions))
@@ -312,6 +318,8 @@ def main() -> None:
                                                  args.partitions))
         if args.ceiling:
             timed("ceiling", ceiling_s, lambda: read_ceiling(spark))
+        if args.read_only:
+            continue
         timed("sink", sink_s, lambda: write_spark(
             spark, args.bootstrap, _create_topic(admin, args.partitions), args.records,
             sink_options))
@@ -332,11 +340,14 @@ def main() -> None:
             "consumer_mb_per_s": round(megabytes / statistics.median(consumer_s), 1),
             "source_vs_consumer": round(
                 statistics.median(consumer_s) / statistics.median(source_s), 2)})
-    figures.update({
-        "producer_rows_per_s": round(args.records / statistics.median(producer_s)),
-        "sink_rows_per_s": round(args.records / statistics.median(sink_s)),
-        "sink_mb_per_s": round(megabytes / statistics.median(sink_s), 1),
-    })
+    if sink_s:
+        figures.update({
+            "producer_rows_per_s": round(args.records / statistics.median(producer_s)),
+            "sink_rows_per_s": round(args.records / statistics.median(sink_s)),
+            "sink_mb_per_s": round(megabytes / statistics.median(sink_s), 1),
+            "sink_vs_producer": round(
+                statistics.median(producer_s) / statistics.median(sink_s), 2),
+        })
     if fallback_s:
         figures["sink_fallback_rows_per_s"] = round(
             args.records / statistics.median(fallback_s))
@@ -346,8 +357,6 @@ def main() -> None:
         if seconds:
             figures[f"{kind}_cpu_s_per_million_rows"] = round(
                 statistics.median(seconds) * 1_000_000 / args.records, 2)
-    figures["sink_vs_producer"] = round(
-        statistics.median(producer_s) / statistics.median(sink_s), 2)
     if ceiling_s:
         figures["ceiling_rows_per_s"] = round(args.records / statistics.median(ceiling_s))
         figures["ceiling_vs_consumer"] = round(

@@ -27,8 +27,10 @@ Range semantics (Spark's KafkaDataConsumer):
   moved, connection lost) reconnect through Metadata until then.
 
 Nothing is committed and no group is joined. Each call owns its client and its prefetch
-thread, which alone touches the client (and closes it); batches cross to the caller through a
-bounded queue. Calls share only the buffer pools, which are thread-safe and never hand out a
+thread, which alone touches the client; batches cross to the caller through a bounded queue.
+A range read to its end releases the client's connection to the process's idle pool (the
+worker's next task reuses it); one stopped early or failed closes it. Calls share only that
+pool and the buffer pools, which are thread-safe and never hand out a connection in use or a
 region still referenced, so concurrent tasks are safe. When the caller stops early the thread
 exits after its current fetch.
 """
@@ -202,7 +204,8 @@ class _RangeReader:
         while self.position < self.range.until_offset:
             finished = yield from self._batches_of_next_response()
             if finished:
-                return
+                break
+        self.client.release()  # read to the end: the connection serves the next task
 
     def _batches_of_next_response(self) -> Generator[pa.RecordBatch, None, bool]:
         """The batches of the next Fetch response; returns True once the range is finished.

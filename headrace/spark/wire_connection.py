@@ -12,13 +12,16 @@ Requests are encoded with kio through ``headrace.protocol.wire``, or given as re
 pieces (``send_pieces``: a hand-encoded prefix and record batches sent with one
 ``sendmsg`` without joining them). Responses come back as raw frames or kio entities; a
 connection given a ``frame_pool`` (``headrace.protocol.buffers.RegionPool``) receives its frames
-into the pool's reused regions instead of fresh buffers.
+into the pool's reused regions instead of fresh buffers. ``is_reusable`` tells whether an idle
+connection may serve another client (nothing in flight, and the broker has neither closed it
+nor sent anything unasked).
 
 Not thread-safe: one connection belongs to one client, which belongs to one Spark task.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 from collections import deque
@@ -115,6 +118,19 @@ class BrokerConnection:
     @property
     def in_flight_count(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def client_id(self) -> str:
+        return self._client_id
+
+    def is_reusable(self) -> bool:
+        """True when no request is in flight and the socket has nothing to read: a broker that
+        closed the connection (e.g. after ``connections.max.idle.ms``) makes it readable."""
+        if self._in_flight or self._socket.fileno() < 0:
+            return False
+        poller = select.poll()
+        poller.register(self._socket, select.POLLIN)
+        return not poller.poll(0)
 
     def version_for(self, api_key: int, client_range: tuple[int, int]) -> int:
         broker_min, broker_max = self.api_versions.get(api_key, (0, -1))
