@@ -320,14 +320,19 @@ def test_a_failed_read_raises_os_error(tmp_path):
         os.close(directory_fd)
 
 
-def _nice_values_of_this_process() -> set[int]:
-    values = set()
-    for stat_path in Path("/proc/self/task").glob("*/stat"):
+def _threads_and_nice_values() -> list[tuple[Path, int]]:
+    """Each thread's /proc directory with its nice value (field 19 of its stat)."""
+    threads = []
+    for task in Path("/proc/self/task").iterdir():
         try:
-            values.add(int(stat_path.read_text().rsplit(")", 1)[1].split()[16]))
+            threads.append((task, int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])))
         except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             continue
-    return values
+    return threads
+
+
+def _nice_values_of_this_process() -> set[int]:
+    return {nice for _task, nice in _threads_and_nice_values()}
 
 
 def test_a_niced_span_works_on_a_nicer_thread_and_leaves_the_caller_as_it_was(tmp_path):
@@ -367,10 +372,10 @@ def test_a_niced_span_works_on_a_nicer_thread_and_leaves_the_caller_as_it_was(tm
 def _voluntary_switches_of_threads_niced(nice: int) -> int:
     """The most voluntary context switches (sleeps) of any thread at ``nice``."""
     most = 0
-    for task in Path("/proc/self/task").iterdir():
+    for task, task_nice in _threads_and_nice_values():
+        if task_nice != nice:
+            continue
         try:
-            if int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]) != nice:
-                continue
             for line in (task / "status").read_text().splitlines():
                 if line.startswith("voluntary_ctxt_switches:"):
                     most = max(most, int(line.split()[1]))
