@@ -489,19 +489,35 @@ static int batch_records(const Input *in, const Batch *b, size_t batch_end, Py_s
     return 0;
 }
 
-/* Visit every record of every whole, non-skipped batch. Returns 0, 1 (stopped) or -1. */
-static int walk_records(const Input *in, RecordVisitor visit, void *state, Failure *f)
+/* What a walk does beyond Input's own skips: check each batch's CRC-32C just before its
+ * records are decoded (the batch is still in the CPU caches), and pass over batches wholly
+ * outside [from_offset, until_offset) without parsing their records. */
+typedef struct {
+    int verify_crc;
+    int64_t from_offset, until_offset;
+} WalkScope;
+
+static const WalkScope WALK_ALL = {0, INT64_MIN, INT64_MAX};
+
+/* Visit every record of every whole, non-skipped batch in `scope`. Returns 0, 1 (stopped) or
+ * -1. */
+static int walk_scoped(const Input *in, const WalkScope *scope, RecordVisitor visit,
+                       void *state, Failure *f)
 {
     Batch b = {0};
     int status;
     size_t pos = 0;
     Py_ssize_t section = 0;
     while ((status = next_batch(in->buf, in->len, &pos, &b, f)) == 1) {
+        if (scope->verify_crc && check_batch_crc(in->buf, b.position, b.size_bytes, b.crc, f))
+            return -1;
         if (batch_is_skipped(&b, in->skip_control))
             continue;
         Cursor records;
         if (batch_records(in, &b, pos, &section, &records, f))
             return -1;
+        if (batch_next_offset(&b) <= scope->from_offset || b.base_offset >= scope->until_offset)
+            continue;
         status = walk_batch_records(&b, records, visit, state, f);
         if (status)
             return status;
@@ -510,6 +526,12 @@ static int walk_records(const Input *in, RecordVisitor visit, void *state, Failu
         return fail(f, FAIL_USAGE, "%lld decompressed sections given, %lld used",
                     (long long)in->section_count, (long long)section);
     return status;
+}
+
+/* walk_scoped over every batch, no CRC check. */
+static int walk_records(const Input *in, RecordVisitor visit, void *state, Failure *f)
+{
+    return walk_scoped(in, &WALK_ALL, visit, state, f);
 }
 
 static int64_t record_offset(const Batch *b, const Record *r)
@@ -907,35 +929,6 @@ static int visit_arrow(void *state, const Batch *b, const Record *r, Failure *f)
     return 0;
 }
 
-/* Like walk_records with visit_arrow, checking each batch's CRC-32C just before its records
- * are decoded (the batch is still in the CPU caches) and passing over batches wholly outside
- * [from_offset, until_offset) without parsing their records. */
-static int walk_arrow(const Input *in, int verify_crc, ArrowFill *a, Failure *f)
-{
-    Batch b = {0};
-    int status;
-    size_t pos = 0;
-    Py_ssize_t section = 0;
-    while ((status = next_batch(in->buf, in->len, &pos, &b, f)) == 1) {
-        if (verify_crc && check_batch_crc(in->buf, b.position, b.size_bytes, b.crc, f))
-            return -1;
-        if (batch_is_skipped(&b, in->skip_control))
-            continue;
-        Cursor records;
-        if (batch_records(in, &b, pos, &section, &records, f))
-            return -1;
-        if (batch_next_offset(&b) <= a->from_offset || b.base_offset >= a->until_offset)
-            continue;
-        status = walk_batch_records(&b, records, visit_arrow, a, f);
-        if (status)
-            return status;
-    }
-    if (status == 0 && section != in->section_count)
-        return fail(f, FAIL_USAGE, "%lld decompressed sections given, %lld used",
-                    (long long)in->section_count, (long long)section);
-    return status;
-}
-
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
 /* Point the fill at the nine writable buffers; rows fit the smallest per-row buffer. */
@@ -984,9 +977,10 @@ static PyObject *py_decode_arrow(PyObject *self, PyObject *args)
         arrow_fill_init(&fill, out);
         fill.from_offset = from_offset;
         fill.until_offset = until_offset;
+        WalkScope scope = {verify_crc, from_offset, until_offset};
         Input in = input_of(&held, skip_control);
         Py_BEGIN_ALLOW_THREADS
-        status = walk_arrow(&in, verify_crc, &fill, &failure);
+        status = walk_scoped(&in, &scope, visit_arrow, &fill, &failure);
         Py_END_ALLOW_THREADS
         if (status < 0)
             raise_failure(&failure);
