@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -335,33 +336,46 @@ def _nice_values_of_this_process() -> set[int]:
     return {nice for _task, nice in _threads_and_nice_values()}
 
 
+def _niced_and_plain_spans(fd: int, size_bytes: int, buffer_bytes: int,
+                           watch: Callable[[], None], seen_enough: Callable[[], bool]):
+    """Run ``watch()`` on a thread while niced map spans (niceness 5) run over the file, up
+    to 500 times until ``seen_enough()``; then the same span in the caller. Returns
+    ``(niced span, its tables, plain span, its tables)``."""
+    stop = threading.Event()
+
+    def watch_until_stopped() -> None:
+        while not stop.is_set():
+            watch()
+
+    watcher = threading.Thread(target=watch_until_stopped)
+    watcher.start()
+    try:
+        for _ in range(500):  # each span runs a few ms; the watcher looks meanwhile
+            niced = Tables()
+            span = map_span(fd, bytearray(buffer_bytes), 0, size_bytes, 1 << 30,
+                            niced.fingerprints, niced.words, ALL_KEYS, 0, 1 << 30, niceness=5)
+            if seen_enough():
+                break
+    finally:
+        stop.set()
+        watcher.join()
+    plain = Tables()
+    expected = map_span(fd, bytearray(buffer_bytes), 0, size_bytes, 1 << 30, plain.fingerprints,
+                        plain.words, ALL_KEYS, 0, 1 << 30)
+    return span, niced, expected, plain
+
+
 def test_a_niced_span_works_on_a_nicer_thread_and_leaves_the_caller_as_it_was(tmp_path):
     batches = keyed_batches(13, batches=3000, keys=500)
     data = b"".join(batches)
     fd = write_file(tmp_path / "0.log", batches)
     own_nice = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: the calling thread's
     seen: set[int] = set()
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            seen.update(_nice_values_of_this_process())
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
     try:
-        for _ in range(500):  # each span runs a few ms; the watcher looks meanwhile
-            niced = Tables()
-            span = map_span(fd, bytearray(311), 0, len(data), 1 << 30, niced.fingerprints,
-                            niced.words, ALL_KEYS, 0, 1 << 30, niceness=5)
-            if own_nice + 5 in seen:
-                break
+        span, niced, expected, plain = _niced_and_plain_spans(
+            fd, len(data), 311, lambda: seen.update(_nice_values_of_this_process()),
+            lambda: own_nice + 5 in seen)
     finally:
-        stop.set()
-        watcher.join()
-        plain = Tables()
-        expected = map_span(fd, bytearray(311), 0, len(data), 1 << 30, plain.fingerprints,
-                            plain.words, ALL_KEYS, 0, 1 << 30)
         os.close(fd)
     assert own_nice + 5 in seen
     assert os.getpriority(os.PRIO_PROCESS, 0) == own_nice
@@ -392,29 +406,16 @@ def test_a_niced_span_pauses_while_the_broker_receives_requests_and_cleans_the_s
     fd = write_file(tmp_path / "0.log", batches)
     niced_value = os.getpriority(os.PRIO_PROCESS, 0) + 5
     most_switches = 0
-    stop = threading.Event()
 
     def busy_broker() -> None:
         nonlocal most_switches
-        while not stop.is_set():
-            note_broker_request()
-            most_switches = max(most_switches, _voluntary_switches_of_threads_niced(niced_value))
+        note_broker_request()
+        most_switches = max(most_switches, _voluntary_switches_of_threads_niced(niced_value))
 
-    watcher = threading.Thread(target=busy_broker)
-    watcher.start()
     try:
-        for _ in range(500):  # each span runs a few ms; the watcher looks meanwhile
-            niced = Tables()
-            span = map_span(fd, bytearray(4096), 0, len(data), 1 << 30, niced.fingerprints,
-                            niced.words, ALL_KEYS, 0, 1 << 30, niceness=5)
-            if most_switches:
-                break
+        span, niced, expected, plain = _niced_and_plain_spans(
+            fd, len(data), 4096, busy_broker, lambda: most_switches > 0)
     finally:
-        stop.set()
-        watcher.join()
-        plain = Tables()
-        expected = map_span(fd, bytearray(4096), 0, len(data), 1 << 30, plain.fingerprints,
-                            plain.words, ALL_KEYS, 0, 1 << 30)
         os.close(fd)
     assert most_switches > 0
     assert span == expected and span.stop == SPAN_DONE
