@@ -392,6 +392,21 @@ class FilterSpan:
     indexed: IndexedBatches
 
 
+# A span with a direct_fd reads its uncached chunks with O_DIRECT: its buffer starts on a
+# multiple of this and holds a chunk plus this slack (see map_span).
+DIRECT_READ_ALIGN_BYTES = 4096
+DIRECT_READ_SLACK_BYTES = 2 * DIRECT_READ_ALIGN_BYTES
+
+def read_chunk(fd: int, direct_fd: int, buffer: WritableBuffer, position: int,
+               want: int) -> memoryview:
+    """Up to ``want`` bytes of the file ``fd`` at ``position`` (fewer only at its end), read
+    into ``buffer`` as ``map_span`` reads a chunk: from ``direct_fd`` (``O_DIRECT``; -1 for
+    none) unless they are all in the page cache. With a ``direct_fd``, ``buffer`` is aligned
+    and ``want`` at most ``len(buffer) - DIRECT_READ_SLACK_BYTES``. Without the GIL."""
+    start, got = _kernel.read_chunk(fd, direct_fd, buffer, position, want)
+    return memoryview(buffer)[start:start + got]
+
+
 note_broker_request = _kernel.note_broker_request
 """``note_broker_request()``: the broker's event loop received a request now. While requests
 keep coming (one within the last 50 ms), a niced span (``niceness`` > 0 in ``map_span`` /
@@ -403,7 +418,7 @@ for the scheduler to preempt the span; an idle broker's spans never pause. One a
 def map_span(
     fd: int, buffer: WritableBuffer, position: int, end_position: int, span_bytes: int,
     fingerprints: np.ndarray, words: np.ndarray, scope: PassScope, first_ordinal: int,
-    room_keys: int, niceness: int = 0
+    room_keys: int, niceness: int = 0, direct_fd: int = -1
 ) -> MapSpan:
     """``map_batches`` over the file ``fd`` from ``position``, for about ``span_bytes`` (up
     to ``end_position``), in one call without the GIL: chunks of ``len(buffer)`` bytes are
@@ -415,11 +430,18 @@ def map_span(
     > 0 the span runs on a helper thread that much nicer than the caller (Linux nice values
     are per thread), while the caller waits without the GIL: the span's CPU work yields to
     other threads, yet the caller takes the GIL back at its own priority; such a span also
-    pauses briefly while the broker serves requests (``note_broker_request``)."""
+    pauses briefly while the broker serves requests (``note_broker_request``).
+
+    ``direct_fd`` (the same file opened ``O_DIRECT``, or -1) is read instead of ``fd`` for a
+    chunk not wholly in the page cache (``cachestat``), so reading cold segments neither
+    fills the page cache nor runs readahead. ``buffer`` must then start on a multiple of
+    ``DIRECT_READ_ALIGN_BYTES`` and holds chunks of ``len(buffer) -
+    DIRECT_READ_SLACK_BYTES``; ``stop_bytes`` of a ``SPAN_GROW`` is the buffer size the batch
+    needs, slack included."""
     return MapSpan(*_kernel.map_span(
         fd, buffer, position, end_position, span_bytes, fingerprints, words, room_keys,
         scope.first_offset, scope.end_offset, scope.range_low, scope.range_high,
-        first_ordinal, niceness))
+        first_ordinal, niceness, direct_fd))
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,7 +461,8 @@ def filter_span(
     span_bytes: int, fingerprints: np.ndarray, words: np.ndarray, scope: PassScope,
     first_ordinal: int, now_ms: int, new_delete_horizon_ms: int,
     protected_last_offsets: np.ndarray, output: OutputIndex,
-    stage: WritableBuffer | None = None, stage_fill: int = 0, niceness: int = 0
+    stage: WritableBuffer | None = None, stage_fill: int = 0, niceness: int = 0,
+    direct_fd: int = -1
 ) -> FilterSpan:
     """``filter_batches`` over the file ``fd`` as ``map_span`` walks it, writing each chunk's
     cleaned bytes to ``out_fd`` at its current offset (so the output needs one chunk of
@@ -450,7 +473,7 @@ def filter_span(
     is appended to the stage and only whole stages are written. Stops early before a
     compressed batch (``SPAN_COMPRESSED``: filter it with ``filter_batches``, which
     recompresses) and before a batch larger than ``buffer`` (``SPAN_GROW``). A failed read
-    or write raises ``OSError``. ``niceness`` as for ``map_span``."""
+    or write raises ``OSError``. ``niceness`` and ``direct_fd`` as for ``map_span``."""
     protected = np.ascontiguousarray(protected_last_offsets, np.int64)
     state = output.state
     *counts, (next_offset, has_first, first_max_timestamp, raw_state,
@@ -460,7 +483,8 @@ def filter_span(
         first_ordinal, now_ms, new_delete_horizon_ms, protected, output.out_position,
         output.next_offset, output.index_interval_bytes,
         (state.bytes_since_last_entry, state.max_timestamp_ms, state.offset_of_max_timestamp,
-         state.last_time_entry_ms, state.has_time_entry), stage, stage_fill, niceness)
+         state.last_time_entry_ms, state.has_time_entry), stage, stage_fill, niceness,
+        direct_fd)
     indexed = IndexedBatches(
         counts[-2], next_offset, False, first_max_timestamp if has_first else None,
         IndexState(*raw_state[:4], bool(raw_state[4])),

@@ -144,13 +144,13 @@ class OffsetMap:
 
     def put_span(self, fd: int, buffer: WritableBuffer, position: int, end_position: int,
                  span_bytes: int, scope: PassScope, first_ordinal: int,
-                 niceness: int = 0) -> MapSpan:
+                 niceness: int = 0, direct_fd: int = -1) -> MapSpan:
         """``put_batches`` over about ``span_bytes`` of the file ``fd`` from ``position``, read
         into ``buffer`` chunk by chunk in one kernel call (``kernel.map_span``, run
-        ``niceness`` nicer than the caller)."""
+        ``niceness`` nicer than the caller, uncached chunks read from ``direct_fd``)."""
         span = map_span(fd, buffer, position, end_position, span_bytes, self._fingerprints,
                         self._words, scope, first_ordinal, self.active_max_entries - self.size,
-                        niceness)
+                        niceness, direct_fd)
         self.size += span.new_keys
         return span
 

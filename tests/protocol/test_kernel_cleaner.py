@@ -6,6 +6,7 @@ full map) and failures (truncated or corrupt batch, bad descriptor)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import threading
@@ -18,6 +19,8 @@ import pytest
 from headrace.errors import CorruptMessage
 from headrace.protocol.compression import GZIP
 from headrace.protocol.kernel import (
+    DIRECT_READ_ALIGN_BYTES,
+    DIRECT_READ_SLACK_BYTES,
     SPAN_COMPRESSED,
     SPAN_DONE,
     SPAN_FULL,
@@ -34,6 +37,7 @@ from headrace.protocol.kernel import (
     note_broker_request,
 )
 from headrace.protocol.records import build_batch
+from tests.page_cache import cached_pages, drop_from_page_cache
 
 NOW_MS = 1_700_000_000_000
 HORIZON_MS = NOW_MS + 1000
@@ -75,23 +79,39 @@ class Tables:
         self.words = np.zeros(slots, np.uint32)
 
 
+def span_buffer(chunk_bytes: int, direct_fd: int) -> bytearray | np.ndarray:
+    """A span's read buffer for chunks of ``chunk_bytes``: with a ``direct_fd``, aligned and
+    with the direct-read slack."""
+    if direct_fd < 0:
+        return bytearray(chunk_bytes)
+    return aligned_buffer(chunk_bytes + DIRECT_READ_SLACK_BYTES)
+
+
+def aligned_buffer(size_bytes: int) -> np.ndarray:
+    raw = np.zeros(size_bytes + DIRECT_READ_ALIGN_BYTES, np.uint8)
+    start = -raw.ctypes.data % DIRECT_READ_ALIGN_BYTES
+    return raw[start:start + size_bytes]
+
+
 def run_map_spans(fd: int, end: int, tables: Tables, buffer_bytes: int, span_bytes: int,
-                  room: int = 1 << 30) -> tuple[int, int, int, list[int]]:
+                  room: int = 1 << 30, direct_fd: int = -1
+                  ) -> tuple[int, int, int, list[int]]:
     """map_span calls from 0 to ``end`` (growing the buffer when asked): (records read,
     next ordinal, new keys, stops seen)."""
-    buffer = bytearray(buffer_bytes)
+    buffer = span_buffer(buffer_bytes, direct_fd)
     position = records = ordinal = new_keys = 0
     stops = []
     while position < end:
         span = map_span(fd, buffer, position, end, span_bytes, tables.fingerprints,
-                        tables.words, ALL_KEYS, ordinal, room - new_keys)
+                        tables.words, ALL_KEYS, ordinal, room - new_keys, direct_fd=direct_fd)
         assert span.position >= position
         position, ordinal = span.position, span.next_ordinal
         records += span.records_read
         new_keys += span.new_keys
         stops.append(span.stop)
         if span.stop == SPAN_GROW:
-            buffer = bytearray(span.stop_bytes)
+            buffer = bytearray(span.stop_bytes) if direct_fd < 0 else aligned_buffer(
+                span.stop_bytes)
         elif span.stop != SPAN_DONE:
             break
     return records, ordinal, new_keys, stops
@@ -118,26 +138,27 @@ class SpansIndex:
 
 
 def run_filter_spans(fd: int, out_path: Path, end: int, tables: Tables, buffer_bytes: int,
-                     span_bytes: int, index: SpansIndex | None = None
+                     span_bytes: int, index: SpansIndex | None = None, direct_fd: int = -1
                      ) -> tuple[bytes, int, int, int]:
     """filter_span calls from 0 to ``end`` into ``out_path``: (bytes written, records read,
     records kept, bytes reported written); the index they report goes into ``index``."""
     out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    buffer = bytearray(buffer_bytes)
+    buffer = span_buffer(buffer_bytes, direct_fd)
     position = records = kept = written = ordinal = 0
     index = index or SpansIndex(4096)
     try:
         while position < end:
             span = filter_span(fd, out_fd, buffer, position, end, span_bytes,
                                tables.fingerprints, tables.words, ALL_KEYS, ordinal, NOW_MS,
-                               HORIZON_MS, NO_PROTECTED, index.output)
+                               HORIZON_MS, NO_PROTECTED, index.output, direct_fd=direct_fd)
             index.add(span)
             position, ordinal = span.position, span.next_ordinal
             records += span.records_read
             kept += span.records_kept
             written += span.bytes_written
             if span.stop == SPAN_GROW:
-                buffer = bytearray(span.stop_bytes)
+                buffer = bytearray(span.stop_bytes) if direct_fd < 0 else aligned_buffer(
+                    span.stop_bytes)
             else:
                 assert span.stop == SPAN_DONE
     finally:
@@ -262,6 +283,83 @@ def test_a_corrupt_batch_is_named_by_its_chunk_position(tmp_path):
                      tables.words, ALL_KEYS, 0, 1 << 30)
     finally:
         os.close(fd)
+
+
+def uncached_file(path: Path, batches: list[bytes]) -> tuple[int, int]:
+    """Write the batches to ``path`` and drop its pages from the page cache; returns
+    descriptors (buffered, O_DIRECT). Skips where the file system refuses O_DIRECT."""
+    fd = write_file(path, batches)
+    drop_from_page_cache(path)
+    try:
+        direct_fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as error:
+        os.close(fd)
+        if error.errno == errno.EINVAL:
+            pytest.skip("the file system refuses O_DIRECT")
+        raise
+    if cached_pages(path):
+        os.close(fd)
+        os.close(direct_fd)
+        pytest.skip("the page cache kept the file")
+    return fd, direct_fd
+
+
+@pytest.mark.parametrize("buffer_bytes,span_bytes", [(311, 1 << 20), (5000, 9000)])
+def test_spans_read_uncached_chunks_with_o_direct_and_find_the_same(tmp_path, buffer_bytes,
+                                                                     span_bytes):
+    batches = keyed_batches(21, batches=600, keys=50)
+    data = b"".join(batches)
+    assert len(data) > 8 * DIRECT_READ_ALIGN_BYTES  # chunks start and end off the blocks
+    path = tmp_path / "0.log"
+    fd, direct_fd = uncached_file(path, batches)
+    try:
+        spans, whole = Tables(), Tables()
+        mapped = run_map_spans(fd, len(data), spans, buffer_bytes, span_bytes,
+                               direct_fd=direct_fd)
+        written, records, kept, _ = run_filter_spans(
+            fd, tmp_path / "0.log.cleaned", len(data), spans, buffer_bytes, span_bytes,
+            direct_fd=direct_fd)
+        # Direct reads leave the page cache as it was; a single buffered read fills it.
+        assert cached_pages(path) == 0
+        os.pread(fd, 1, 0)
+        assert cached_pages(path) > 0
+    finally:
+        os.close(fd)
+        os.close(direct_fd)
+    expected_map = map_batches(data, whole.fingerprints, whole.words, ALL_KEYS, 0, 1 << 30)
+    assert mapped[:3] == (expected_map.records_read, expected_map.next_ordinal,
+                          expected_map.new_keys)
+    assert np.array_equal(spans.words, whole.words)
+    expected = filter_batches(data, whole.fingerprints, whole.words, ALL_KEYS, 0, NOW_MS,
+                              HORIZON_MS, NO_PROTECTED)
+    assert written == bytes(expected.data)
+    assert (records, kept) == (expected.records_read, expected.records_kept)
+
+
+def test_a_direct_span_asks_for_a_batch_s_size_plus_the_slack(tmp_path):
+    small = keyed_batches(22, batches=10, keys=5)
+    large = build_batch([(b"big", b"x" * 20000, [], NOW_MS)], base_offset=1000)
+    batches = [*small, large]
+    end = sum(map(len, batches))
+    fd, direct_fd = uncached_file(tmp_path / "0.log", batches)
+    try:
+        tables = Tables()
+        span = map_span(fd, aligned_buffer(4096 + DIRECT_READ_SLACK_BYTES), 0, end, 1 << 20,
+                        tables.fingerprints, tables.words, ALL_KEYS, 0, 1 << 30,
+                        direct_fd=direct_fd)
+        assert span.stop == SPAN_GROW
+        assert span.stop_bytes == len(large) + DIRECT_READ_SLACK_BYTES
+        resumed = map_span(fd, aligned_buffer(span.stop_bytes), span.position, end, 1 << 20,
+                           tables.fingerprints, tables.words, ALL_KEYS, span.next_ordinal,
+                           1 << 30, direct_fd=direct_fd)
+        with pytest.raises(ValueError, match="aligned"):
+            map_span(fd, aligned_buffer(2 * DIRECT_READ_SLACK_BYTES)[1:], 0, end, 1 << 20,
+                     tables.fingerprints, tables.words, ALL_KEYS, 0, 1 << 30,
+                     direct_fd=direct_fd)
+    finally:
+        os.close(fd)
+        os.close(direct_fd)
+    assert (resumed.stop, resumed.position) == (SPAN_DONE, end)
 
 
 def test_a_compressed_batch_stops_the_span_where_it_starts(tmp_path):

@@ -1,6 +1,8 @@
-"""The cleaner's ``.cleaned`` output with ``O_DIRECT``: whole aligned stages written by the
-kernel's spans and by the recompressed-chunk path, the unaligned tail padded and truncated,
-and plain writes on a file system that refuses ``O_DIRECT`` -- byte for byte the same log."""
+"""The cleaner's ``O_DIRECT`` I/O: the ``.cleaned`` output in whole aligned stages written by
+the kernel's spans and by the recompressed-chunk path, the unaligned tail padded and
+truncated; segments out of the page cache read with ``O_DIRECT``, leaving it as it was; and
+plain reads and writes on a file system that refuses ``O_DIRECT`` -- byte for byte the same
+log."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from headrace.storage.cleaner import DIRECT_IO_ALIGNMENT_BYTES, Cleaner
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
 from headrace.storage.offset_map import OffsetMap
+from tests.page_cache import cached_pages, drop_from_page_cache
 
 from .cleaner_workload import NOW_MS, append_workload, compact_config, latest_values, read_records
 
@@ -103,6 +106,34 @@ def test_a_stage_larger_than_the_output_writes_only_the_padded_tail(scratch,
     plain, _ = _workload_log(scratch / "plain-0", DirectIORefusingFileSystem())
     assert _clean_and_watch(direct, 1 << 20) == {True}
     _clean_and_watch(plain, 1 << 20)
+    assert _segment_files(direct) == _segment_files(plain)
+    assert latest_values(read_records(direct)) == oracle
+
+
+def _cached_share_after_cleaning(log: Log) -> float:
+    """Drop ``log``'s closed segments from the page cache, clean it in 64 KiB chunks and
+    return the share of the pages of its segment files (those read, now ``.deleted``, and
+    those written) that are in the page cache afterwards."""
+    for segment in log.segments[:-1]:
+        drop_from_page_cache(segment.log_path)
+    Cleaner(OffsetMap(1 << 20), io_chunk_bytes=64 * 1024, span_bytes=64 * 1024).clean(
+        log, 0, NOW_MS)
+    active = log.segments[-1].log_path.name
+    files = [path for path in log.dir.iterdir()
+             if ".log" in path.name and path.name != active]
+    pages = sum(-(-path.stat().st_size // 4096) for path in files)
+    return sum(map(cached_pages, files)) / pages
+
+
+def test_segments_out_of_the_page_cache_are_cleaned_without_filling_it(scratch,
+                                                                        direct_io_supported):
+    direct, oracle = _workload_log(scratch / "direct-0", RealFileSystem())
+    plain, _ = _workload_log(scratch / "plain-0", DirectIORefusingFileSystem())
+    # Only the pages the segments' header reads bring in (with their readahead: a quarter
+    # of these small segments) are cached after a cleaning with direct reads; buffered
+    # reads cache all they read.
+    assert _cached_share_after_cleaning(direct) < 0.5
+    assert _cached_share_after_cleaning(plain) > 0.9
     assert _segment_files(direct) == _segment_files(plain)
     assert latest_values(read_records(direct)) == oracle
 
