@@ -44,6 +44,7 @@
 #include <time.h>
 #include <sys/uio.h>
 #include <sys/syscall.h>
+#include <sys/mman.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -2715,7 +2716,8 @@ static int span_os_failure(Span *s, Failure *f, const char *call)
  * to stall the broker's other threads (a paced producer's p99 went from 0.4 ms to 14 ms while
  * dd read an uncached file, and stayed at 0.5 ms with iflag=direct), and it would evict the
  * pages the broker's readers use for bytes the cleaner reads once. Whether a range is cached is
- * asked with cachestat(2) (Linux 6.5); where it is missing, reads stay buffered.
+ * asked with cachestat(2) (Linux 6.5), or with mincore(2) over a mapping of the chunk on
+ * older kernels; a chunk the kernel cannot tell about is read buffered.
  * An O_DIRECT read must start, end and land on a multiple of DIRECT_READ_ALIGN_BYTES: the
  * buffer is aligned, the file offset of buf[0] is the chunk's position rounded down, so the
  * chunk starts at buf + position % align and a chunk of `want` bytes needs
@@ -2735,26 +2737,61 @@ struct cachestat_result {
     uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
 };
 
-static int cachestat_missing; /* ENOSYS once: never ask again */
+static int cachestat_usable = 1; /* cleared on ENOSYS (before Linux 6.5): mincore then */
+
+/* Whether every page of [first, end) (first page-aligned) of fd is cached, by mincore(2)
+ * over a shared read-only mapping of the range (which faults nothing in): -1 if the kernel
+ * cannot tell. */
+static int range_cached_by_mincore(int fd, int64_t first, int64_t end, long page_bytes)
+{
+    size_t map_bytes = (size_t)(end - first);
+    size_t pages = (map_bytes + (size_t)page_bytes - 1) / (size_t)page_bytes;
+    unsigned char *resident = malloc(pages);
+    if (resident == NULL)
+        return -1;
+    int cached = -1;
+    void *map = mmap(NULL, map_bytes, PROT_READ, MAP_SHARED, fd, (off_t)first);
+    if (map != MAP_FAILED) {
+        if (mincore(map, map_bytes, resident) == 0) {
+            cached = 1;
+            for (size_t i = 0; i < pages && cached; i++)
+                cached = resident[i] & 1;
+        }
+        munmap(map, map_bytes);
+    }
+    free(resident);
+    return cached;
+}
 
 /* 1 if every page of [position, position + len) of fd is in the page cache (or the kernel
- * cannot tell), else 0. */
+ * cannot tell), else 0: cachestat(2), or mincore(2) where cachestat is missing. */
 static int range_cached(int fd, int64_t position, size_t len)
 {
-    if (__atomic_load_n(&cachestat_missing, __ATOMIC_RELAXED))
-        return 1;
     long page_bytes = sysconf(_SC_PAGESIZE);
     int64_t first = position / page_bytes * page_bytes;
     int64_t end = position + (int64_t)len;
-    struct cachestat_range_arg range = {(uint64_t)first, (uint64_t)(end - first)};
-    struct cachestat_result stat;
-    if (syscall(__NR_cachestat, fd, &range, &stat, 0) != 0) {
-        if (errno == ENOSYS)
-            __atomic_store_n(&cachestat_missing, 1, __ATOMIC_RELAXED);
+    if (end <= first)
         return 1;
+    if (__atomic_load_n(&cachestat_usable, __ATOMIC_RELAXED)) {
+        struct cachestat_range_arg range = {(uint64_t)first, (uint64_t)(end - first)};
+        struct cachestat_result stat;
+        if (syscall(__NR_cachestat, fd, &range, &stat, 0) == 0)
+            return stat.nr_cache >= (uint64_t)((end - first + page_bytes - 1) / page_bytes);
+        if (errno != ENOSYS)
+            return 1;
+        __atomic_store_n(&cachestat_usable, 0, __ATOMIC_RELAXED);
     }
-    uint64_t pages = (uint64_t)((end - first + page_bytes - 1) / page_bytes);
-    return stat.nr_cache >= pages;
+    return range_cached_by_mincore(fd, first, end, page_bytes) != 0;
+}
+
+static PyObject *py_use_cachestat(PyObject *self, PyObject *flag)
+{
+    (void)self;
+    int use = PyObject_IsTrue(flag);
+    if (use < 0)
+        return NULL;
+    int was = __atomic_exchange_n(&cachestat_usable, use, __ATOMIC_RELAXED);
+    return PyBool_FromLong(was);
 }
 
 /* The bytes a span's buffer needs for a chunk of `chunk_bytes` (its largest batch). */
@@ -3803,6 +3840,10 @@ static PyMethodDef kernel_methods[] = {
      "records_read, records_kept, next_ordinal, bytes_written, ...): pass 2 over about "
      "span_bytes of a segment file read as map_span reads it, the cleaned bytes written to "
      "out_fd; stop as for map_span (never 3)."},
+    {"use_cachestat", py_use_cachestat, METH_O,
+     "use_cachestat(flag) -> bool: whether the spans ask the page cache with cachestat(2) "
+     "(else mincore(2), as on kernels before 6.5, where cachestat is dropped on its first "
+     "ENOSYS); returns the previous setting. For tests of the mincore path."},
     {"read_chunk", py_read_chunk, METH_VARARGS,
      "read_chunk(fd, direct_fd, buffer, position, want) -> (start, got): read up to want "
      "bytes at position as a span reads a chunk (from direct_fd, O_DIRECT, when not all in "

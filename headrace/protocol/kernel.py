@@ -397,6 +397,13 @@ class FilterSpan:
 DIRECT_READ_ALIGN_BYTES = 4096
 DIRECT_READ_SLACK_BYTES = 2 * DIRECT_READ_ALIGN_BYTES
 
+def use_cachestat(flag: bool) -> bool:
+    """Whether the spans ask which chunks are in the page cache with cachestat(2) (Linux
+    6.5+) rather than mincore(2) over a mapping of the chunk (what kernels without
+    cachestat get); returns the previous setting. For tests of the mincore path."""
+    return _kernel.use_cachestat(flag)
+
+
 def read_chunk(fd: int, direct_fd: int, buffer: WritableBuffer, position: int,
                want: int) -> memoryview:
     """Up to ``want`` bytes of the file ``fd`` at ``position`` (fewer only at its end), read

@@ -35,6 +35,7 @@ from headrace.protocol.kernel import (
     map_batches,
     map_span,
     note_broker_request,
+    use_cachestat,
 )
 from headrace.protocol.records import build_batch
 from tests.page_cache import cached_pages, drop_from_page_cache
@@ -304,9 +305,18 @@ def uncached_file(path: Path, batches: list[bytes]) -> tuple[int, int]:
     return fd, direct_fd
 
 
+@pytest.fixture(params=["cachestat", "mincore"])
+def page_cache_probe(request):
+    """The spans ask the page cache with cachestat(2) or, as on kernels before 6.5, mincore."""
+    previous = use_cachestat(request.param == "cachestat")
+    yield request.param
+    use_cachestat(previous)
+
+
 @pytest.mark.parametrize("buffer_bytes,span_bytes", [(311, 1 << 20), (5000, 9000)])
 def test_spans_read_uncached_chunks_with_o_direct_and_find_the_same(tmp_path, buffer_bytes,
-                                                                     span_bytes):
+                                                                     span_bytes,
+                                                                     page_cache_probe):
     batches = keyed_batches(21, batches=600, keys=50)
     data = b"".join(batches)
     assert len(data) > 8 * DIRECT_READ_ALIGN_BYTES  # chunks start and end off the blocks
