@@ -88,6 +88,7 @@ from pathlib import Path
 from typing import Any
 
 from headrace.broker.config import BrokerConfig
+from headrace.broker.os_threads import name_this_thread
 from headrace.errors import UnknownTopicOrPartition
 from headrace.storage.cleaner import Cleaner, span_bytes_for
 from headrace.storage.cleaner_manager import CleanerManager, CleaningRecord, Logs
@@ -320,6 +321,7 @@ class CleanerService:
         return cleaner
 
     def _run(self, settings: CleanerSettings, stop: threading.Event) -> None:
+        name_this_thread("hr-cleaner")
         try:
             cleaner = self._new_cleaner(settings, stop)
         except (MemoryError, ValueError):

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from headrace.broker.config import BrokerConfig
+from headrace.broker.os_threads import name_this_thread
 from headrace.storage.config import format_properties_text, parse_properties_text
 
 META_PROPERTIES_FILE = "meta.properties"
@@ -178,10 +179,14 @@ class BrokerState:
     groups: Any = None  # headrace.broker.group_service.GroupService, set by the server
     cleaner: Any = None  # headrace.broker.cleaner_service.CleanerService, set by the server
     append_executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="headrace-append")
+        default_factory=lambda: ThreadPoolExecutor(
+            1, thread_name_prefix="headrace-append", initializer=name_this_thread,
+            initargs=("hr-append",))
     )
     background_executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="headrace-background")
+        default_factory=lambda: ThreadPoolExecutor(
+            1, thread_name_prefix="headrace-background", initializer=name_this_thread,
+            initargs=("hr-background",))
     )
 
     appends_submitted: int = 0  # jobs handed to the append thread; the loop thread writes it

@@ -2960,6 +2960,7 @@ static void *niced_span_main(void *arg)
     if (errno == 0 && setpriority(PRIO_PROCESS, 0, current + n->niceness) < 0)
         errno = 0; /* a sandbox may refuse: the span then runs at the caller's priority */
     prctl(PR_SET_TIMERSLACK, SPAN_TIMER_SLACK_NS, 0, 0, 0);
+    prctl(PR_SET_NAME, "hr-clean-span", 0, 0, 0);
     n->span->cooperative = 1;
     n->span->cpu_at_pause_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     n->status = run_span(n->span, n->pass, n->state, n->failure);

@@ -440,10 +440,6 @@ def _threads_and_nice_values() -> list[tuple[Path, int]]:
     return threads
 
 
-def _nice_values_of_this_process() -> set[int]:
-    return {nice for _task, nice in _threads_and_nice_values()}
-
-
 def _niced_and_plain_spans(fd: int, size_bytes: int, buffer_bytes: int,
                            watch: Callable[[], None], seen_enough: Callable[[], bool]):
     """Run ``watch()`` on a thread while niced map spans (niceness 5) run over the file, up
@@ -479,13 +475,24 @@ def test_a_niced_span_works_on_a_nicer_thread_and_leaves_the_caller_as_it_was(tm
     fd = write_file(tmp_path / "0.log", batches)
     own_nice = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: the calling thread's
     seen: set[int] = set()
+    niced_names: set[str] = set()
+
+    def watch() -> None:
+        for task, nice in _threads_and_nice_values():
+            seen.add(nice)
+            if nice == own_nice + 5:
+                try:
+                    niced_names.add((task / "comm").read_text().strip())
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+
     try:
         span, niced, expected, plain = _niced_and_plain_spans(
-            fd, len(data), 311, lambda: seen.update(_nice_values_of_this_process()),
-            lambda: own_nice + 5 in seen)
+            fd, len(data), 311, watch, lambda: own_nice + 5 in seen)
     finally:
         os.close(fd)
     assert own_nice + 5 in seen
+    assert "hr-clean-span" in niced_names  # named for top -H / ps -L
     assert os.getpriority(os.PRIO_PROCESS, 0) == own_nice
     assert span == expected and span.stop == SPAN_DONE
     assert np.array_equal(niced.fingerprints, plain.fingerprints)
