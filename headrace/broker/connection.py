@@ -24,7 +24,9 @@ socket buffer follows by ``os.sendfile`` each time the socket is writable again 
 on a duplicate descriptor, ``writer_fd``, since the transport's own is registered with the
 selector); only a slice with transport bytes queued ahead of it goes through
 ``loop.sendfile``. A sendfile response is written with TCP_CORK set, so its few bytes after
-the file data do not leave as a segment of their own.
+the file data do not leave as a segment of their own. Slices not in the page cache (a consumer
+catching up) are first read with ``O_DIRECT`` on a worker thread (``cold_reads``) and sent as
+bytes, so the event loop never waits on the disk.
 
 Request handling starts on the stack of ``data_received`` ("eager", as Python 3.12's eager
 tasks) and moves to a task only if it has to wait (an append-thread job, a long poll, a full
@@ -44,6 +46,7 @@ import time
 from collections import deque
 from typing import Any
 
+from headrace.broker.cold_reads import IN_MEMORY, cold_slices, read_slices
 from headrace.broker.context import RawResponse, RequestContext
 from headrace.broker.handlers import HANDLERS
 from headrace.errors import InvalidRequest, UnsupportedVersion
@@ -266,22 +269,25 @@ class KafkaConnection(asyncio.BufferedProtocol):
         header_bytes = wire.response_header_bytes(header, flexible)
         head = _INT32.pack(len(header_bytes) + response.size_bytes) + header_bytes
         parts = response.parts
-        file_bytes = sum(p.length for p in parts if not isinstance(p, bytes | bytearray))
-        if file_bytes < SENDFILE_MIN_BYTES:  # one write, so one segment and one wake-up
-            await self._write(b"".join([head, *(
-                p if isinstance(p, bytes | bytearray) else p.read_bytes() for p in parts)]))
-            return
-        if parts and isinstance(parts[0], bytes | bytearray):
-            head, parts = head + parts[0], parts[1:]  # one write for the header and body start
         loop = self.loop
         if loop is None:  # asked once: each get_running_loop() is a getpid() system call
             loop = self.loop = asyncio.get_running_loop()
+        if cold_slices(parts):  # not in the page cache: read off the loop (cold_reads)
+            parts = await loop.run_in_executor(None, read_slices, parts)
+            if self.closing:
+                return
+        file_bytes = sum(p.length for p in parts if not isinstance(p, IN_MEMORY))
+        if file_bytes == 0 and response.size_bytes >= SENDFILE_MIN_BYTES:
+            await self._write_all((head, *parts))  # cold data read: no join of large parts
+            return
+        if file_bytes < SENDFILE_MIN_BYTES:  # one write, so one segment and one wake-up
+            await self._write(b"".join([head, *(
+                p if isinstance(p, IN_MEMORY) else p.read_bytes() for p in parts)]))
+            return
+        if parts and isinstance(parts[0], IN_MEMORY):
+            head, parts = head + parts[0], parts[1:]  # one write for the header and body start
         if not has_native_sendfile(loop):
-            for part in (head, *parts):
-                if self.closing:
-                    return
-                await self._write(part if isinstance(part, bytes | bytearray)
-                                  else part.read_bytes())
+            await self._write_all((head, *parts))
             return
         self._set_cork(True)
         try:
@@ -290,11 +296,18 @@ class KafkaConnection(asyncio.BufferedProtocol):
         finally:
             self._set_cork(False)
 
+    async def _write_all(self, parts: tuple[Any, ...]) -> None:
+        """Write ``parts`` in order, file slices read with pread (no sendfile)."""
+        for part in parts:
+            if self.closing:
+                return
+            await self._write(part if isinstance(part, IN_MEMORY) else part.read_bytes())
+
     async def _send_parts(self, parts: tuple[Any, ...], loop: asyncio.AbstractEventLoop) -> None:
         for part in parts:
             if self.closing:
                 return
-            if isinstance(part, bytes | bytearray):
+            if isinstance(part, IN_MEMORY):
                 await self._write(part)
             elif part.length:
                 await self.writable.wait()

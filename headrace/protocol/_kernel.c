@@ -2784,6 +2784,20 @@ static int range_cached(int fd, int64_t position, size_t len)
     return range_cached_by_mincore(fd, first, end, page_bytes) != 0;
 }
 
+static PyObject *py_page_cache_holds(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int fd;
+    long long position, length;
+    if (!PyArg_ParseTuple(args, "iLL", &fd, &position, &length))
+        return NULL;
+    if (position < 0 || length < 0) {
+        PyErr_SetString(PyExc_ValueError, "page_cache_holds: negative position or length");
+        return NULL;
+    }
+    return PyBool_FromLong(range_cached(fd, position, (size_t)length));
+}
+
 static PyObject *py_use_cachestat(PyObject *self, PyObject *flag)
 {
     (void)self;
@@ -3841,6 +3855,9 @@ static PyMethodDef kernel_methods[] = {
      "records_read, records_kept, next_ordinal, bytes_written, ...): pass 2 over about "
      "span_bytes of a segment file read as map_span reads it, the cleaned bytes written to "
      "out_fd; stop as for map_span (never 3)."},
+    {"page_cache_holds", py_page_cache_holds, METH_VARARGS,
+     "page_cache_holds(fd, position, length) -> bool: whether every page of the range is in "
+     "the page cache (True where the kernel cannot tell), as the cleaner's spans ask it."},
     {"use_cachestat", py_use_cachestat, METH_O,
      "use_cachestat(flag) -> bool: whether the spans ask the page cache with cachestat(2) "
      "(else mincore(2), as on kernels before 6.5, where cachestat is dropped on its first "

@@ -397,6 +397,22 @@ class FilterSpan:
 DIRECT_READ_ALIGN_BYTES = 4096
 DIRECT_READ_SLACK_BYTES = 2 * DIRECT_READ_ALIGN_BYTES
 
+def page_cache_holds(fd: int, position: int, length: int) -> bool:
+    """Whether every page of bytes ``[position, position + length)`` of the file ``fd`` is in
+    the page cache (cachestat, or mincore before Linux 6.5; True where the kernel cannot
+    tell). One system call; the GIL is held."""
+    return _kernel.page_cache_holds(fd, position, length)
+
+
+def aligned_buffer(size_bytes: int, alignment_bytes: int = DIRECT_READ_ALIGN_BYTES
+                   ) -> np.ndarray:
+    """``size_bytes`` of uninitialised memory starting at a multiple of ``alignment_bytes``
+    (``O_DIRECT`` I/O needs block-aligned memory)."""
+    raw = np.empty(size_bytes + alignment_bytes, np.uint8)
+    start = -raw.ctypes.data % alignment_bytes
+    return raw[start:start + size_bytes]
+
+
 def use_cachestat(flag: bool) -> bool:
     """Whether the spans ask which chunks are in the page cache with cachestat(2) (Linux
     6.5+) rather than mincore(2) over a mapping of the chunk (what kernels without

@@ -104,6 +104,7 @@ from headrace.protocol.kernel import (
     MapSpan,
     OutputIndex,
     PassScope,
+    aligned_buffer,
     filter_batches,
     filter_span,
     index_batches,
@@ -264,13 +265,6 @@ class _CleanedFile:
         self.fs.close(self.fd)
 
 
-def _aligned_buffer(size_bytes: int, alignment_bytes: int) -> np.ndarray:
-    """``size_bytes`` of memory starting at a multiple of ``alignment_bytes``."""
-    raw = np.empty(size_bytes + alignment_bytes, np.uint8)
-    start = -raw.ctypes.data % alignment_bytes
-    return raw[start:start + size_bytes]
-
-
 def _stacked(entries: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(entries) if entries else np.empty((0, 2), np.int64)
 
@@ -352,10 +346,10 @@ class Cleaner:
         self.span_bytes = span_bytes
         self.span_niceness = span_niceness  # the spans' CPU priority below the caller's
         # Aligned, with room for a chunk read with O_DIRECT (see kernel.map_span).
-        self._read_buffer = _aligned_buffer(io_chunk_bytes + DIRECT_READ_SLACK_BYTES,
+        self._read_buffer = aligned_buffer(io_chunk_bytes + DIRECT_READ_SLACK_BYTES,
                                             DIRECT_READ_ALIGN_BYTES)
         self._grown_buffer: np.ndarray | None = None  # kept for the rest of one clean()
-        self._direct_stage = _aligned_buffer(direct_stage_bytes, DIRECT_IO_ALIGNMENT_BYTES)
+        self._direct_stage = aligned_buffer(direct_stage_bytes, DIRECT_IO_ALIGNMENT_BYTES)
         self.on_chunk = on_chunk or _no_hook
 
     def clean(self, log: Log, first_dirty_offset: int, now_ms: int) -> CleanerStats:
@@ -489,7 +483,7 @@ class Cleaner:
         zeroed (the kernel reads into it), so allocating it takes no time under the GIL."""
         needed = _grown_buffer_bytes(batch_bytes, len(self._read_buffer))
         if self._grown_buffer is None or len(self._grown_buffer) < needed:
-            self._grown_buffer = _aligned_buffer(needed, DIRECT_READ_ALIGN_BYTES)
+            self._grown_buffer = aligned_buffer(needed, DIRECT_READ_ALIGN_BYTES)
         return self._grown_buffer
 
     def _estimate_parts(self, log: Log, scope: PassScope, overflowed: _MapPass,
