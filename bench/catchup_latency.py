@@ -12,8 +12,8 @@ records once. Each of ``--rounds`` rounds:
    with its defaults: 1 MiB per partition per Fetch; it counts the records without copying
    their values) while the paced producer keeps running until it is done.
 
-Prints each round's p99s, the catch-up's MB/s and the share of ``cold``'s pages in the page
-cache after it, then the medians and the ratio catch-up / idle. The broker reads slices not in
+Prints each round's p99s, the catch-up's MB/s and the share of ``cold``'s 1 MiB ranges wholly
+in the page cache after it, then the medians and the ratio catch-up / idle. The broker reads slices not in
 the page cache with ``O_DIRECT`` off its event loop (``headrace.broker.cold_reads``); A/B it
 against an older commit by running this file from that commit's tree.
 
@@ -25,11 +25,9 @@ Scratch data under /tmp/catchup-bench (or ``--scratch``); the broker binds 127.0
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -38,13 +36,23 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cleaner_produce_latency import Broker, PacedProducer, free_port, p99_ms  # noqa: E402
+from cleaner_produce_latency import (  # noqa: E402
+    Broker,
+    PacedProducer,
+    free_port,
+    median_of,
+    p99_ms,
+    report_round,
+)
+
+from headrace.protocol.kernel import page_cache_holds  # noqa: E402
+from tests.page_cache import drop_from_page_cache  # noqa: E402
 
 COLD_VALUE_BYTES = 1000
-PAGE_BYTES = 4096
-CACHESTAT_SYSCALL = 451
+SHARE_RANGE_BYTES = 1024 * 1024
 
 
 def fill(bootstrap: str, megabytes: int) -> int:
@@ -68,38 +76,20 @@ def segment_files(data_dir: Path) -> list[Path]:
     return sorted((data_dir / "cold-0").glob("*.log"))
 
 
-def drop_from_page_cache(paths: list[Path]) -> None:
+def cached_share(paths: list[Path]) -> float:
+    """Share of the files' 1 MiB ranges wholly in the page cache (``page_cache_holds``:
+    cachestat, or mincore before Linux 6.5)."""
+    cached = ranges = 0
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            size = os.fstat(fd).st_size
+            for position in range(0, size, SHARE_RANGE_BYTES):
+                ranges += 1
+                cached += page_cache_holds(fd, position, min(SHARE_RANGE_BYTES, size - position))
         finally:
             os.close(fd)
-
-
-class _CachestatRange(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Cachestat(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
-
-
-def cached_share(paths: list[Path]) -> float | None:
-    """Share of the files' pages in the page cache (cachestat(2), Linux 6.5+; None without)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    cached = pages = 0
-    for path in paths:
-        result = _Cachestat()
-        with open(path, "rb") as file:
-            if libc.syscall(CACHESTAT_SYSCALL, file.fileno(),
-                            ctypes.byref(_CachestatRange(0, 0)), ctypes.byref(result), 0):
-                return None
-        cached += result.nr_cache
-        pages += -(-path.stat().st_size // PAGE_BYTES)
-    return round(cached / pages, 3) if pages else None
+    return round(cached / ranges, 3) if ranges else 0.0
 
 
 def consume_all(bootstrap: str, records: int) -> None:
@@ -151,23 +141,22 @@ def main() -> None:
         paced = PacedProducer(bootstrap, args.rate, args.record_bytes)
         for round_number in range(args.rounds):
             if not args.warm:
-                drop_from_page_cache(segment_files(data_dir))
+                for path in segment_files(data_dir):
+                    drop_from_page_cache(path)
             idle = paced.pace(args.seconds)
             consumer = subprocess.Popen([sys.executable, __file__, "--consume", bootstrap,
                                          str(records)], stdout=subprocess.PIPE, text=True)
             during = paced.pace(600, until=lambda c=consumer: c.poll() is not None)
             catch_up = json.loads(consumer.communicate(timeout=600)[0].strip().splitlines()[-1])
-            result = {"round": round_number, "idle_p99_ms": round(p99_ms(idle), 2),
-                      "catch_up_p99_ms": round(p99_ms(during), 2), **catch_up,
-                      "cached_share_after": cached_share(segment_files(data_dir)),
-                      "load_average_1m": round(os.getloadavg()[0], 2)}
-            rounds.append(result)
-            print(json.dumps(result), flush=True)
+            report_round(rounds, {
+                "round": round_number, "idle_p99_ms": round(p99_ms(idle), 2),
+                "catch_up_p99_ms": round(p99_ms(during), 2), **catch_up,
+                "cached_share_after": cached_share(segment_files(data_dir))})
     finally:
         broker.stop()
 
     def median(name: str) -> float:
-        return round(statistics.median(r[name] for r in rounds), 2)
+        return median_of(rounds, name)
 
     print(json.dumps({"megabytes": args.megabytes, "rate": args.rate, "warm": args.warm,
                       "idle_p99_ms_median": median("idle_p99_ms"),

@@ -235,6 +235,17 @@ def ratio(cleaning_ms: float, idle_ms: float) -> float:
     return round(cleaning_ms / idle_ms, 2)
 
 
+def report_round(rounds: list[dict], result: dict) -> None:
+    """Keep a round's result (with the 1-minute load average) and print it as a JSON line."""
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
+    rounds.append(result)
+    print(json.dumps(result), flush=True)
+
+
+def median_of(rounds: list[dict], name: str) -> float:
+    return round(statistics.median(r[name] for r in rounds), 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=2400)
@@ -287,15 +298,13 @@ def main() -> None:
                       "cleaning_p99_ms": round(p99_ms(during), 2),
                       "alter_to_summary_s": round(after_alter[-1][0] - after_alter[0][0], 2),
                       "alter_to_summary_p99_ms": round(p99_ms(after_alter), 2),
-                      "idle_whole_p99_ms": round(p99_ms(idle), 2),
-                      "load_average_1m": round(os.getloadavg()[0], 2)}
-            rounds.append(result)
-            print(json.dumps(result), flush=True)
+                      "idle_whole_p99_ms": round(p99_ms(idle), 2)}
+            report_round(rounds, result)
     finally:
         broker.stop()
 
     def median(name: str) -> float:
-        return round(statistics.median(r[name] for r in rounds), 2)
+        return median_of(rounds, name)
 
     print(json.dumps({
         "dirty_megabytes_per_round": args.megabytes, "rate": args.rate, "cpus": os.cpu_count(),
