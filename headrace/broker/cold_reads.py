@@ -33,20 +33,21 @@ from headrace.protocol.kernel import (
 IN_MEMORY = (bytes, bytearray, memoryview)  # response parts that are not file slices
 
 
-def cold_slices(parts: tuple[Any, ...]) -> bool:
-    """Whether any file slice among ``parts`` is not wholly in the page cache."""
-    return any(not isinstance(part, IN_MEMORY) and part.length
-               and not page_cache_holds(part.fd, part.position, part.length)
-               for part in parts)
+def cold_slices(parts: tuple[Any, ...]) -> list[int]:
+    """The indexes of the file slices among ``parts`` not wholly in the page cache."""
+    return [index for index, part in enumerate(parts)
+            if not isinstance(part, IN_MEMORY) and part.length
+            and not page_cache_holds(part.fd, part.position, part.length)]
 
 
-def read_slices(parts: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``parts`` with every file slice not wholly cached replaced by its bytes, read with
-    ``O_DIRECT`` where the file system allows it. Blocks on the disk: call off the event
+def read_slices(parts: tuple[Any, ...], cold: list[int]) -> tuple[Any, ...]:
+    """``parts`` with the file slices at the indexes ``cold`` replaced by their bytes, read
+    with ``O_DIRECT`` where the file system allows it. Blocks on the disk: call off the event
     loop. Raises ``CorruptMessage`` if a slice runs past the end of its file."""
-    return tuple(_read_cold(part) if not isinstance(part, IN_MEMORY) and part.length
-                 and not page_cache_holds(part.fd, part.position, part.length) else part
-                 for part in parts)
+    read = list(parts)
+    for index in cold:
+        read[index] = _read_cold(parts[index])
+    return tuple(read)
 
 
 def _read_cold(part: Any) -> memoryview:

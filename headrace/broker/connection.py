@@ -272,8 +272,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         loop = self.loop
         if loop is None:  # asked once: each get_running_loop() is a getpid() system call
             loop = self.loop = asyncio.get_running_loop()
-        if cold_slices(parts):  # not in the page cache: read off the loop (cold_reads)
-            parts = await loop.run_in_executor(None, read_slices, parts)
+        if cold := cold_slices(parts):  # not in the page cache: read off the loop
+            parts = await loop.run_in_executor(None, read_slices, parts, cold)
             if self.closing:
                 return
         file_bytes = sum(p.length for p in parts if not isinstance(p, IN_MEMORY))
