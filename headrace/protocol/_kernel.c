@@ -2814,6 +2814,14 @@ static int64_t span_buffer_bytes(const Span *s, int64_t chunk_bytes)
     return s->direct_fd >= 0 ? chunk_bytes + DIRECT_READ_SLACK_BYTES : chunk_bytes;
 }
 
+/* Whether a span with a direct_fd was given a buffer O_DIRECT reads cannot use: unaligned,
+ * or no longer than the slack. */
+static int direct_buffer_refused(const Span *s)
+{
+    return s->direct_fd >= 0 && ((uintptr_t)s->buf % DIRECT_READ_ALIGN_BYTES ||
+                                 s->capacity <= DIRECT_READ_SLACK_BYTES);
+}
+
 /* The largest chunk the span's buffer takes. */
 static size_t span_chunk_capacity(const Span *s)
 {
@@ -3099,8 +3107,7 @@ static int hold_span_args(CleanerArgs *a, PyObject *buffer, Span *span, PassScop
         PyErr_SetString(PyExc_ValueError, "span: empty buffer, negative position or span");
         return -1;
     }
-    if (span->direct_fd >= 0 && ((uintptr_t)span->buf % DIRECT_READ_ALIGN_BYTES ||
-                                 span->capacity <= DIRECT_READ_SLACK_BYTES)) {
+    if (direct_buffer_refused(span)) {
         PyErr_Format(PyExc_ValueError, "span: a direct_fd needs a buffer aligned to %d bytes "
                      "and longer than %d", DIRECT_READ_ALIGN_BYTES, DIRECT_READ_SLACK_BYTES);
         return -1;
@@ -3134,10 +3141,7 @@ static PyObject *py_read_chunk(PyObject *self, PyObject *args)
         return NULL;
     span.buf = view.buf;
     span.capacity = (size_t)view.len;
-    int bad_alignment = span.direct_fd >= 0 &&
-                        ((uintptr_t)span.buf % DIRECT_READ_ALIGN_BYTES ||
-                         span.capacity <= DIRECT_READ_SLACK_BYTES);
-    if (bad_alignment || want < 0 || span.position < 0 ||
+    if (direct_buffer_refused(&span) || want < 0 || span.position < 0 ||
             (size_t)want > span_chunk_capacity(&span)) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "read_chunk: negative position or size, a chunk "

@@ -397,6 +397,7 @@ class FilterSpan:
 DIRECT_READ_ALIGN_BYTES = 4096
 DIRECT_READ_SLACK_BYTES = 2 * DIRECT_READ_ALIGN_BYTES
 
+
 def page_cache_holds(fd: int, position: int, length: int) -> bool:
     """Whether every page of bytes ``[position, position + length)`` of the file ``fd`` is in
     the page cache (cachestat, or mincore before Linux 6.5; True where the kernel cannot

@@ -133,8 +133,9 @@ SAMPLE_HEADROOM = 2  # the sampling range is sized to hold twice the extrapolate
 SPLIT_HEADROOM = 1.1  # ranges are sized to hold the estimated keys plus 10%
 _CLEANED_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 # O_DIRECT writes must start, end and sit in memory on a multiple of the device's logical
-# block size; 4 KiB is the largest in common use (Linux reports 512 or 4096).
-DIRECT_IO_ALIGNMENT_BYTES = 4096
+# block size; 4 KiB is the largest in common use (Linux reports 512 or 4096). The kernel's
+# direct reads use the same.
+DIRECT_IO_ALIGNMENT_BYTES = DIRECT_READ_ALIGN_BYTES
 # One O_DIRECT write of the .cleaned file: large, as each waits for the device.
 DIRECT_STAGE_BYTES = 4 * 1024 * 1024
 ReadBuffer = bytearray | np.ndarray  # writable, contiguous bytes
