@@ -59,6 +59,7 @@
 #define FAILURE_MESSAGE_BYTES 160
 #define BUF_INITIAL_CAPACITY_BYTES 256
 #define NO_OFFSET (-1)
+#define NO_TIMESTAMP (-1) /* a batch or record without a timestamp */
 
 static PyObject *corrupt_message_error; /* headrace.errors.CorruptMessage */
 
@@ -1946,7 +1947,9 @@ static int index_one_batch(const IndexInput *in, IndexScan *out, size_t pos, int
         int64_t entry[2] = {last_offset, in->buffer_position + (int64_t)pos};
         if (buf_put(&out->offset_entries, entry, sizeof entry))
             return -1;
-        if (!st->has_time_entry || st->max_timestamp > st->last_time_entry) {
+        /* Kafka's TimeIndex.maybeAppend: an empty index's last entry is (NO_TIMESTAMP, base),
+         * so batches without a timestamp (-1) never get an entry. */
+        if (st->max_timestamp > (st->has_time_entry ? st->last_time_entry : NO_TIMESTAMP)) {
             int64_t time_entry[2] = {st->max_timestamp, st->offset_of_max_timestamp};
             if (buf_put(&out->time_entries, time_entry, sizeof time_entry))
                 return -1;

@@ -34,11 +34,17 @@ is left unchanged). After each append the writer publishes an immutable ``LogVie
 take that snapshot and never lock, so a reader never blocks a writer (copy-on-write segment
 list, as in Kafka).
 
-Offsets by time are batch-granular: records are not decoded, so a time lookup answers the base
-offset and max timestamp of the first batch whose max timestamp is >= the target, and the
-max-timestamp lookup answers the last offset of the batch holding the largest timestamp (Kafka's
-"shallow" offset). CreateTime bounds (message.timestamp.before/after.max.ms) are checked on the
-batch's base and max timestamps.
+Time-based decisions read a segment's largest timestamp as Kafka's ``largestTimestamp``: the
+largest valid (>= 0) batch timestamp, else the segment file's last-modified time (read through
+the injected file system), so records sent without a timestamp (-1) age from when they were
+written, never from 1970. Retention by retention.ms deletes a closed segment once that is
+older than retention.ms; offsets by time search the first segment whose largest timestamp
+reaches the target, as Kafka's ``searchOffsetInLocalLog`` (the time index and batch headers
+find the batch, the kernel decodes it to find the first record at or after the log start
+with a timestamp >= the target; records without a timestamp never match); the
+max-timestamp lookup answers the first record carrying the largest timestamp. CreateTime
+bounds (message.timestamp.before/after.max.ms) are checked on the batch's base and max
+timestamps, skipping -1.
 
 Recovery: after a clean shutdown the index files are sanity-checked and only the tail after the
 last index entry of the active segment is walked. After an unclean shutdown every batch after the
@@ -320,11 +326,7 @@ class Log:
                     self.fs.remove(self.dir / name)
         if not bases:
             bases.add(max(log_start_offset, 0))
-        segments = []
-        for base in sorted(bases):
-            segment = self._new_segment(base, now_ms)
-            segment.last_modified_ms = self.fs.mtime_ms(segment.log_path)
-            segments.append(segment)
+        segments = [self._new_segment(base, now_ms) for base in sorted(bases)]
         for segment in segments[:-1]:  # the active segment's tail is scanned anyway
             if segment.base_offset in needs_index_rebuild and segment.size_bytes:
                 self._rebuild_indexes(segment, sealed=True)
@@ -864,11 +866,9 @@ class Log:
         if timestamp_ms == MAX_TIMESTAMP:
             return self._max_timestamp_offset(view)
         for index, segment in enumerate(view.segments):
-            if segment.max_timestamp_ms < timestamp_ms:
-                continue
-            found = segment.offset_at_or_after_timestamp(timestamp_ms, view.max_position(index))
-            if found is not None:
-                return max(found[0], view.log_start_offset), found[1]
+            if segment.largest_timestamp_ms() >= timestamp_ms:
+                return segment.offset_at_or_after_timestamp(
+                    timestamp_ms, view.log_start_offset, view.max_position(index))
         return None
 
     @staticmethod
@@ -922,7 +922,7 @@ class Log:
         for index, segment in enumerate(segments[:-1]):
             below_start = segments[index + 1].base_offset <= log_start
             by_time = config.delete_enabled and config.retention_ms >= 0 and \
-                now_ms - segment.largest_timestamp_ms > config.retention_ms
+                now_ms - segment.largest_timestamp_ms() > config.retention_ms
             by_size = config.delete_enabled and config.retention_bytes >= 0 and \
                 excess_bytes - segment.size_bytes >= 0
             if not (below_start or by_time or by_size):
@@ -983,6 +983,10 @@ class Log:
                                       "changed during cleaning")
             swap_path = cleaned_path.with_name(
                 segment_file_name(old[0].base_offset, LOG_SUFFIX + SWAP_SUFFIX))
+            # Kafka's cleaner keeps the replaced segments' last-modified time (the time-based
+            # decisions for batches without timestamps read it); set before the commit point.
+            last_modified_ms = old[-1].last_modified_ms()
+            self.fs.set_mtime_ms(cleaned_path, last_modified_ms)
             self.fs.rename(cleaned_path, swap_path)
             self.fs.fsync_dir(self.dir)
             for segment in old:
@@ -1000,7 +1004,7 @@ class Log:
                                    "rebuilding it", cleaned.log_path, index.bytes_valid,
                                    cleaned.size_bytes)
                 self._rebuild_indexes(cleaned, sealed=True)
-            cleaned.last_modified_ms = max(s.last_modified_ms for s in old)
+            cleaned.set_last_modified_ms(last_modified_ms)
             self._segments[first : first + len(old)] = [cleaned]
             view = self._view
             self._view = LogView(tuple(self._segments), view.log_end_offset,
