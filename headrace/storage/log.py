@@ -1004,7 +1004,6 @@ class Log:
                                    "rebuilding it", cleaned.log_path, index.bytes_valid,
                                    cleaned.size_bytes)
                 self._rebuild_indexes(cleaned, sealed=True)
-            cleaned.set_last_modified_ms(last_modified_ms)
             self._segments[first : first + len(old)] = [cleaned]
             view = self._view
             self._view = LogView(tuple(self._segments), view.log_end_offset,

@@ -473,11 +473,6 @@ class LogSegment:
         ``.deleted`` cannot make it fail."""
         return self.fs.fd_mtime_ms(self.fd)
 
-    def set_last_modified_ms(self, mtime_ms: int) -> None:
-        """Kafka's ``setLastModified``: the log file and both indexes get ``mtime_ms``."""
-        for path in self.file_paths():
-            self.fs.set_mtime_ms(path, mtime_ms)
-
     def largest_timestamp_ms(self) -> int:
         """Kafka's ``largestTimestamp``: the largest batch timestamp if any batch has a valid
         one (>= 0), else the file's last-modified time -- never -1 read as 1970, so records
