@@ -109,6 +109,8 @@ _SERVER_DEFS = (
     _static("log.retention.check.interval.ms", "long", "300000"),
     _static("log.flush.scheduler.interval.ms", "long", str(LONG_MAX)),
     _static("log.flush.offset.checkpoint.interval.ms", "int", "60000"),
+    _static("log.flush.start.offset.checkpoint.interval.ms", "int", "60000"),
+    _static("log.initial.task.delay.ms", "long", "30000"),
     _dynamic("log.cleaner.enable", "boolean", "true"),
     _dynamic("log.cleaner.threads", "int", "1"),
     _dynamic("log.cleaner.backoff.ms", "long", "15000"),

@@ -742,21 +742,26 @@ class Log:
         if active.size_bytes and self._segment_expired(active, now_ms):
             self._roll_locked(now_ms)
 
-    def maintain(self, now_ms: int) -> bool:
-        """The broker's periodic work on this log: roll by segment.ms, flush by flush.ms (and
-        after rolls), retention. Skipped -- False -- while another thread holds the log's lock
-        (a cleaner swapping segments in holds it across renames and fsyncs): the caller is
-        the append thread, which must not wait for that, and the next round catches up."""
+    def maintain(self, now_ms: int, flush_by_time: bool = False,
+                 check_retention: bool = False) -> int | None:
+        """The broker's periodic work on this log: roll by segment.ms and flush the rolled
+        segments; with ``flush_by_time`` flush by flush.ms (Kafka's log flusher, run each
+        log.flush.scheduler.interval.ms); with ``check_retention`` delete segments by
+        retention (Kafka's retention check, run each log.retention.check.interval.ms).
+        Returns the count of segments deleted; None -- nothing done -- while another thread
+        holds the log's lock (a cleaner swapping segments in holds it across renames and
+        fsyncs): the caller is the append thread, which must not wait for that, and retries
+        at its next round."""
         if not self._lock.acquire(blocking=False):
-            return False
+            return None
         try:
-            if not self._closed:
-                self._maybe_roll_by_time_locked(now_ms)
-                self._flush_if_due_locked(now_ms)
-                self._delete_old_segments_locked(now_ms)
+            if self._closed:
+                return 0
+            self._maybe_roll_by_time_locked(now_ms)
+            self._flush_if_due_locked(now_ms, flush_by_time)
+            return self._delete_old_segments_locked(now_ms) if check_retention else 0
         finally:
             self._lock.release()
-        return True
 
     def _roll_locked(self, now_ms: int) -> None:
         log_end_offset = self._view.log_end_offset
@@ -797,10 +802,13 @@ class Log:
         """Time-based flush (flush.ms), and the flush Kafka schedules after a roll."""
         with self._lock:
             if not self._closed:
-                self._flush_if_due_locked(now_ms)
+                self._flush_if_due_locked(now_ms, flush_by_time=True)
 
-    def _flush_if_due_locked(self, now_ms: int) -> None:
-        if now_ms - self.last_flush_ms >= self.config.flush_ms:
+    def _flush_if_due_locked(self, now_ms: int, flush_by_time: bool) -> None:
+        """The flush Kafka schedules after a roll (segments below the active one); with
+        ``flush_by_time`` also Kafka's ``flushDirtyLogs`` rule: everything once flush.ms has
+        passed since the last flush."""
+        if flush_by_time and now_ms - self.last_flush_ms >= self.config.flush_ms:
             self._flush_locked(now_ms)
             self.last_flush_ms = now_ms
         elif self._rolled_unflushed():

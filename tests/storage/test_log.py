@@ -285,13 +285,15 @@ def test_maintain_skips_a_log_whose_lock_is_held_and_catches_up_after(scratch):
     holder.start()
     assert held.wait(10)
     try:
-        assert log.maintain(NOW_MS + 1500) is False
+        assert log.maintain(NOW_MS + 1500, check_retention=True) is None
         assert len(log.segments) == segments
     finally:
         release.set()
         holder.join()
-    assert log.maintain(NOW_MS + 1500) is True
-    assert 1 <= len(log.segments) < segments
+    assert log.maintain(NOW_MS + 1500) == 0  # rolls and flushes; retention only when asked
+    assert len(log.segments) == segments
+    assert log.maintain(NOW_MS + 1500, check_retention=True) == segments - len(log.segments) > 0
+    assert len(log.segments) >= 1
 
 
 def test_retention_never_deletes_the_active_segment(scratch):
