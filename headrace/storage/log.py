@@ -52,9 +52,13 @@ recovery point is CRC-checked; the log is truncated at the first bad byte and th
 segments touched are rebuilt, so the work grows with the unflushed tail, not with the log.
 
 Time-based rolling uses Kafka's ``LogConfig.maxSegmentMs``: ``segment.ms``, or for a compacted
-log ``min(segment.ms, max.compaction.lag.ms)``, so records in the active segment become
-cleanable within max.compaction.lag.ms. Rolls happen on the appending thread only (at append
-or in ``maintain`` called by the broker's maintenance on that same thread).
+log ``min(segment.ms, max.compaction.lag.ms)``, and Kafka's ``timeWaitedForRoll``: a segment
+whose first batch has a timestamp rolls when a batch to append has a max timestamp more than
+that past it; a segment whose first batch has none (-1) when the broker time is that far past
+its creation. Rolls happen on the appending thread only (at append, or in ``maintain`` called
+by the broker's maintenance on that same thread, which rolls by creation time, and by
+timestamp only on compact-only logs so their records become cleanable within
+max.compaction.lag.ms).
 
 Thread-safety: ``append``, ``roll``, ``flush``, retention and ``close`` take the log's lock;
 ``read``, ``offset_for_timestamp`` and the properties work on the published snapshot from any
@@ -102,6 +106,7 @@ from headrace.errors import (
 from headrace.protocol.batch import (
     BATCH_HEADER_BYTES,
     CONTROL_BIT,
+    LOG_OVERHEAD_BYTES,
     BatchHeader,
     parse_header,
     set_log_append_time,
@@ -179,8 +184,22 @@ _pack_base_offset = struct.Struct(">q").pack_into
 _new_append_result = functools.partial(tuple.__new__, AppendResult)
 
 # When a plain append may take the kernel's one-call path: (the active segment, the broker
-# time after which it must roll by age, the largest last offset its index can address).
-_PlainGate = tuple[LogSegment, int, int]
+# time after which it must roll by age, the largest last offset its index can address, the
+# largest batch max timestamp it takes before rolling by age).
+_PlainGate = tuple[LogSegment, int, int, int]
+ROLL_NEVER = 2**63 - 1  # a roll deadline that is never passed
+_MAX_TIMESTAMP_AT = struct.Struct(">q").unpack_from
+_MAX_TIMESTAMP_POSITION = 35
+_BATCH_LENGTH_AT = struct.Struct(">i").unpack_from
+
+
+def single_batch_max_timestamp(records: bytes | bytearray | memoryview) -> int:
+    """The header max timestamp of ``records`` if they are exactly one batch, else
+    ``ROLL_NEVER`` (unknown: whoever asks must assume the batch may roll the segment)."""
+    if len(records) < BATCH_HEADER_BYTES or \
+            _BATCH_LENGTH_AT(records, 8)[0] + LOG_OVERHEAD_BYTES != len(records):
+        return ROLL_NEVER
+    return _MAX_TIMESTAMP_AT(records, _MAX_TIMESTAMP_POSITION)[0]
 
 
 class LogView:
@@ -292,7 +311,7 @@ class Log:
         (segment.ms may have changed)."""
         self._target_codec = target_codec(config)
         self._log_append_time = config.log_append_time
-        self._roll_deadline: tuple[LogSegment | None, int] = (None, 0)
+        self._roll_deadline: tuple[LogSegment | None, tuple[int, int]] = (None, (0, 0))
         self._segment_bytes = config.segment_bytes
         self._flush_messages = config.flush_messages
         self._plain_limits = (config.max_message_bytes, config.message_timestamp_before_max_ms,
@@ -490,7 +509,8 @@ class Log:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
             gate = self._plain_gate
             result = None
-            if gate is not None and now_ms <= gate[1]:
+            if gate is not None and now_ms <= gate[1] and (
+                    gate[3] == ROLL_NEVER or single_batch_max_timestamp(records) <= gate[3]):
                 result = self._append_plain(records, gate, now_ms)
             if result is None:
                 result = self._append_general(records, now_ms)
@@ -576,7 +596,9 @@ class Log:
         holds, or its size, which the kernel checks, can make it roll)."""
         if (self._fs_is_real and not self._log_append_time and active.size_bytes
                 and not active.offset_index.is_full and not active.time_index.is_full):
-            return active, self._roll_deadline_ms(active), active.base_offset + MAX_RELATIVE_OFFSET
+            broker_deadline_ms, message_deadline_ms = self._roll_deadlines(active)
+            return (active, broker_deadline_ms, active.base_offset + MAX_RELATIVE_OFFSET,
+                    message_deadline_ms)
         return None
 
     def _write(self, records: bytearray, summaries: tuple[Summary, ...], first_offset: int,
@@ -591,12 +613,14 @@ class Log:
             max_timestamp_ms = now_ms if log_append_time else summaries[0][5]
             if log_append_time:
                 set_log_append_time(records, 0, now_ms)
-            active = self._active_segment_for(len(records), next_offset - 1, now_ms)
+            active = self._active_segment_for(len(records), next_offset - 1, max_timestamp_ms,
+                                              now_ms)
             active.append_batch(records, next_offset - 1, max_timestamp_ms, now_ms)
             return next_offset, active
         next_offset, entries = self._assign_offsets(records, summaries, first_offset,
                                                     log_append_time, now_ms)
-        active = self._active_segment_for(len(records), next_offset - 1, now_ms)
+        max_timestamp_ms = max(entry[2] for entry in entries)
+        active = self._active_segment_for(len(records), next_offset - 1, max_timestamp_ms, now_ms)
         active.append(records, entries, now_ms)
         return next_offset, active
 
@@ -664,31 +688,33 @@ class Log:
 
     # ---- rolling and flushing ------------------------------------------------------------
 
-    def _active_segment_for(self, size_bytes: int, last_offset: int, now_ms: int) -> LogSegment:
+    def _active_segment_for(self, size_bytes: int, last_offset: int, max_timestamp_ms: int,
+                            now_ms: int) -> LogSegment:
         """The segment to append to: the active one, unless it is non-empty and must roll:
-        full by size, index or relative offset range, or older than segment.ms (Kafka's
-        ``shouldRoll``)."""
+        full by size, index or relative offset range, or too old (Kafka's ``shouldRoll``;
+        ``max_timestamp_ms`` is the largest timestamp of the batches to append)."""
         active = self._segments[-1]
-        if active.size_bytes and self._must_roll(active, size_bytes, last_offset, now_ms):
+        if active.size_bytes and self._must_roll(active, size_bytes, last_offset,
+                                                 max_timestamp_ms, now_ms):
             self._roll_locked(now_ms)
             active = self._segments[-1]
         return active
 
     def _must_roll(self, active: LogSegment, size_bytes: int, last_offset: int,
-                   now_ms: int) -> bool:
-        cached_segment, deadline_ms = self._roll_deadline
-        if cached_segment is not active:
-            deadline_ms = self._roll_deadline_ms(active)
-        return (now_ms > deadline_ms
+                   max_timestamp_ms: int, now_ms: int) -> bool:
+        broker_deadline_ms, message_deadline_ms = self._roll_deadlines(active)
+        return (now_ms > broker_deadline_ms or max_timestamp_ms > message_deadline_ms
                 or active.size_bytes + size_bytes > self.config.segment_bytes
                 or len(active.offset_index.positions) >= active.offset_index.max_entries
                 or len(active.time_index.timestamps) >= active.time_index.max_entries
                 or last_offset - active.base_offset > MAX_RELATIVE_OFFSET)
 
-    def append_needs_no_io_wait(self, size_bytes: int, now_ms: int) -> bool:
-        """Whether appending ``size_bytes`` of records now certainly neither fsyncs nor rolls
-        (flush.messages not reached even if every byte were a record; no roll by size,
-        index, offset range or age) and is not on a compacted log (whose lock the cleaner
+    def append_needs_no_io_wait(self, size_bytes: int, now_ms: int,
+                                records: bytes | bytearray | memoryview = b"") -> bool:
+        """Whether appending ``records`` (``size_bytes`` of them) now certainly neither fsyncs
+        nor rolls (flush.messages not reached even if every byte were a record; no roll by
+        size, index, offset range or age -- by the batch's max timestamp when the active
+        segment rolls by timestamps) and is not on a compacted log (whose lock the cleaner
         takes for a swap). The broker runs such small appends inline on its event loop.
         A hint read without the lock: a racing append can only make the answer stale
         towards "a roll or flush happens", which the append then simply performs."""
@@ -700,24 +726,42 @@ class Log:
             return False
         active = self._segments[-1]
         return not (active.size_bytes and self._must_roll(
-            active, size_bytes, log_end_offset + size_bytes, now_ms))
+            active, size_bytes, log_end_offset + size_bytes,
+            single_batch_max_timestamp(records), now_ms))
 
-    def _roll_deadline_ms(self, segment: LogSegment) -> int:
-        """The broker time after which ``segment`` is too old to append to; cached per
-        segment once its first batch fixed the rolling base (config changes clear it)."""
-        cached_segment, deadline_ms = self._roll_deadline
+    def _roll_deadlines(self, segment: LogSegment) -> tuple[int, int]:
+        """When ``segment`` is too old to append to, as Kafka's ``timeWaitedForRoll``: a
+        segment whose first batch has a timestamp (>= 0) rolls for a batch whose max
+        timestamp lies more than segment.ms (less the jitter) after it -- (NEVER, that
+        timestamp) --, any other when the broker time is that far past its creation --
+        (that time, NEVER). Cached per segment once its first batch is known (config
+        changes clear it)."""
+        cached_segment, deadlines = self._roll_deadline
         if cached_segment is segment:
-            return deadline_ms
-        rolling_base_ms = segment.first_batch_timestamp_ms
-        if rolling_base_ms is None or rolling_base_ms < 0:
-            rolling_base_ms = segment.created_ms
-        deadline_ms = rolling_base_ms + self._max_segment_ms - self._segment_jitter_ms
-        if segment.first_batch_timestamp_ms is not None:
-            self._roll_deadline = (segment, deadline_ms)
-        return deadline_ms
+            return deadlines
+        limit_ms = self._max_segment_ms - self._segment_jitter_ms
+        first_timestamp_ms = segment.first_batch_timestamp_ms
+        if first_timestamp_ms is not None and first_timestamp_ms >= 0:
+            deadlines = (ROLL_NEVER, first_timestamp_ms + limit_ms)
+        else:
+            deadlines = (segment.created_ms + limit_ms, ROLL_NEVER)
+        if first_timestamp_ms is not None:
+            self._roll_deadline = (segment, deadlines)
+        return deadlines
 
     def _segment_expired(self, segment: LogSegment, now_ms: int) -> bool:
-        return now_ms > self._roll_deadline_ms(segment)
+        """Roll by time without a batch to append (headrace's maintenance; Kafka rolls only
+        at an append): by broker time for a segment that rolls by its creation time; for
+        one that rolls by timestamps only on a compact-only log (no retention can follow)
+        whose first timestamp is > 0, so its records become cleanable within
+        max.compaction.lag.ms. Records with old timestamps are never rolled -- and so
+        exposed to retention -- sooner than Kafka would."""
+        broker_deadline_ms, message_deadline_ms = self._roll_deadlines(segment)
+        if now_ms > broker_deadline_ms:
+            return True
+        config = self.config
+        return (config.compact_enabled and not config.delete_enabled
+                and (segment.first_batch_timestamp_ms or 0) > 0 and now_ms > message_deadline_ms)
 
     @property
     def _max_segment_ms(self) -> int:

@@ -171,8 +171,14 @@ def test_segments_roll_on_size_time_and_full_index(scratch):
     assert len(timed.segments) == 1
     timed.append(build_batch([b"a"], timestamp_ms=NOW_MS + 1001), NOW_MS + 1001)
     assert len(timed.segments) == 2
-    timed.maybe_roll_by_time(NOW_MS + 5000)
-    assert [s.base_offset for s in timed.segments] == [0, 2, 3]
+    timed.maybe_roll_by_time(NOW_MS + 5000)  # rolls by its batches' timestamps: not idle
+    assert [s.base_offset for s in timed.segments] == [0, 2]
+    untimed = open_log(scratch / "untimed", segment_ms=1000)
+    untimed.append(build_batch([b"a"], timestamps=[-1]), NOW_MS)
+    untimed.maybe_roll_by_time(NOW_MS + 1000)
+    assert len(untimed.segments) == 1
+    untimed.maybe_roll_by_time(NOW_MS + 1001)  # by its creation time, as at an append
+    assert [s.base_offset for s in untimed.segments] == [0, 1]
     full = open_log(scratch / "full", segment_index_bytes=16, index_interval_bytes=0)
     for _ in range(6):
         full.append(build_batch([b"a"]), NOW_MS)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
@@ -118,3 +120,60 @@ def test_offsets_by_time_start_at_the_log_start_offset(scratch):
     log.delete_records_before(2)
     assert log.offset_for_timestamp(NOW_MS) == (2, NOW_MS + 2)
     assert log.offset_for_timestamp(NOW_MS + 3) == (3, NOW_MS + 3)
+
+
+DAY_MS = 86_400_000
+
+
+def _two_batches(timestamp_ms: int) -> bytearray:
+    """A request of two batches: the general append path, not the kernel's plain one."""
+    return build_batch([b"a"], timestamp_ms=timestamp_ms) + build_batch([b"b"],
+                                                                         timestamp_ms=timestamp_ms)
+
+
+@pytest.mark.parametrize("request_of", [lambda ts: build_batch([b"a"], timestamp_ms=ts),
+                                        _two_batches], ids=["plain", "general"])
+def test_a_segment_rolls_by_its_batches_timestamps_not_the_broker_clock(scratch, request_of):
+    """Kafka's timeWaitedForRoll: a segment whose first batch has a timestamp rolls when a
+    batch to append is more than segment.ms past it; replayed old records do not roll a
+    segment per append because the broker's clock is far ahead of them."""
+    log = open_log(scratch, segment_ms=1000)
+    first_ms = NOW_MS - 10 * DAY_MS
+    log.append(request_of(first_ms), NOW_MS)
+    log.append(request_of(first_ms + 500), NOW_MS + 5000)
+    log.append(request_of(first_ms + 1000), NOW_MS + 9000)
+    assert len(log.segments) == 1
+    log.append(request_of(first_ms + 1001), NOW_MS + 9000)
+    assert len(log.segments) == 2
+
+
+def test_untimed_segments_roll_by_creation_time_and_a_header_of_zero_by_timestamps(scratch):
+    """A first batch without a timestamp (-1): the segment rolls segment.ms after its
+    creation. A first batch whose header max timestamp is 0 (librdkafka's, before the
+    broker recomputes it) is a timestamp to Kafka: later untimed batches (0 again) never
+    roll it by time, however late the broker's clock -- not one segment per append."""
+    untimed = open_log(scratch, segment_ms=1000)
+    untimed.append(untimed_batch(), NOW_MS)
+    untimed.append(untimed_batch(), NOW_MS + 1000)
+    assert len(untimed.segments) == 1
+    untimed.append(untimed_batch(), NOW_MS + 1001)
+    assert len(untimed.segments) == 2
+    zero = open_log(scratch / "zero", segment_ms=1000)
+    for step in range(5):
+        zero.append(untimed_batch(header_max_timestamp_ms=0), NOW_MS + step * 5000)
+        zero.maintain(NOW_MS + step * 5000 + 1)
+    assert len(zero.segments) == 1
+
+
+def test_maintenance_never_rolls_old_records_into_reach_of_retention(scratch):
+    """Records stamped older than retention.ms stay in the active segment, which retention
+    never deletes, until an append or segment.bytes rolls it (Kafka has no idle roll); only
+    then does the closed segment go."""
+    log = open_log(scratch, segment_ms=1000, retention_ms=DAY_MS)
+    log.append(build_batch([b"old"], timestamp_ms=NOW_MS - 2 * DAY_MS), NOW_MS)
+    for step in range(1, 4):
+        assert log.maintain(NOW_MS + step * 5000, check_retention=True) == 0
+    assert log.log_start_offset == 0 and len(log.segments) == 1
+    log.append(build_batch([b"new"], timestamp_ms=NOW_MS + 20_000), NOW_MS + 20_000)
+    assert log.maintain(NOW_MS + 20_000, check_retention=True) == 1
+    assert log.log_start_offset == 1

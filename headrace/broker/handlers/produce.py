@@ -138,7 +138,7 @@ def _appends_cannot_sync(manager, topic_data, now_ms: int) -> bool:
                 log_ = manager.get_log(topic.name, partition.index)
             except KafkaError:
                 return False
-            if not log_.append_needs_no_io_wait(size_bytes, now_ms):
+            if not log_.append_needs_no_io_wait(size_bytes, now_ms, partition.records or b""):
                 return False
     return True
 
