@@ -147,22 +147,23 @@ def test_a_segment_rolls_by_its_batches_timestamps_not_the_broker_clock(scratch,
     assert len(log.segments) == 2
 
 
-def test_untimed_segments_roll_by_creation_time_and_a_header_of_zero_by_timestamps(scratch):
+def test_untimed_segments_roll_by_creation_time_and_a_header_of_zero_loses_nothing(scratch):
     """A first batch without a timestamp (-1): the segment rolls segment.ms after its
-    creation. A first batch whose header max timestamp is 0 (librdkafka's, before the
-    broker recomputes it) is a timestamp to Kafka: later untimed batches (0 again) never
-    roll it by time, however late the broker's clock -- not one segment per append."""
+    creation. Batches whose header max timestamp is 0 (librdkafka's for untimed records):
+    whether the broker stores 0 (a timestamp to Kafka, so later untimed batches never roll
+    the segment by time) or the records' -1 (rolls by creation time, segments age by
+    mtime), appends and retention checks over many segment.ms lose no record."""
     untimed = open_log(scratch, segment_ms=1000)
     untimed.append(untimed_batch(), NOW_MS)
     untimed.append(untimed_batch(), NOW_MS + 1000)
     assert len(untimed.segments) == 1
     untimed.append(untimed_batch(), NOW_MS + 1001)
     assert len(untimed.segments) == 2
-    zero = open_log(scratch / "zero", segment_ms=1000)
+    zero = open_log(scratch / "zero", segment_ms=1000, retention_ms=DAY_MS)
     for step in range(5):
         zero.append(untimed_batch(header_max_timestamp_ms=0), NOW_MS + step * 5000)
-        zero.maintain(NOW_MS + step * 5000 + 1)
-    assert len(zero.segments) == 1
+        zero.maintain(NOW_MS + step * 5000 + 1, check_retention=True)
+    assert (zero.log_start_offset, zero.log_end_offset) == (0, 5)
 
 
 def test_maintenance_never_rolls_old_records_into_reach_of_retention(scratch):
