@@ -20,29 +20,10 @@ from headrace.errors import (
 )
 from headrace.protocol.batch import parse_header
 from headrace.protocol.records import build_batch as records_build_batch
-from headrace.storage.config import LogConfig
-from headrace.storage.fs import RealFileSystem
-from headrace.storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, Log
+from headrace.storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP
 
 from .batches import build_batch
-from .helpers import assert_indexes_match_scan, read_all
-
-NOW_MS = 1_700_000_000_000
-
-
-def open_log(path, now_ms=NOW_MS, **config) -> Log:
-    return Log("t", 0, path / "t-0", LogConfig(**config), RealFileSystem(), now_ms,
-               clean_shutdown=True)
-
-
-def reopen(log: Log, clean: bool = True) -> Log:
-    recovery_point = log.recovery_point
-    if clean:
-        log.close()
-    else:
-        log.close_without_flush()
-    return Log("t", 0, log.dir, log.config, RealFileSystem(), NOW_MS,
-               recovery_point=recovery_point, clean_shutdown=clean)
+from .helpers import NOW_MS, assert_indexes_match_scan, open_log, read_all, reopen
 
 
 def test_offsets_are_assigned_and_batches_read_back_byte_for_byte(scratch):

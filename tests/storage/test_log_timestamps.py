@@ -9,30 +9,10 @@ import os
 
 import pytest
 
-from headrace.storage.config import LogConfig
-from headrace.storage.fs import RealFileSystem
-from headrace.storage.log import Log
-
 from .batches import build_batch
-from .helpers import assert_indexes_match_scan
+from .helpers import NOW_MS, assert_indexes_match_scan, open_log, reopen
 
-NOW_MS = 1_700_000_000_000
 NO_TIMESTAMP = -1
-
-
-def open_log(path, **config) -> Log:
-    return Log("t", 0, path / "t-0", LogConfig(**config), RealFileSystem(), NOW_MS,
-               clean_shutdown=True)
-
-
-def reopen(log: Log, clean: bool) -> Log:
-    recovery_point = 0 if not clean else log.recovery_point
-    if clean:
-        log.close()
-    else:
-        log.close_without_flush()
-    return Log("t", 0, log.dir, log.config, RealFileSystem(), NOW_MS,
-               recovery_point=recovery_point, clean_shutdown=clean)
 
 
 def untimed_batch(count: int = 1, header_max_timestamp_ms: int | None = None) -> bytearray:
@@ -81,7 +61,7 @@ def test_time_index_gets_no_entry_for_batches_without_timestamps(scratch):
         untimed.append(untimed_batch(), NOW_MS)
     untimed.roll(NOW_MS)
     assert untimed.segments[0].time_index.entries == 0
-    rebuilt = reopen(untimed, clean=False)  # every batch re-indexed by the kernel
+    rebuilt = reopen(untimed, clean=False, recovery_point=0)  # re-indexed by the kernel
     assert rebuilt.segments[0].time_index.entries == 0
     assert rebuilt.segments[0].max_timestamp_ms == NO_TIMESTAMP
     (rebuilt.segments[0].time_index.path).unlink()  # a lost index is rebuilt by the kernel
