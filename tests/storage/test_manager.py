@@ -253,6 +253,20 @@ def test_a_retention_check_reaches_a_log_skipped_for_its_held_lock_at_the_next_r
     manager.shutdown()
 
 
+def test_flush_by_time_waits_for_a_flusher_round(scratch, clock):
+    """flush.ms is applied by Kafka's log flusher (the broker's
+    log.flush.scheduler.interval.ms rounds), not by every maintenance round."""
+    manager = start([scratch], clock)
+    manager.create_topic("f", 1, {"flush.ms": "100"})
+    log = manager.get_log("f", 0)
+    log.append(build_batch([b"v"]), clock.now_ms())
+    manager.maintenance(clock.now_ms() + 100)
+    assert log.recovery_point == 0
+    manager.maintenance(clock.now_ms() + 100, flush_by_time=True)
+    assert log.recovery_point == 1
+    manager.shutdown()
+
+
 def test_checkpoints_are_written_each_on_its_own_call(scratch, clock):
     manager = start([scratch], clock)
     manager.create_topic("t", 1, {"flush.messages": "1"})
