@@ -17,7 +17,9 @@ broker pushes them to ``LogManager.set_broker_defaults``, the cleaner restarts i
 
 Cleaner settings are checked as Kafka does. Always (a bad static value stops the broker,
 InvalidConfig): the ConfigDef ranges (``log.cleaner.threads``, ``log.cleaner.io.buffer.size``,
-``log.cleaner.backoff.ms`` >= 0), ``log.cleaner.dedupe.buffer.size / log.cleaner.threads``
+``log.cleaner.backoff.ms`` >= 0; and, not cleaner settings, the LogManager task intervals:
+``log.retention.check.interval.ms`` >= 1, the checkpoint intervals and
+``log.initial.task.delay.ms`` >= 0), ``log.cleaner.dedupe.buffer.size / log.cleaner.threads``
 above 1 MiB (KafkaConfig's ``require``) and a load factor in (0, 1] (the offset map's domain).
 When AlterConfigs changes one of ``CLEANER_RECONFIGURABLE_CONFIGS``, also
 ``LogCleaner.validateReconfiguration``: the new thread count is >= 1, not below half the current
@@ -61,7 +63,11 @@ CLEANER_RECONFIGURABLE_CONFIGS = frozenset({  # LogCleaner.ReconfigurableConfigs
     "log.cleaner.threads", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor",
     "log.cleaner.io.buffer.size", "log.cleaner.io.max.bytes.per.second", "log.cleaner.backoff.ms",
 })
-_AT_LEAST_ZERO = ("log.cleaner.threads", "log.cleaner.io.buffer.size", "log.cleaner.backoff.ms")
+# ConfigDef ranges checked at start-up and on change: config -> smallest valid value.
+_AT_LEAST = {"log.cleaner.threads": 0, "log.cleaner.io.buffer.size": 0,
+             "log.cleaner.backoff.ms": 0, "log.retention.check.interval.ms": 1,
+             "log.flush.offset.checkpoint.interval.ms": 0,
+             "log.flush.start.offset.checkpoint.interval.ms": 0, "log.initial.task.delay.ms": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,11 +424,11 @@ def _cleaner_buffer_problem(properties: Mapping[str, str]) -> str | None:
 
 
 def _validate_cleaner(properties: Mapping[str, str]) -> None:
-    for name in _AT_LEAST_ZERO:
+    for name, minimum in _AT_LEAST.items():
         value = int(properties[name])
-        if value < 0:
+        if value < minimum:
             raise InvalidConfig(f"Invalid value {value} for configuration {name}: Value must be "
-                                "at least 0")
+                                f"at least {minimum}")
     problem = _cleaner_buffer_problem(properties)
     if problem is not None:
         raise InvalidConfig(problem)

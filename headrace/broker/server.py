@@ -141,8 +141,9 @@ class Broker:
         )
 
     async def _log_manager_task(self, name: str, interval_config: str, job) -> None:
-        """Run ``job`` after log.initial.task.delay.ms, then every ``interval_config`` ms
-        (once only for a period of Long.MAX, as Kafka's scheduler)."""
+        """Run ``job`` after log.initial.task.delay.ms, then every ``interval_config`` ms;
+        once only for a period of Long.MAX (what Kafka's scheduler does) or one not above 0
+        (Kafka's runs a negative period once)."""
         period_ms = self.config.get_int(interval_config)
         await asyncio.sleep(self.config.get_int("log.initial.task.delay.ms") / 1000)
         while True:
@@ -150,7 +151,7 @@ class Broker:
                 await job()
             except Exception:
                 log.exception("%s failed", name)
-            if period_ms >= LONG_MAX:
+            if period_ms >= LONG_MAX or period_ms <= 0:
                 return
             await asyncio.sleep(period_ms / 1000)
 

@@ -19,6 +19,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaProducer
 
+from headrace.broker.config import BrokerConfig
+from headrace.errors import InvalidConfig
 from headrace.protocol import records as record_codec
 from headrace.protocol import wire
 from headrace.storage.config import LogConfig
@@ -174,3 +176,13 @@ def test_untimed_records_outlive_retention_checks_while_expired_records_go(reten
     assert [m.value() for m in messages] == sent
     assert [m.offset() for m in messages] == list(range(len(sent)))
     assert {m.timestamp()[1] for m in messages} == {NO_TIMESTAMP}
+
+
+@pytest.mark.parametrize(("setting", "minimum"), [
+    ("log.retention.check.interval.ms=0", 1), ("log.initial.task.delay.ms=-1", 0),
+    ("log.flush.offset.checkpoint.interval.ms=-1", 0),
+    ("log.flush.start.offset.checkpoint.interval.ms=-5", 0)])
+def test_log_manager_task_intervals_out_of_kafkas_range_stop_the_broker(tmp_path, setting,
+                                                                        minimum):
+    with pytest.raises(InvalidConfig, match=f"Value must be at least {minimum}"):
+        BrokerConfig.load(None, overrides=[f"log.dirs={tmp_path}", setting])
