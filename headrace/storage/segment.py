@@ -10,11 +10,17 @@ Owns: appending batches and maintaining the indexes (one entry per ``index.inter
 locating the batch that holds an offset (index lookup, then a short scan of 27-byte header
 prefixes), carving ``FileSlice`` ranges of whole batches for sendfile, recovery (a CRC scan
 from a known-good position that truncates at the first bad byte and rebuilds the index entries
-after it), and renaming/removing its files.
+after it), renaming/removing its files, and its times as Kafka's ``LogSegment`` defines them:
+the largest timestamp (the largest valid batch max timestamp, else the log file's
+last-modified time, read through the injected file system: -1 is never read as 1970), the
+first batch's timestamp (Kafka's rolling base) and the creation time.
 
 Thread-safety: mutations (append, recover, truncate, flush, close) come from the owning log's
 writer; ``find_batch``/``slice`` are safe from any thread because they are bounded by a size
 the caller read from an immutable log snapshot, and indexes only ever grow between restarts.
+``largest_timestamp_ms`` and ``first_batch_timestamp`` may be called from any thread (the
+cleaner's): the first reads an fstat of the open descriptor, the second caches an idempotent
+read of the first batch header.
 """
 
 from __future__ import annotations
