@@ -185,21 +185,24 @@ _new_append_result = functools.partial(tuple.__new__, AppendResult)
 
 # When a plain append may take the kernel's one-call path: (the active segment, the broker
 # time after which it must roll by age, the largest last offset its index can address, the
-# largest batch max timestamp it takes before rolling by age).
-_PlainGate = tuple[LogSegment, int, int, int]
+# largest batch max timestamp it takes before rolling by age, the broker time until which no
+# batch the kernel accepts -- none stamped past message.timestamp.after.max.ms -- can carry
+# a larger one, so the header need not be read).
+_PlainGate = tuple[LogSegment, int, int, int, int]
 ROLL_NEVER = 2**63 - 1  # a roll deadline that is never passed
-_MAX_TIMESTAMP_AT = struct.Struct(">q").unpack_from
-_MAX_TIMESTAMP_POSITION = 35
-_BATCH_LENGTH_AT = struct.Struct(">i").unpack_from
+# A batch header's batch_length (int32 at byte 8) and max_timestamp (int64 at byte 35).
+_LENGTH_AND_MAX_TIMESTAMP = struct.Struct(">8xi23xq").unpack_from
 
 
 def single_batch_max_timestamp(records: bytes | bytearray | memoryview) -> int:
     """The header max timestamp of ``records`` if they are exactly one batch, else
-    ``ROLL_NEVER`` (unknown: whoever asks must assume the batch may roll the segment)."""
-    if len(records) < BATCH_HEADER_BYTES or \
-            _BATCH_LENGTH_AT(records, 8)[0] + LOG_OVERHEAD_BYTES != len(records):
+    ``ROLL_NEVER`` (unknown: whoever asks must assume the batch may roll the segment).
+    On the plain append path: one struct call."""
+    size_bytes = len(records)
+    if size_bytes < BATCH_HEADER_BYTES:
         return ROLL_NEVER
-    return _MAX_TIMESTAMP_AT(records, _MAX_TIMESTAMP_POSITION)[0]
+    batch_length, max_timestamp_ms = _LENGTH_AND_MAX_TIMESTAMP(records)
+    return max_timestamp_ms if batch_length + LOG_OVERHEAD_BYTES == size_bytes else ROLL_NEVER
 
 
 class LogView:
@@ -510,7 +513,7 @@ class Log:
             gate = self._plain_gate
             result = None
             if gate is not None and now_ms <= gate[1] and (
-                    gate[3] == ROLL_NEVER or single_batch_max_timestamp(records) <= gate[3]):
+                    now_ms <= gate[4] or single_batch_max_timestamp(records) <= gate[3]):
                 result = self._append_plain(records, gate, now_ms)
             if result is None:
                 result = self._append_general(records, now_ms)
@@ -597,8 +600,10 @@ class Log:
         if (self._fs_is_real and not self._log_append_time and active.size_bytes
                 and not active.offset_index.is_full and not active.time_index.is_full):
             broker_deadline_ms, message_deadline_ms = self._roll_deadlines(active)
+            unread_until_ms = ROLL_NEVER if message_deadline_ms == ROLL_NEVER else \
+                message_deadline_ms - self.config.message_timestamp_after_max_ms
             return (active, broker_deadline_ms, active.base_offset + MAX_RELATIVE_OFFSET,
-                    message_deadline_ms)
+                    message_deadline_ms, unread_until_ms)
         return None
 
     def _write(self, records: bytearray, summaries: tuple[Summary, ...], first_offset: int,

@@ -125,6 +125,12 @@ def test_a_segment_rolls_by_its_batches_timestamps_not_the_broker_clock(scratch,
     assert len(log.segments) == 1
     log.append(request_of(first_ms + 1001), NOW_MS + 9000)
     assert len(log.segments) == 2
+    ahead = open_log(scratch / "ahead", segment_ms=1000)  # message.timestamp.after.max.ms 1 h
+    ahead.append(request_of(NOW_MS), NOW_MS)
+    ahead.append(request_of(NOW_MS + 1000), NOW_MS + 10)
+    assert len(ahead.segments) == 1
+    ahead.append(request_of(NOW_MS + 1001), NOW_MS + 10)  # ahead of the broker's clock
+    assert len(ahead.segments) == 2
 
 
 def test_untimed_segments_roll_by_creation_time_and_a_header_of_zero_loses_nothing(scratch):
