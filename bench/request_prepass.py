@@ -114,16 +114,7 @@ class PythonWalk:
             return value - 1, position
         return legacy.unpack_from(frame, position)[0], position + legacy.size
 
-    @staticmethod
-    def uvarint(frame: bytes, position: int) -> tuple[int, int]:
-        value = shift = 0
-        while True:
-            byte = frame[position]
-            position += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value, position
-            shift += 7
+    uvarint = staticmethod(wire._read_uvarint)
 
     @staticmethod
     def fits(frame: bytes, end: int) -> int:
