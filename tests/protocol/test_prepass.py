@@ -134,6 +134,20 @@ def test_a_mutated_count_anywhere_decodes_or_is_malformed(request, huge_count):
             _decode_or_refuse(mutated[:len(frame)])
 
 
+@pytest.mark.parametrize(("key", "version"), ADVERTISED)
+def test_every_advertised_version_survives_truncation_and_huge_counts_at_every_offset(key,
+                                                                                     version):
+    body = wire.build(wire.request_class(key, version), {})  # zero values, empty arrays
+    frame = _frame(key, version, body)
+    start = _body_offset(frame, body)
+    assert wire.decode_request(frame).header.api_version == version
+    with address_space_capped():
+        for offset in range(start, len(frame)):
+            _decode_or_refuse(frame[:offset])
+            for huge_count in HUGE_COUNTS:
+                _decode_or_refuse(frame[:offset] + huge_count + frame[offset + len(huge_count):])
+
+
 def test_the_reported_metadata_frame_is_malformed_naming_its_field():
     frame = (struct.pack(">hhih", 3, 12, 2, 7) + b"rdkafka" + b"\x00"
              + bytes.fromhex("ffffffff0f") + b"\x00" * 3)
