@@ -4,11 +4,12 @@ kio's native (Rust) reader sizes allocations from counts read off the wire befor
 them: a compact array count of 2^32-2 in a 30-byte Metadata request makes it allocate ~34 GB
 and abort the process. kio cannot be patched from here, so ``problem_in(entity_class,
 frame, position)`` walks the body first and returns what is wrong with it, or None; only a
-body it passes reaches kio. The rule it enforces (the one Kafka's generated readers
-enforce): a length must fit in the bytes left of the frame, a count of N items needs at
-least N x the item's minimum encoded size, a null only where the schema allows one (Kafka
-throws "non-nullable field ... was serialized as null" while parsing and treats the
-request as invalid), and a known tagged field's value fills its size exactly. Unknown
+body it passes reaches kio. The rules: a length must fit in the bytes left of the frame;
+a count of N items needs at least N x the item's minimum encoded size (Kafka's generated
+readers refuse a count above the bytes remaining, one byte per item; the item's real
+minimum is a tighter bound on what kio then allocates); a null only where the schema
+allows one (Kafka's readers throw "non-nullable field ... was serialized as null" and the
+request is invalid); a known tagged field's value fills its size exactly. Unknown
 tagged fields are skipped; trailing bytes after the body are allowed (librdkafka leaves
 some). One difference from Kafka's readers: a negative legacy length other than -1 is
 malformed (Kafka reads any negative length as null; kio refuses them).
