@@ -43,6 +43,7 @@ from headrace.errors import InvalidConfig, InvalidRequest
 from headrace.storage.config import (
     TOPIC_CONFIGS,
     LogConfig,
+    format_config_value,
     format_properties_text,
     parse_properties_text,
 )
@@ -144,17 +145,12 @@ def _log_defs() -> tuple[BrokerConfigDef, ...]:
                 continue
             if position == 0 and broker_key not in ("log.roll.ms", "log.retention.ms",
                                                     "log.roll.jitter.ms"):
-                default = _format(topic_def.default)
+                default = format_config_value(topic_def.default)
             else:
                 default = _SYNONYM_DEFAULTS.get(broker_key)
-            defs[broker_key] = _dynamic(broker_key, topic_def.type, default)
+            defs[broker_key] = BrokerConfigDef(broker_key, topic_def.type, default,
+                                               dynamic=topic_def.broker_reconfigurable)
     return tuple(defs.values())
-
-
-def _format(value: object) -> str:
-    if isinstance(value, tuple):
-        return ",".join(value)
-    return str(value)
 
 
 BROKER_CONFIGS: Mapping[str, BrokerConfigDef] = MappingProxyType(
