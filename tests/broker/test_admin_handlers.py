@@ -458,3 +458,19 @@ def test_incremental_alter_broker_configs_apply_to_topics_and_persist(admin):
     assert admin.incremental(BROKER, "", [("node.id", SET, "5")]).error_code == INVALID_REQUEST
     assert admin.incremental(BROKER, "abc", [("log.retention.ms", SET, "1")]).error_code == \
         INVALID_REQUEST
+
+
+def test_stored_dynamic_configs_no_longer_allowed_are_ignored_at_start(admin):
+    """Kafka's fromPersistentProps: a stored read-only config (log.retention.hours is not
+    dynamic, only log.retention.ms is) or a per-broker config stored as a cluster default is
+    dropped at start; the rest of the file applies."""
+    (admin.data_dir / "dynamic-broker.properties").write_text(
+        "log.retention.hours=1\nlog.segment.bytes=2048\n")
+    (admin.data_dir / "dynamic-default-broker.properties").write_text(
+        "sasl.kerberos.min.time.before.relogin=5\nlog.retention.bytes=4096\n")
+    admin.restart()
+    config = admin.state.config
+    assert config.dynamic_configs(per_broker=True) == {"log.segment.bytes": "2048"}
+    assert config.dynamic_configs(per_broker=False) == {"log.retention.bytes": "4096"}
+    assert (config.get("log.retention.hours"), config.get("log.segment.bytes")) == ("168", "2048")
+    assert config.get("sasl.kerberos.min.time.before.relogin") == "60000"
