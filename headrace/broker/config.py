@@ -91,7 +91,8 @@ _AT_LEAST = {"log.cleaner.threads": 0, "log.cleaner.io.buffer.size": 0,
 class BrokerConfigDef:
     """One broker config: name, type ("int", "long", "short", "boolean", "string", "list",
     "double", "class"), default as text (None: no default), whether AlterConfigs may change
-    it and only per broker, the inclusive range and allowed values of a dynamic update."""
+    it and only per broker, the inclusive range and allowed values of a dynamic update, and
+    whether it is internal (Kafka's ``defineInternal``: described only when set)."""
 
     name: str
     type: str
@@ -102,6 +103,7 @@ class BrokerConfigDef:
     min_value: float | None = None
     max_value: float | None = None
     allowed: tuple[str, ...] = ()
+    internal: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +134,10 @@ def _dynamic(name: str, type_: str, default: str | None) -> BrokerConfigDef:
     return BrokerConfigDef(name, type_, default, dynamic=True)
 
 
+def _internal(name: str, type_: str, default: str | None) -> BrokerConfigDef:
+    return BrokerConfigDef(name, type_, default, internal=True)
+
+
 _SERVER_DEFS = (
     _static("listeners", "list", "PLAINTEXT://127.0.0.1:9092"),
     _static("advertised.listeners", "list", None),
@@ -149,7 +155,7 @@ _SERVER_DEFS = (
     _static("log.flush.scheduler.interval.ms", "long", str(LONG_MAX)),
     _static("log.flush.offset.checkpoint.interval.ms", "int", "60000"),
     _static("log.flush.start.offset.checkpoint.interval.ms", "int", "60000"),
-    _static("log.initial.task.delay.ms", "long", "30000"),
+    _internal("log.initial.task.delay.ms", "long", "30000"),
     _static("log.cleaner.enable", "boolean", "true"),
     _dynamic("log.cleaner.threads", "int", "1"),
     _dynamic("log.cleaner.backoff.ms", "long", "15000"),
@@ -314,11 +320,12 @@ class BrokerConfig:
         return dict(self._per_broker if per_broker else self._cluster_default)
 
     def describe(self, per_broker: bool = True) -> list[ConfigEntry]:
-        """Kafka's ``ConfigHelper``: for this broker every config (custom dynamic ones too),
-        its effective value and every synonym; for the cluster-wide default only the configs
+        """Kafka's ``ConfigHelper``: for this broker every config (custom dynamic ones too;
+        internal ones only when set), its effective value and every synonym; for the cluster-wide default only the configs
         set there, with their default-level synonyms."""
         if per_broker:
-            names = set(BROKER_CONFIGS) | set(self._cluster_default) | set(self._per_broker)
+            names = {n for n, d in BROKER_CONFIGS.items() if not d.internal or n in self._static}
+            names |= set(self._cluster_default) | set(self._per_broker)
         else:
             names = set(self._cluster_default)
         entries = []

@@ -186,3 +186,16 @@ def test_log_manager_task_intervals_out_of_kafkas_range_stop_the_broker(tmp_path
                                                                         minimum):
     with pytest.raises(InvalidConfig, match=f"Value must be at least {minimum}"):
         BrokerConfig.load(None, overrides=[f"log.dirs={tmp_path}", setting])
+
+
+def test_the_initial_task_delay_is_internal_described_only_when_set(tmp_path):
+    """Kafka defines log.initial.task.delay.ms with defineInternal: DescribeConfigs lists it
+    only when the broker's properties set it; the task intervals are always listed."""
+    def described(*settings: str) -> set[str]:
+        config = BrokerConfig.load(None, overrides=[f"log.dirs={tmp_path}", *settings])
+        return {entry.name for entry in config.describe()}
+
+    assert "log.retention.check.interval.ms" in described()
+    assert "log.flush.start.offset.checkpoint.interval.ms" in described()
+    assert "log.initial.task.delay.ms" not in described()
+    assert "log.initial.task.delay.ms" in described("log.initial.task.delay.ms=0")
