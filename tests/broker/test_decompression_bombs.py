@@ -16,7 +16,8 @@ preamble declares 1 GiB: refused (MESSAGE_TOO_LARGE) before anything is allocate
 Each is produced with the raw wire client to a topic that keeps the producer's codec and to
 one whose ``compression.type`` forces recompression, while a thread samples the broker's
 VmRSS from /proc until the response arrives: the growth must stay within
-``RSS_GROWTH_LIMIT_BYTES``. Then a confluent-kafka producer and consumer still work.
+``RSS_GROWTH_LIMIT_BYTES`` (a fresh broker each, whose heap holds no pages an earlier bomb
+freed). Then a confluent-kafka producer and consumer still work.
 ``max.message.bytes`` is raised on these topics (``TOPIC_MAX_MESSAGE_BYTES``) because lz4's
 format caps its ratio near 255:1: a 1 GiB lz4 bomb needs some 4.3 MB.
 """
@@ -192,7 +193,8 @@ def _client_round_trip(bootstrap: str, topic: str, value: bytes) -> list[bytes]:
                          ids=["gzip", "snappy", "lz4", "zstd"])
 @pytest.mark.parametrize("topic_codec", ["producer", "recompress"])
 def test_bomb_is_refused_in_bounded_memory_and_the_broker_keeps_serving(
-        broker, codec, shape, topic_codec):
+        fresh_broker, codec, shape, topic_codec):
+    broker = fresh_broker  # its own process: no memory freed by an earlier bomb to reuse
     compression_type = RECOMPRESS_TARGET[codec] if topic_codec == "recompress" else "producer"
     topic = f"bomb-{uuid.uuid4().hex[:10]}"
     _create_topic(broker.bootstrap, topic, compression_type)
