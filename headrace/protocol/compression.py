@@ -222,6 +222,23 @@ def decompress(
                               legacy_lz4_header_checksum=legacy_lz4_header_checksum)
 
 
+def decompress_section(
+    codec: int,
+    data: bytes | bytearray | memoryview,
+    position: int,
+    *,
+    legacy_lz4_header_checksum: bool = False,
+) -> bytes:
+    """A stored batch's records section (the batch at byte ``position``) for a reader that
+    needs it whole -- the kernel's cleaner, Spark and dump-log paths, ``decode_batch``:
+    ``decompress``, except that a section inflating past ``MAX_RECORDS_SECTION_BYTES`` (which
+    produce never accepts) is ``CorruptMessage``, as any other malformation there."""
+    try:
+        return decompress(codec, data, legacy_lz4_header_checksum=legacy_lz4_header_checksum)
+    except MessageTooLarge as exc:
+        raise CorruptMessage(f"record batch at byte {position}: {exc.message}") from exc
+
+
 def decompress_bounded(
     codec: int,
     data: bytes | bytearray | memoryview,

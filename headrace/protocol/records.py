@@ -533,11 +533,12 @@ def _checked_payload(
 def _checked_records_section(
     buf: bytes | bytearray | memoryview, pos: int
 ) -> tuple[BatchHeader, bytes | memoryview]:
-    """Header and (decompressed, at most ``MAX_RECORDS_SECTION_BYTES``) records section of
-    the batch at ``pos``, after the structural and CRC checks."""
+    """Header and (decompressed) records section of the batch at ``pos``, after the
+    structural and CRC checks; a section inflating past ``MAX_RECORDS_SECTION_BYTES`` (which
+    produce refuses) is corrupt here."""
     header, section = _checked_payload(buf, pos)
     if header.compression != codecs.NONE:
-        return header, codecs.decompress(header.compression, section)
+        return header, codecs.decompress_section(header.compression, section, pos)
     return header, section
 
 
@@ -744,9 +745,9 @@ def _inner_messages(wrapper: _LegacyMessage) -> list[_LegacyMessage]:
         )
     if wrapper.value is None:
         raise CorruptMessage(f"compressed message at offset {wrapper.offset} has a null value")
-    payload = codecs.decompress(
-        wrapper.compression, wrapper.value, legacy_lz4_header_checksum=wrapper.magic == MAGIC_V0
-    )
+    payload = codecs.decompress_section(
+        wrapper.compression, wrapper.value, wrapper.offset,
+        legacy_lz4_header_checksum=wrapper.magic == MAGIC_V0)
     inner = list(_iter_legacy_messages(memoryview(payload)))
     if not inner:
         raise CorruptMessage(f"compressed message at offset {wrapper.offset} holds no messages")
