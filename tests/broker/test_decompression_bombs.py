@@ -1,17 +1,16 @@
 """Decompression bombs against a real broker process: refused with Kafka's error code in
 bounded memory, and the broker keeps serving.
 
-Each bomb is one v2 batch, a few MiB at most, whose records section inflates to 1 GiB
-(``BOMB_INFLATED_BYTES``); it is built with a streaming compressor, so the test never holds
-the inflated bytes. Two shapes:
+Each bomb (``tests.decompression_bombs``) is one v2 batch, a few MiB at most, whose records
+section inflates to 1 GiB (``BOMB_INFLATED_BYTES``), built with a streaming compressor so the
+test never holds the inflated bytes:
 
 * ``record`` -- one well-formed record whose value is 1 GiB of zeros: Kafka's record walk
   would read all of it; headrace stops at ``MAX_RECORDS_SECTION_BYTES`` (MESSAGE_TOO_LARGE);
 * ``zeros`` -- 1 GiB of zeros, no valid record (the reported 181 KB zstd batch): the first
-  record has length 0, INVALID_RECORD (Kafka's DefaultRecord reader), after one chunk.
-
-Snappy's format cannot inflate more than ~21x, so its bomb is a raw snappy block whose
-preamble declares 1 GiB: refused (MESSAGE_TOO_LARGE) before anything is allocated.
+  record has length 0, INVALID_RECORD (Kafka's DefaultRecord reader), after one chunk;
+* snappy (whose format cannot inflate more than ~21x): a raw block whose preamble declares
+  1 GiB, refused (MESSAGE_TOO_LARGE) before anything is allocated.
 
 Each is produced with the raw wire client to a topic that keeps the producer's codec and to
 one whose ``compression.type`` forces recompression, while a thread samples the broker's
@@ -24,33 +23,30 @@ format caps its ratio near 255:1: a 1 GiB lz4 bomb needs some 4.3 MB.
 
 from __future__ import annotations
 
-import struct
-import threading
 import time
 import uuid
-from functools import cache
-from pathlib import Path
 
-import cramjam
-import crc32c
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headrace.errors import InvalidRecord, MessageTooLarge
-from headrace.protocol import compression, wire
 from headrace.protocol.compression import GZIP, LZ4, SNAPPY, ZSTD
-from headrace.protocol.records import build_batch, write_varint
+from headrace.protocol.records import build_batch
 from tests.broker.raw_client import RawClient
+from tests.decompression_bombs import (
+    SHAPES,
+    RssSampler,
+    bomb_batch,
+    produce_error_code,
+    produce_frame,
+)
 
-PRODUCE = 0
-PRODUCE_VERSION = 9
 BOMB_INFLATED_BYTES = 1 << 30
-ZERO_CHUNK = bytes(1 << 20)
 RSS_GROWTH_LIMIT_BYTES = 64 << 20
 TOPIC_MAX_MESSAGE_BYTES = 8 << 20
-RSS_SAMPLE_INTERVAL_S = 0.002
 CLIENT_TIMEOUT_S = 30
+BOMB_TIMESTAMP_MS = int(time.time() * 1000)
 RECOMPRESS_TARGET = {GZIP: "zstd", SNAPPY: "zstd", LZ4: "zstd", ZSTD: "lz4"}
 EXPECTED_ERROR = {
     (GZIP, "record"): MessageTooLarge.code, (GZIP, "zeros"): InvalidRecord.code,
@@ -60,105 +56,19 @@ EXPECTED_ERROR = {
 }
 
 
-def _record_prefix(value_bytes: int) -> bytes:
-    """Length and fields of a record with key b"k" up to its value's first byte; the one
-    header-count byte (0) follows the value."""
-    body = bytearray(b"\x00")  # attributes
-    write_varint(body, 0)  # timestamp delta
-    write_varint(body, 0)  # offset delta
-    write_varint(body, 1)
-    body += b"k"
-    write_varint(body, value_bytes)
-    prefix = bytearray()
-    write_varint(prefix, len(body) + value_bytes + 1)
-    return bytes(prefix + body)
-
-
-def _section_chunks(shape: str):
-    """The inflated records section of a bomb, a chunk at a time."""
-    if shape == "record":
-        yield _record_prefix(BOMB_INFLATED_BYTES)
-    yield from (ZERO_CHUNK for _ in range(BOMB_INFLATED_BYTES // len(ZERO_CHUNK)))
-    if shape == "record":
-        yield b"\x00"  # header count
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _lying_snappy_block(shape: str) -> bytes:
-    """One raw snappy block of 1 MiB of the section whose preamble declares 1 GiB+."""
-    head = _record_prefix(BOMB_INFLATED_BYTES) if shape == "record" else b""
-    block = bytes(cramjam.snappy.compress_raw(head + ZERO_CHUNK))
-    declared_bytes = cramjam.snappy.decompress_raw_len(block)
-    return _uvarint(len(head) + BOMB_INFLATED_BYTES + 1) + block[len(_uvarint(declared_bytes)):]
-
-
-@cache
-def _bomb_batch(codec: int, shape: str) -> bytes:
-    if codec == SNAPPY:
-        payload = _lying_snappy_block(shape)
-    else:
-        compressor = compression.StreamCompressor(codec)
-        payload = b"".join([*map(compressor.compress, _section_chunks(shape)),
-                            compressor.finish()])
-    now_ms = int(time.time() * 1000)
-    covered = struct.pack(">hiqqqhii", codec, 0, now_ms, now_ms, -1, -1, -1, 1) + payload
-    return struct.pack(">qiibI", 0, 9 + len(covered), -1, 2, crc32c.crc32c(covered)) + covered
-
-
-def _vm_rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
-
-
-class _RssSampler(threading.Thread):
-    """Samples a process's VmRSS until stopped; ``peak_bytes`` is the largest seen."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.peak_bytes = _vm_rss_bytes(pid)
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.is_set():
-            self.peak_bytes = max(self.peak_bytes, _vm_rss_bytes(self.pid))
-            self.stopped.wait(RSS_SAMPLE_INTERVAL_S)
-
-
-def _produce_raw(client: RawClient, topic: str, batch: bytes) -> int:
-    body = client.request(PRODUCE, PRODUCE_VERSION, {"acks": -1, "timeout": 30000, "topic_data": [
-        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
-    return body.responses[0].partition_responses[0].error_code
-
-
-def _produce_bomb_sampling_rss(broker, topic: str, batch: bytes) -> tuple[int, int, int]:
+def _produce_sampling_rss(broker, topic: str, batch: bytes) -> tuple[int, int, int]:
     """(error code, RSS before, peak RSS while the request was handled)."""
     with RawClient(broker.bootstrap) as client:
-        frame = wire.encode_request(
-            PRODUCE, PRODUCE_VERSION, 1, "bomb",
-            wire.build(wire.request_class(PRODUCE, PRODUCE_VERSION), {
-                "acks": -1, "timeout": 30000, "topic_data": [
-                    {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}))
-        sampler = _RssSampler(broker.pid)
-        before_bytes = sampler.peak_bytes
+        frame = produce_frame(topic, batch)
+        sampler = RssSampler(broker.pid)
         sampler.start()
         try:
             client.send_bytes(frame)
-            _, body = wire.decode_response(PRODUCE, PRODUCE_VERSION, client.receive_frame())
+            response = client.receive_frame()
         finally:
             sampler.stopped.set()
             sampler.join()
-    return body.responses[0].partition_responses[0].error_code, before_bytes, sampler.peak_bytes
+    return produce_error_code(response), sampler.start_bytes, sampler.peak_bytes
 
 
 def _create_topic(bootstrap: str, topic: str, compression_type: str) -> None:
@@ -188,7 +98,7 @@ def _client_round_trip(bootstrap: str, topic: str, value: bytes) -> list[bytes]:
     return received
 
 
-@pytest.mark.parametrize("shape", ["record", "zeros"])
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("codec", [GZIP, SNAPPY, LZ4, ZSTD],
                          ids=["gzip", "snappy", "lz4", "zstd"])
 @pytest.mark.parametrize("topic_codec", ["producer", "recompress"])
@@ -199,12 +109,12 @@ def test_bomb_is_refused_in_bounded_memory_and_the_broker_keeps_serving(
     topic = f"bomb-{uuid.uuid4().hex[:10]}"
     _create_topic(broker.bootstrap, topic, compression_type)
     warm_up = build_batch([(b"k", b"warm-up", [], int(time.time() * 1000))], compression=codec)
-    with RawClient(broker.bootstrap) as client:  # the log exists before RSS is measured
-        assert _produce_raw(client, topic, warm_up) == 0
-    batch = _bomb_batch(codec, shape)
+    error_code, _, _ = _produce_sampling_rss(broker, topic, warm_up)  # the log exists
+    assert error_code == 0
+    batch = bomb_batch(codec, shape, BOMB_INFLATED_BYTES, BOMB_TIMESTAMP_MS)
     assert len(batch) <= TOPIC_MAX_MESSAGE_BYTES
 
-    error_code, before_bytes, peak_bytes = _produce_bomb_sampling_rss(broker, topic, batch)
+    error_code, before_bytes, peak_bytes = _produce_sampling_rss(broker, topic, batch)
 
     assert error_code == EXPECTED_ERROR[codec, shape]
     assert peak_bytes - before_bytes <= RSS_GROWTH_LIMIT_BYTES, (
