@@ -585,6 +585,18 @@ def _decompress_records(view: memoryview, start: int, end: int, codec: int) -> b
     return decompress_section(codec, view[start:end], start - BATCH_HEADER_BYTES)
 
 
+# walk_records(chunk, pos, records_left, previous_delta, last_offset_delta) -> (pos,
+# records_walked, previous_delta, first_keyless_delta, stop): the produce-time record walk
+# (``records.walk_records_section``) over one inflated chunk of a batch's records section: whole
+# records from ``pos``, each fully validated as the decoders here validate them, offset deltas
+# increasing and at most ``last_offset_delta``, until ``records_left`` are walked (stop
+# ``WALK_DONE``), the next record is not wholly in the chunk (``WALK_NEED_MORE``) or one is
+# malformed (``WALK_MALFORMED``, ``pos`` at its start). ``first_keyless_delta``: the offset
+# delta of the first keyless record walked, or -1. Bound to the C function itself.
+walk_records = _kernel.walk_records
+WALK_DONE, WALK_NEED_MORE, WALK_MALFORMED = 0, 1, 2
+
+
 # validate_batches(buf) -> tuple of (position, size_bytes, attributes, last_offset_delta,
 # base_timestamp, max_timestamp, producer_id, records_count), one per batch: checks that
 # ``buf`` is whole v2 batches (magic 2, plausible length, valid CRC-32C); raises CorruptMessage

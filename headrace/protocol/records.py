@@ -62,6 +62,7 @@ from headrace.protocol.batch import (
     parse_header,
     peek_magic,
 )
+from headrace.protocol.kernel import WALK_MALFORMED, walk_records
 
 MAGIC_V0 = 0
 MAGIC_V1 = 1
@@ -416,14 +417,26 @@ def walk_records_section(header: BatchHeader, chunks: Iterator[bytes | bytearray
     a key, or -1. Raises ``InvalidRecord`` (Kafka's InvalidRecordException: INVALID_RECORD)
     for malformed records; errors of the stream itself pass through."""
     reader = _SectionReader(chunks)
-    previous_delta, keyless_offset = -1, -1
-    for index in range(header.records_count):
+    previous_delta, keyless_delta, index = -1, -1, 0
+    while index < header.records_count:
+        if not decode_fields and reader.ensure(1):  # the records wholly in this chunk, in C
+            reader.pos, walked, previous_delta, chunk_keyless, stop = walk_records(
+                reader.buf, reader.pos, header.records_count - index, previous_delta,
+                header.last_offset_delta)
+            index += walked
+            keyless_delta = keyless_delta if keyless_delta >= 0 else chunk_keyless
+            if stop == WALK_MALFORMED:
+                raise InvalidRecord(f"record {index} of {header.records_count} is malformed")
+            if index == header.records_count:
+                break
         offset_delta, has_key = _walk_record(reader, header, index, decode_fields, window_bytes)
         if not previous_delta < offset_delta <= header.last_offset_delta:
             raise InvalidRecord(f"record offset delta {offset_delta} out of order or range")
         previous_delta = offset_delta
-        if not has_key and keyless_offset < 0:
-            keyless_offset = header.base_offset + offset_delta
+        if not has_key and keyless_delta < 0:
+            keyless_delta = offset_delta
+        index += 1
+    keyless_offset = header.base_offset + keyless_delta if keyless_delta >= 0 else -1
     if reader.ensure(1):
         raise InvalidRecord(f"incorrect declared batch size: bytes remain after the "
                             f"{header.records_count} records")

@@ -560,3 +560,21 @@ def test_produce_walk_finds_keyless_records_only_when_keys_are_required(codec):
     check_batch_records(batch, require_keys=False)
     with pytest.raises(InvalidRecord, match="offset 1 has no key"):
         check_batch_records(batch, require_keys=True)
+
+
+@pytest.mark.parametrize("decode_fields", [False, True], ids=["kernel", "python"])
+def test_the_walk_rejects_offset_deltas_past_the_last_offset_delta(decode_fields):
+    batch = build_batch([(b"k", b"v", [], 1_000), (b"k", b"v", [], 1_001)])
+    header = parse_header(_sealed((0, 0, 0, 0, -1, -1, -1, 2), batch[61:]))  # delta 1 > 0
+    with pytest.raises(InvalidRecord):
+        walk_records_section(header, iter([batch[61:]]), decode_fields=decode_fields)
+
+
+@pytest.mark.parametrize("split", [0, 3, 9, 14])
+def test_the_walk_finds_a_malformed_record_wherever_the_chunks_split(split):
+    section = bytearray(build_batch([(b"k", b"v", [], 1_000)] * 3)[61:])
+    section[13] = 0x7F  # the second record's key length: -64
+    header = parse_header(build_batch([(b"k", b"v", [], 1_000)] * 3))
+    with pytest.raises(InvalidRecord):
+        walk_records_section(header, iter([bytes(section[:split]), bytes(section[split:])]))
+    assert walk_records_section(header, iter([build_batch([(b"k", b"v", [], 1)] * 3)[61:]])) == -1
