@@ -26,6 +26,7 @@ from pathlib import Path
 import cramjam
 import crc32c
 
+from headrace.broker.fetch_response import uvarint
 from headrace.protocol import compression, wire
 from headrace.protocol.compression import SNAPPY
 from headrace.protocol.records import write_varint
@@ -58,15 +59,6 @@ def section_chunks(shape: str, inflated_bytes: int):
     yield from (ZERO_CHUNK for _ in range(inflated_bytes // len(ZERO_CHUNK)))
     if shape == "record":
         yield b"\x00"  # header count
-
-
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def lying_snappy_block(shape: str, inflated_bytes: int) -> bytes:

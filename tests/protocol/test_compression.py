@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kafka import codec as kafka_codec
 
+from headrace.broker.fetch_response import uvarint
 from headrace.errors import CorruptMessage, UnsupportedCompressionType
 from headrace.protocol import compression
 from headrace.protocol.compression import (
@@ -196,17 +197,8 @@ def test_a_bomb_is_inflated_a_chunk_at_a_time_and_refused_past_the_limit(codec):
 
 def _snappy_with_declared_length(data, declared_bytes):
     block = bytes(cramjam.snappy.compress_raw(data))
-    true_preamble_bytes = len(_uvarint(cramjam.snappy.decompress_raw_len(block)))
-    return _uvarint(declared_bytes) + block[true_preamble_bytes:]
-
-
-def _uvarint(value):
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    true_preamble_bytes = len(uvarint(cramjam.snappy.decompress_raw_len(block)))
+    return uvarint(declared_bytes) + block[true_preamble_bytes:]
 
 
 @pytest.mark.parametrize("framing", ["raw", "xerial"])
