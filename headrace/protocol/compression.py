@@ -1,4 +1,5 @@
-"""Kafka's record compression codecs: none, gzip, snappy, lz4, zstd -- all through cramjam.
+"""Kafka's record compression codecs: none, gzip, snappy, lz4, zstd -- compressed whole with
+cramjam, inflated by streaming decoders with an output limit (zlib, lz4.frame, zstandard).
 
 Owns the codec ids (the low three bits of a batch's or legacy message's ``attributes``)
 and the byte formats each codec uses on the wire:

@@ -25,6 +25,16 @@ A compressed legacy message is a wrapper whose value is a compressed message set
 uncompressed inner messages. v1 inner offsets are relative: the wrapper's offset is the
 absolute offset of the last inner message. v0 inner offsets are absolute.
 
+Compressed sections on produce are never inflated whole: ``walk_records_section`` walks the
+declared records over the section's chunks (``section_chunks``: ``compression.
+iter_decompressed``, 1 MiB at a time, at most ``MAX_RECORDS_SECTION_BYTES``) as Kafka's
+streaming record iterators do -- the records wholly inside a chunk in one kernel call
+(``kernel.walk_records``), a record straddling two chunks here -- and refuses bytes after the
+last declared record; ``check_batch_records`` (the produce handler's walk) and
+``recompress_batch`` (which feeds the same chunks to a ``StreamCompressor``) use it. Readers
+that need a whole section (``decode_batch``, legacy wrappers) get it from
+``compression.decompress_section``.
+
 Pure functions over bytes-like objects; thread-safe. Per-record loops are pure Python for
 now; the compiled kernel will take over the hot ones with the same signatures.
 """
