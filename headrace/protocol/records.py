@@ -423,7 +423,9 @@ def walk_records_section(header: BatchHeader, chunks: Iterator[bytes | bytearray
     and, with ``decode_fields``, every field of each record of at most ``window_bytes``;
     after the last record the section must end. No more of the stream is pulled than the
     declared records span plus one chunk, and at most one chunk (with a record of at most
-    ``window_bytes`` straddling two) is held. Returns the offset of the first record without
+    ``window_bytes`` straddling two) is held; records of at most ``window_bytes`` are
+    validated whole (by the kernel, or ``_decode_record`` with ``decode_fields``), larger
+    ones by their length and prefix. Returns the offset of the first record without
     a key, or -1. Raises ``InvalidRecord`` (Kafka's InvalidRecordException: INVALID_RECORD)
     for malformed records; errors of the stream itself pass through."""
     reader = _SectionReader(chunks)
@@ -437,8 +439,8 @@ def walk_records_section(header: BatchHeader, chunks: Iterator[bytes | bytearray
             keyless_delta = keyless_delta if keyless_delta >= 0 else chunk_keyless
             if stop == WALK_MALFORMED:
                 raise InvalidRecord(f"record {index} of {header.records_count} is malformed")
-            if index == header.records_count:
-                break
+            if index == header.records_count or _hold_next_record(reader, index, window_bytes):
+                continue  # done, or the next record joined from two chunks: the kernel's again
         offset_delta, has_key = _walk_record(reader, header, index, decode_fields, window_bytes)
         if not previous_delta < offset_delta <= header.last_offset_delta:
             raise InvalidRecord(f"record offset delta {offset_delta} out of order or range")
@@ -451,6 +453,17 @@ def walk_records_section(header: BatchHeader, chunks: Iterator[bytes | bytearray
         raise InvalidRecord(f"incorrect declared batch size: bytes remain after the "
                             f"{header.records_count} records")
     return keyless_offset
+
+
+def _hold_next_record(reader: _SectionReader, index: int, window_bytes: int) -> bool:
+    """Join chunks until the record at the reader is wholly held, if it is at most
+    ``window_bytes``; False (nothing joined past its length) for a larger one."""
+    reader.ensure(VARINT_MAX_BYTES)  # fewer at the end of the section
+    length, body = _parsed(read_varint, reader.buf, reader.pos, len(reader.buf))
+    if length > window_bytes:
+        return False
+    _ensure_record_bytes(reader, body - reader.pos + max(length, 0), index)
+    return True
 
 
 def _walk_record(reader: _SectionReader, header: BatchHeader, index: int,

@@ -571,9 +571,11 @@ def test_the_walk_rejects_offset_deltas_past_the_last_offset_delta(decode_fields
 
 
 @pytest.mark.parametrize("split", [0, 3, 9, 14])
-def test_the_walk_finds_a_malformed_record_wherever_the_chunks_split(split):
-    section = bytearray(build_batch([(b"k", b"v", [], 1_000)] * 3)[61:])
-    section[13] = 0x7F  # the second record's key length: -64
+@pytest.mark.parametrize(("position", "damage"), [(13, 0x7F), (17, 0x02)],
+                         ids=["key-length", "header-count"])
+def test_the_walk_finds_a_malformed_record_wherever_the_chunks_split(split, position, damage):
+    section = bytearray(build_batch([(b"k", b"v", [], 1_000)] * 3)[61:])  # 9-byte records
+    section[position] = damage  # record 2's key length -64, or 1 header that is not there
     header = parse_header(build_batch([(b"k", b"v", [], 1_000)] * 3))
     with pytest.raises(InvalidRecord):
         walk_records_section(header, iter([bytes(section[:split]), bytes(section[split:])]))
