@@ -9,7 +9,8 @@ so the builder never holds the inflated bytes -- in two shapes:
 * ``zeros``: nothing but zeros (no valid record; the reported 181 KB zstd batch).
 
 Snappy's format cannot inflate more than ~21x, so a snappy bomb is one raw snappy block of
-1 MiB of the section whose preamble declares the whole ``inflated_bytes``.
+1 MiB of the section whose preamble declares the whole ``inflated_bytes``. ``legacy_bomb``:
+a magic-1 compressed wrapper holding one inner message and then zeros.
 
 Also: a process's VmRSS from /proc and a thread sampling its peak, and a process's CPU time.
 Not thread-safe beyond what ``RssSampler`` says.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import zlib
 from functools import cache
 from pathlib import Path
 
@@ -123,3 +125,22 @@ class RssSampler(threading.Thread):
         while not self.stopped.is_set():
             self.peak_bytes = max(self.peak_bytes, vm_rss_bytes(self.pid))
             self.stopped.wait(RSS_SAMPLE_INTERVAL_S)
+
+
+def legacy_message(offset: int, attributes: int, value: bytes, timestamp_ms: int) -> bytes:
+    """One magic-1 message set entry with a null key."""
+    body = struct.pack(">bbqii", 1, attributes, timestamp_ms, -1, len(value)) + value
+    message = struct.pack(">I", zlib.crc32(body)) + body
+    return struct.pack(">qi", offset, len(message)) + message
+
+
+@cache
+def legacy_bomb(codec: int, inflated_bytes: int, timestamp_ms: int) -> bytes:
+    """A magic-1 wrapper whose compressed value is one valid inner message followed by
+    ``inflated_bytes`` of zeros."""
+    compressor = compression.StreamCompressor(codec)
+    inner = legacy_message(0, 0, b"inner", timestamp_ms)
+    payload = b"".join([compressor.compress(inner),
+                        *map(compressor.compress, section_chunks("zeros", inflated_bytes)),
+                        compressor.finish()])
+    return legacy_message(0, codec, payload, timestamp_ms)

@@ -781,15 +781,36 @@ def _inner_messages(wrapper: _LegacyMessage) -> list[_LegacyMessage]:
         )
     if wrapper.value is None:
         raise CorruptMessage(f"compressed message at offset {wrapper.offset} has a null value")
-    payload = codecs.decompress_section(
-        wrapper.compression, wrapper.value, wrapper.offset,
-        legacy_lz4_header_checksum=wrapper.magic == MAGIC_V0)
-    inner = list(_iter_legacy_messages(memoryview(payload)))
+    inner = []
+    try:
+        for each in _streamed_inner_messages(wrapper):
+            if each.magic != wrapper.magic or each.compression != codecs.NONE:
+                raise CorruptMessage(
+                    f"inner message at offset {each.offset} is compressed or has another magic")
+            inner.append(each)
+    except MessageTooLarge as exc:
+        raise CorruptMessage(f"compressed message at offset {wrapper.offset}: "
+                             f"{exc.message}") from exc
     if not inner:
         raise CorruptMessage(f"compressed message at offset {wrapper.offset} holds no messages")
-    for each in inner:
-        if each.magic != wrapper.magic or each.compression != codecs.NONE:
-            raise CorruptMessage(
-                f"inner message at offset {each.offset} is compressed or has another magic"
-            )
     return inner
+
+
+def _streamed_inner_messages(wrapper: _LegacyMessage) -> Iterator[_LegacyMessage]:
+    """The inner messages of a compressed wrapper, parsed as its value inflates (at most
+    ``MAX_RECORDS_SECTION_BYTES``): garbage is refused after its first chunk, and beyond the
+    messages parsed so far one message is held."""
+    reader = _SectionReader(codecs.iter_decompressed(
+        wrapper.compression, wrapper.value, codecs.MAX_RECORDS_SECTION_BYTES,
+        legacy_lz4_header_checksum=wrapper.magic == MAGIC_V0))
+    while reader.ensure(1):
+        if not reader.ensure(LOG_OVERHEAD_BYTES):
+            raise CorruptMessage(f"inner entry of the message at offset {wrapper.offset} "
+                                 "is truncated")
+        offset, size_bytes = _LEGACY_ENTRY.unpack_from(reader.buf, reader.pos)
+        if size_bytes < 0 or not reader.ensure(LOG_OVERHEAD_BYTES + size_bytes):
+            raise CorruptMessage(f"inner entry at offset {offset} of size {size_bytes} "
+                                 "overruns its wrapper")
+        start = reader.pos + LOG_OVERHEAD_BYTES
+        yield _parse_legacy_message(offset, memoryview(reader.buf)[start : start + size_bytes])
+        reader.pos = start + size_bytes

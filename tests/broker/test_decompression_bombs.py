@@ -30,7 +30,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from headrace.errors import InvalidRecord, MessageTooLarge
+from headrace.errors import CorruptMessage, InvalidRecord, MessageTooLarge
 from headrace.protocol.compression import GZIP, LZ4, SNAPPY, ZSTD
 from headrace.protocol.records import build_batch
 from tests.broker.raw_client import RawClient
@@ -38,6 +38,7 @@ from tests.decompression_bombs import (
     SHAPES,
     RssSampler,
     bomb_batch,
+    legacy_bomb,
     produce_error_code,
     produce_frame,
 )
@@ -117,6 +118,27 @@ def test_bomb_is_refused_in_bounded_memory_and_the_broker_keeps_serving(
     error_code, before_bytes, peak_bytes = _produce_sampling_rss(broker, topic, batch)
 
     assert error_code == EXPECTED_ERROR[codec, shape]
+    assert peak_bytes - before_bytes <= RSS_GROWTH_LIMIT_BYTES, (
+        f"RSS grew {(peak_bytes - before_bytes) >> 20} MiB")
+    assert _client_round_trip(broker.bootstrap, topic, b"still serving") == [
+        b"warm-up", b"still serving"]
+
+
+@pytest.mark.parametrize("codec", [GZIP, LZ4], ids=["gzip", "lz4"])
+def test_legacy_wrapper_bomb_is_refused_in_bounded_memory(fresh_broker, codec):
+    """A magic-1 wrapper (up-converted by the produce handler) whose inner message set is
+    followed by 1 GiB of zeros: CORRUPT_MESSAGE at the first bad inner entry. Kafka answers
+    INVALID_RECORD to any magic 0/1 entry in Produce v3+; headrace up-converts them."""
+    broker = fresh_broker
+    topic = f"legacy-bomb-{uuid.uuid4().hex[:10]}"
+    _create_topic(broker.bootstrap, topic, "producer")
+    warm_up = build_batch([(b"k", b"warm-up", [], int(time.time() * 1000))], compression=codec)
+    assert _produce_sampling_rss(broker, topic, warm_up)[0] == 0
+    bomb = legacy_bomb(codec, BOMB_INFLATED_BYTES, BOMB_TIMESTAMP_MS)
+
+    error_code, before_bytes, peak_bytes = _produce_sampling_rss(broker, topic, bomb)
+
+    assert error_code == CorruptMessage.code
     assert peak_bytes - before_bytes <= RSS_GROWTH_LIMIT_BYTES, (
         f"RSS grew {(peak_bytes - before_bytes) >> 20} MiB")
     assert _client_round_trip(broker.bootstrap, topic, b"still serving") == [
