@@ -1020,6 +1020,63 @@ static PyObject *py_first_keyless_offset(PyObject *self, PyObject *args)
     return PyLong_FromLongLong(offset);
 }
 
+/* walk_records(chunk, pos, records_left, previous_delta, last_offset_delta) -> (pos,
+ * records_walked, previous_delta, first_keyless_delta, stop): the produce-time walk of a
+ * compressed batch's records over one inflated chunk (records.walk_records_section). Reads
+ * whole records from `pos`, each fully validated as read_record does, with offset deltas
+ * increasing and at most last_offset_delta, until records_left are walked (stop 0), the next
+ * record is not wholly in the chunk (stop 1: the caller joins chunks) or one is malformed
+ * (stop 2, `pos` at its start). first_keyless_delta: the offset delta of the first record
+ * without a key walked here, or -1. Holds the GIL: chunks are at most 1 MiB. */
+enum { WALK_DONE = 0, WALK_NEED_MORE = 1, WALK_MALFORMED = 2 };
+
+static PyObject *py_walk_records(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer chunk;
+    Py_ssize_t pos;
+    long long records_left, previous_delta, last_offset_delta;
+    if (!PyArg_ParseTuple(args, "y*nLLL", &chunk, &pos, &records_left, &previous_delta,
+                          &last_offset_delta))
+        return NULL;
+    if (pos < 0 || pos > chunk.len) {
+        PyBuffer_Release(&chunk);
+        PyErr_SetString(PyExc_ValueError, "pos outside the chunk");
+        return NULL;
+    }
+    const uint8_t *start = chunk.buf, *end = start + chunk.len, *p = start + pos;
+    long long walked = 0, keyless_delta = -1;
+    int stop = WALK_DONE;
+    while (walked < records_left) {
+        Cursor length_cursor = {p, end};
+        int32_t length;
+        if (read_varint(&length_cursor, &length)) {
+            /* an incomplete varint at the chunk's end may complete in the next one */
+            stop = end - p < 5 ? WALK_NEED_MORE : WALK_MALFORMED;
+            break;
+        }
+        if (length > 0 && length > end - length_cursor.p) {
+            stop = WALK_NEED_MORE;
+            break;
+        }
+        Cursor c = {p, end};
+        Record r;
+        if (length <= 0 || read_record(&c, &r) || r.offset_delta <= previous_delta ||
+            r.offset_delta > last_offset_delta) {
+            stop = WALK_MALFORMED;
+            break;
+        }
+        if (r.key.len < 0 && keyless_delta < 0)
+            keyless_delta = r.offset_delta;
+        previous_delta = r.offset_delta;
+        p = c.p;
+        walked++;
+    }
+    PyBuffer_Release(&chunk);
+    return Py_BuildValue("nLLLi", (Py_ssize_t)(p - start), walked, previous_delta, keyless_delta,
+                         stop);
+}
+
 static PyObject *py_murmur3_x64_128(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -3825,6 +3882,9 @@ static PyMethodDef kernel_methods[] = {
     {"hash_keys", py_hash_keys, METH_VARARGS,
      "hash_keys(buf, sections, skip_control) -> (offsets, hash_hi, hash_lo, is_tombstone, "
      "has_key) buffers."},
+    {"walk_records", py_walk_records, METH_VARARGS,
+     "walk_records(chunk, pos, records_left, previous_delta, last_offset_delta) -> (pos, "
+     "records_walked, previous_delta, first_keyless_delta, stop)."},
     {"first_keyless_offset", py_first_keyless_offset, METH_VARARGS,
      "first_keyless_offset(buf, sections, skip_control) -> offset of the first null key or -1."},
     {"murmur3_x64_128", py_murmur3_x64_128, METH_VARARGS,
