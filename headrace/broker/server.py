@@ -22,7 +22,11 @@ never runs concurrently with an append; after it, expired ``.deleted`` files are
 (``LogManager.write_checkpoints``) on the background thread, so no produce waits for their
 unlinks and fsyncs.
 The log cleaner (``CleanerService``) starts after the group coordinator has created
-``__consumer_offsets``. Idle connections are closed after ``connections.max.idle.ms``.
+``__consumer_offsets``. Idle connections are closed after ``connections.max.idle.ms`` (a frame
+still incomplete after it counts as idle: ``connection``). Connections are accepted by an
+``acceptor.Acceptor`` (``max.connections``, ``max.connections.per.ip``, back-off when out of
+file descriptors); the bytes of received requests are counted broker-wide by a
+``request_memory.RequestMemory`` (``queued.max.request.bytes``).
 SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
 close connections, stop the cleaner threads (cleanings abort at their next chunk), then
 ``LogManager.shutdown()``.
@@ -40,10 +44,12 @@ import signal
 import time
 from pathlib import Path
 
+from headrace.broker.acceptor import Acceptor, listening_socket
 from headrace.broker.cleaner_service import CleanerService
 from headrace.broker.config import BrokerConfig
 from headrace.broker.connection import KafkaConnection
 from headrace.broker.group_service import GroupService
+from headrace.broker.request_memory import RequestMemory
 from headrace.broker.state import (
     AppendHub,
     BrokerState,
@@ -73,7 +79,9 @@ class Broker:
         self.fs = fs
         self.connections: set[KafkaConnection] = set()
         self.state: BrokerState | None = None
-        self._server: asyncio.Server | None = None
+        self._acceptor: Acceptor | None = None
+        self.request_memory = RequestMemory(config.get_int("queued.max.request.bytes"),
+                                            config.get_int("socket.request.max.bytes"))
         self._timers: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -102,14 +110,14 @@ class Broker:
         self.state.cleaner = CleanerService(config, log_manager, self.clock)
         await asyncio.get_running_loop().run_in_executor(None, self.state.cleaner.start)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: KafkaConnection(self.state, self.connections),
-            host,
-            port,
-            reuse_address=True,
-            backlog=LISTEN_BACKLOG,
-        )
-        bound_port = self._server.sockets[0].getsockname()[1]
+        self._acceptor = Acceptor(
+            listening_socket(host, port, LISTEN_BACKLOG), config,
+            lambda on_closed: KafkaConnection(self.state, self.connections, self.request_memory,
+                                              on_closed))
+        self._acceptor.start(loop)
+        config.add_change_listener(
+            lambda _properties: loop.call_soon_threadsafe(self._acceptor.config_changed))
+        bound_port = self._acceptor.port
         if advertised_port == 0:
             self.state.advertised_port = bound_port
         self.port = bound_port
@@ -148,8 +156,8 @@ class Broker:
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, close connections, shut the logs."""
-        if self._server is not None:
-            self._server.close()
+        if self._acceptor is not None:
+            self._acceptor.close()
         for timer in self._timers:
             timer.cancel()
         deadline = time.monotonic() + SHUTDOWN_GRACE_MS / 1000

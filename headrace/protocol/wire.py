@@ -9,8 +9,13 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
   copied out of one reused receive buffer; a frame over ``LARGE_FRAME_MIN_BYTES`` gets a
   region of its own that the socket fills directly, and is returned as a ``memoryview`` of it
   (no copy: a 1 MB produce request is read once, by the kernel, and never copied again).
-  Regions come from a ``buffers.RegionPool`` per receiver and are reused once nothing
-  references them any more (``SPARE_FRAMES`` kept, each at most ``SPARE_FRAME_MAX_BYTES``).
+  Regions come from a ``buffers.RegionPool`` (the receiver's own, or one the broker shares
+  between connections) and are reused once nothing references them any more
+  (``SPARE_FRAMES`` kept, each at most ``SPARE_FRAME_MAX_BYTES``). They are lazily committed
+  mappings: memory grows with the bytes received, not with the size a frame announces (a
+  client announcing 100 MiB and sending one byte costs one page), while the frame stays one
+  contiguous region that records are viewed in. ``partial_frame_bytes`` counts the bytes of a
+  frame not yet complete.
 * ``decode_request(frame)`` parses the request header (v1: api_key, api_version,
   correlation_id, legacy nullable ``client_id``; v2 adds tagged fields) and the body into
   kio's frozen dataclass for that API key and version -- except Produce (key 0, versions
@@ -192,7 +197,8 @@ class FrameReceiver:
     ``memoryview`` of a pooled region for frames over ``LARGE_FRAME_MIN_BYTES``. Raises FrameTooLarge or
     MalformedFrame from ``buffer_updated``; the connection cannot continue after that."""
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 large_regions: RegionPool | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
         self._buffer = bytearray(RECEIVE_BUFFER_BYTES)
         self._buffer_view = memoryview(self._buffer)
@@ -201,7 +207,14 @@ class FrameReceiver:
         self._large: memoryview | None = None  # a large frame being filled
         self._large_filled = 0
         self._frames: deque[bytes | memoryview] = deque()
-        self._large_regions = RegionPool(SPARE_FRAMES, max_kept_region_bytes=SPARE_FRAME_MAX_BYTES)
+        self._large_regions = large_regions or large_frame_region_pool(SPARE_FRAMES)
+
+    @property
+    def partial_frame_bytes(self) -> int:
+        """Bytes received of a frame not yet complete (its length prefix included)."""
+        if self._large is not None:
+            return 4 + self._large_filled
+        return self._end - self._start  # whole frames are always taken out at once
 
     def get_buffer(self, size_hint: int = -1) -> memoryview:
         """Where the socket's next bytes go: the rest of a large frame, else the free tail of
@@ -257,6 +270,13 @@ class FrameReceiver:
         frame = memoryview(self._large_regions.take(size))[:size]
         frame[:len(received)] = received
         self._large, self._large_filled = frame, len(received)
+
+
+def large_frame_region_pool(max_regions: int) -> RegionPool:
+    """A pool of lazily committed regions for large frames, keeping at most ``max_regions``
+    of at most ``SPARE_FRAME_MAX_BYTES`` each for reuse."""
+    return RegionPool(max_regions, max_kept_region_bytes=SPARE_FRAME_MAX_BYTES,
+                      lazily_committed=True)
 
 
 @dataclass(frozen=True, slots=True)

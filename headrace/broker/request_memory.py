@@ -1,0 +1,95 @@
+"""Broker-wide memory of received requests: ``queued.max.request.bytes`` and large-frame buffers.
+
+Owns ``RequestMemory``: the count of request bytes every connection has received and not yet
+finished handling -- partially received frames, frames queued behind the one being handled, and
+that one -- and the region pool that all connections' large frames are received into
+(``wire.large_frame_region_pool``, shared so that the spare regions kept for reuse are bounded
+for the broker, not per connection).
+
+At or above ``queued.max.request.bytes`` (when >= 0) the broker stops reading from every socket
+(``KafkaConnection.refresh_reading`` pauses the transport) until handled requests bring the
+count back under the limit, then every connection resumes. Bytes are counted as they arrive
+(a frame's buffer grows with its received bytes, see ``wire.FrameReceiver``), so a client that
+announces a large frame and trickles it holds only what it sent. So that frames already started
+can always complete and free memory, one connection stays readable while the limit is reached:
+the one whose partial frame started first, as long as the count stays below the limit plus
+``socket.request.max.bytes``. The count can therefore exceed the limit by at most one request
+(as Kafka's non-strict memory pool does) plus the last read of each connection. A partial frame
+that does not complete is closed by the idle reaper (``connections.max.idle.ms``, where bytes of
+an incomplete frame are not activity), which also frees what it held.
+
+Runs on the event loop thread only; not thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from headrace.protocol import wire
+
+SPARE_LARGE_FRAME_REGIONS = 16  # broker-wide, each at most wire.SPARE_FRAME_MAX_BYTES
+
+
+class Reader(Protocol):
+    """A connection whose socket reading ``RequestMemory`` turns on and off."""
+
+    def refresh_reading(self) -> None: ...
+
+
+class RequestMemory:
+    """``limit_bytes`` < 0: unbounded (reading is never paused for memory)."""
+
+    def __init__(self, limit_bytes: int, max_frame_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.max_frame_bytes = max_frame_bytes
+        self.held_bytes = 0
+        self.large_frame_regions = wire.large_frame_region_pool(SPARE_LARGE_FRAME_REGIONS)
+        self.readers: set[Reader] = set()
+        self._partial: dict[Reader, None] = {}  # readers with a partial frame, oldest first
+        self._limit_reached = False
+        self._exempt: Reader | None = None  # the one reader still reading at the limit
+
+    def may_read(self, reader: Reader) -> bool:
+        return not self._limit_reached or reader is self._exempt
+
+    def add_reader(self, reader: Reader) -> None:
+        self.readers.add(reader)
+
+    def remove_reader(self, reader: Reader, held_bytes: int) -> None:
+        """``reader`` is gone; what it still held is released."""
+        self.readers.discard(reader)
+        self._partial.pop(reader, None)
+        self.release(held_bytes)
+
+    def received(self, reader: Reader, count_bytes: int, completed_frame: bool,
+                 partial_frame: bool) -> None:
+        """``count_bytes`` more bytes arrived on ``reader``; whether they completed a frame and
+        whether a partial frame remains after them."""
+        self.held_bytes += count_bytes
+        if completed_frame or not partial_frame:
+            self._partial.pop(reader, None)
+        if partial_frame and reader not in self._partial:
+            self._partial[reader] = None
+        self._update()
+
+    def release(self, count_bytes: int) -> None:
+        """A handled request's bytes are free again."""
+        self.held_bytes -= count_bytes
+        self._update()
+
+    def _update(self) -> None:
+        limit = self.limit_bytes
+        limit_reached = 0 <= limit <= self.held_bytes
+        exempt = None
+        if limit_reached and self._partial and \
+                self.held_bytes < limit + self.max_frame_bytes:
+            exempt = next(iter(self._partial))
+        if limit_reached != self._limit_reached:
+            self._limit_reached, self._exempt = limit_reached, exempt
+            for reader in list(self.readers):
+                reader.refresh_reading()
+        elif exempt is not self._exempt:
+            previous, self._exempt = self._exempt, exempt
+            for reader in (previous, exempt):
+                if reader is not None:
+                    reader.refresh_reading()
