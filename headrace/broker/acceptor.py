@@ -65,19 +65,22 @@ def _address_of(host: str) -> str:
 
 
 class RateLimitedLog:
-    """One log line per ``interval_ms`` at most, carrying how many events it stands for."""
+    """One line on ``logger`` per ``interval_ms`` at most for a repeating event, carrying how
+    many events it stands for (the first event is logged at once)."""
 
-    def __init__(self, interval_ms: int) -> None:
+    def __init__(self, logger: logging.Logger, interval_ms: int) -> None:
+        self.logger = logger
         self.interval_ms = interval_ms
         self.unreported = 0
         self._last_monotonic_s = -float("inf")
 
-    def event(self, level: int, message: str, *args) -> None:
+    def event(self, level: int, message: str, *args, exc_info: bool = False) -> None:
         self.unreported += 1
         now = time.monotonic()
         if (now - self._last_monotonic_s) * 1000 < self.interval_ms:
             return
-        log.log(level, message + " (%d times since the last report)", *args, self.unreported)
+        self.logger.log(level, message + " (%d times since the last report)", *args,
+                        self.unreported, exc_info=exc_info)
         self.unreported, self._last_monotonic_s = 0, now
 
 
@@ -96,8 +99,8 @@ class Acceptor:
         self._accepting = False
         self._backoff: asyncio.TimerHandle | None = None
         self._closed = False
-        self._failures = RateLimitedLog(ACCEPT_FAILURE_LOG_INTERVAL_MS)
-        self._rejections = RateLimitedLog(ACCEPT_FAILURE_LOG_INTERVAL_MS)
+        self._failures = RateLimitedLog(log, ACCEPT_FAILURE_LOG_INTERVAL_MS)
+        self._rejections = RateLimitedLog(log, ACCEPT_FAILURE_LOG_INTERVAL_MS)
         self._pending: set[asyncio.Task] = set()
 
     @property

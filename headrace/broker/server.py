@@ -20,7 +20,8 @@ flush, rolls, retention) runs every ``MAINTENANCE_INTERVAL_MS`` on the append th
 never runs concurrently with an append; after it, expired ``.deleted`` files are unlinked
 (``LogManager.remove_expired_files``) and the changed checkpoints are written
 (``LogManager.write_checkpoints``) on the background thread, so no produce waits for their
-unlinks and fsyncs.
+unlinks and fsyncs. A step that keeps failing (out of file descriptors, a full disk) is logged
+with its traceback at most once per ``MAINTENANCE_FAILURE_LOG_INTERVAL_MS``.
 The log cleaner (``CleanerService``) starts after the group coordinator has created
 ``__consumer_offsets``. Idle connections are closed after ``connections.max.idle.ms`` (a frame
 still incomplete after it counts as idle: ``connection``). Connections are accepted by an
@@ -44,7 +45,7 @@ import signal
 import time
 from pathlib import Path
 
-from headrace.broker.acceptor import Acceptor, listening_socket
+from headrace.broker.acceptor import Acceptor, RateLimitedLog, listening_socket
 from headrace.broker.cleaner_service import CleanerService
 from headrace.broker.config import BrokerConfig
 from headrace.broker.connection import KafkaConnection
@@ -63,6 +64,7 @@ from headrace.storage.manager import LogManager
 log = logging.getLogger(__name__)
 
 MAINTENANCE_INTERVAL_MS = 1000
+MAINTENANCE_FAILURE_LOG_INTERVAL_MS = 60_000  # a step failing every time: one traceback a minute
 SHUTDOWN_GRACE_MS = 5000
 LISTEN_BACKLOG = 1024
 EVENT_LOOP_ENVIRONMENT_VARIABLE = "HEADRACE_EVENT_LOOP"
@@ -127,22 +129,24 @@ class Broker:
         ]
 
     async def _maintenance_loop(self) -> None:
-        state = self.state
+        state, manager = self.state, self.state.log_manager
+        steps = (
+            ("log maintenance", lambda: state.run_append(manager.maintenance,
+                                                         self.clock.now_ms())),
+            ("removing deleted files", lambda: state.run_background(
+                manager.remove_expired_files, self.clock.now_ms())),
+            ("writing checkpoints", lambda: state.run_background(manager.write_checkpoints)),
+        )
+        failures = {name: RateLimitedLog(log, MAINTENANCE_FAILURE_LOG_INTERVAL_MS)
+                    for name, _ in steps}
         while True:
             await asyncio.sleep(MAINTENANCE_INTERVAL_MS / 1000)
-            try:
-                await state.run_append(state.log_manager.maintenance, self.clock.now_ms())
-            except Exception:
-                log.exception("log maintenance failed")
-            try:
-                await state.run_background(state.log_manager.remove_expired_files,
-                                           self.clock.now_ms())
-            except Exception:
-                log.exception("removing deleted files failed")
-            try:
-                await state.run_background(state.log_manager.write_checkpoints)
-            except Exception:
-                log.exception("writing checkpoints failed")
+            for name, step in steps:
+                try:
+                    await step()
+                except Exception as error:  # e.g. out of file descriptors: retried next time
+                    failures[name].event(logging.ERROR, "%s failed: %s", name, error,
+                                         exc_info=True)
 
     async def _idle_reaper_loop(self) -> None:
         idle_limit_s = self.config.get_int("connections.max.idle.ms") / 1000
