@@ -6,7 +6,8 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
   enforcing a frame size limit. ``receive_data(bytes)`` then ``next_frame()``.
 * ``FrameReceiver`` does the same for a socket read with ``recv_into`` (asyncio's
   ``BufferedProtocol``: ``get_buffer()`` then ``buffer_updated(nbytes)``): small frames are
-  copied out of one reused receive buffer; a frame over ``LARGE_FRAME_MIN_BYTES`` gets a
+  copied out of one reused receive buffer (lazily committed too: a connection that only ever
+  exchanged small requests has a page or two of it resident, not ``RECEIVE_BUFFER_BYTES``); a frame over ``LARGE_FRAME_MIN_BYTES`` gets a
   region of its own that the socket fills directly, and is returned as a ``memoryview`` of it
   (no copy: a 1 MB produce request is read once, by the kernel, and never copied again).
   Regions come from a ``buffers.RegionPool`` (the receiver's own, or one the broker shares
@@ -89,7 +90,7 @@ from kio.serial.errors import DecodeError  # noqa: E402
 from kio.static.constants import EntityType  # noqa: E402
 
 from headrace.errors import InvalidRequest, UnsupportedVersion  # noqa: E402
-from headrace.protocol.buffers import RegionPool  # noqa: E402
+from headrace.protocol.buffers import RegionPool, lazily_committed_region  # noqa: E402
 
 API_VERSIONS_KEY = 18
 PRODUCE_KEY = 0
@@ -200,7 +201,7 @@ class FrameReceiver:
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  large_regions: RegionPool | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._buffer = bytearray(RECEIVE_BUFFER_BYTES)
+        self._buffer = lazily_committed_region(RECEIVE_BUFFER_BYTES)  # pages as touched
         self._buffer_view = memoryview(self._buffer)
         self._start = 0  # first byte not yet taken
         self._end = 0  # end of the received bytes
