@@ -13,7 +13,6 @@ import resource
 import select
 import socket
 import struct
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,23 +20,12 @@ import pytest
 
 from headrace.protocol import wire
 from tests.broker.raw_client import RawClient
+from tests.broker.test_cleaner_live import _wait_until as wait_until
 from tests.conftest import BrokerProcess
 
 API_VERSIONS = 18
 MAX_FRAME_BYTES = 104857600  # socket.request.max.bytes
 WAIT_TIMEOUT_S = 30.0
-POLL_INTERVAL_S = 0.02
-
-
-def wait_until(condition: Callable[[], object], what: str,
-               timeout_s: float = WAIT_TIMEOUT_S) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(POLL_INTERVAL_S)
-    raise AssertionError(f"timed out waiting until {what}")
 
 
 @pytest.fixture
