@@ -384,7 +384,10 @@ class BrokerConfig:
                 _check_type(definition, value)
         _check_at_least_zero(properties)
         _validate_cleaner(properties)
-        parse_per_ip_overrides(properties.get("max.connections.per.ip.overrides") or "")
+        overrides = parse_per_ip_overrides(properties.get("max.connections.per.ip.overrides") or "")
+        if int(properties["max.connections.per.ip"]) == 0 and not overrides:
+            raise InvalidConfig("max.connections.per.ip can be set to zero only if "
+                                "max.connections.per.ip.overrides property is set.")
         LogConfig.from_properties({}, dict(properties))
         parse_listener((properties.get("listeners") or "").split(",")[0])
 

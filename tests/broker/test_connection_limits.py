@@ -247,3 +247,12 @@ def test_accept_out_of_file_descriptors_backs_off_quietly_and_recovers(start_bro
         wait_until(_answers_new_connection(broker), "a new connection is served")
         resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, (soft, hard))
     assert "Traceback" not in broker.log_text()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"max.connections.per.ip": "0"}, "can be set to zero only if"),
+    ({"max.connections.per.ip.overrides": "127.0.0.1"}, "expected host:count pairs"),
+])
+def test_invalid_connection_limits_stop_the_broker_at_start(start_broker, overrides, message):
+    with pytest.raises(RuntimeError, match=message):
+        start_broker(**overrides)
