@@ -148,6 +148,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.on_closed = on_closed
         self.reader = wire.FrameReceiver(memory.max_frame_bytes, memory.large_frame_regions)
         self.held_bytes = 0  # received and counted in ``memory``, not yet released
+        self.partial_frame_order = 0  # RequestMemory's
         self.queue: deque[bytes | memoryview] = deque()
         self.transport: asyncio.Transport | None = None
         self.socket_fd = -1

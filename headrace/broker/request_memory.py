@@ -33,6 +33,8 @@ SPARE_LARGE_FRAME_REGIONS = 16  # broker-wide, each at most wire.SPARE_FRAME_MAX
 class Reader(Protocol):
     """A connection whose socket reading ``RequestMemory`` turns on and off."""
 
+    partial_frame_order: int  # when its partial frame started (``RequestMemory``'s), 0: none
+
     def refresh_reading(self) -> None: ...
 
 
@@ -45,20 +47,25 @@ class RequestMemory:
         self.held_bytes = 0
         self.large_frame_regions = wire.large_frame_region_pool(SPARE_LARGE_FRAME_REGIONS)
         self.readers: set[Reader] = set()
-        self._partial: dict[Reader, None] = {}  # readers with a partial frame, oldest first
+        self._pause_at_bytes = limit_bytes if limit_bytes >= 0 else float("inf")
+        self._frames_started = 0  # partial frames seen starting, numbering their order
         self._limit_reached = False
         self._exempt: Reader | None = None  # the one reader still reading at the limit
+        self._exempt_order = 0  # the order of the frame it is exempt for
 
     def may_read(self, reader: Reader) -> bool:
         return not self._limit_reached or reader is self._exempt
 
     def add_reader(self, reader: Reader) -> None:
+        reader.partial_frame_order = 0
         self.readers.add(reader)
 
     def remove_reader(self, reader: Reader, held_bytes: int) -> None:
         """``reader`` is gone; what it still held is released."""
         self.readers.discard(reader)
-        self._partial.pop(reader, None)
+        reader.partial_frame_order = 0
+        if reader is self._exempt:
+            self._exempt = None
         self.release(held_bytes)
 
     def received(self, reader: Reader, count_bytes: int, completed_frame: bool,
@@ -66,24 +73,26 @@ class RequestMemory:
         """``count_bytes`` more bytes arrived on ``reader``; whether they completed a frame and
         whether a partial frame remains after them."""
         self.held_bytes += count_bytes
-        if completed_frame or not partial_frame:
-            self._partial.pop(reader, None)
-        if partial_frame and reader not in self._partial:
-            self._partial[reader] = None
-        self._update()
+        if partial_frame:
+            if completed_frame or not reader.partial_frame_order:
+                self._frames_started += 1
+                reader.partial_frame_order = self._frames_started
+        else:
+            reader.partial_frame_order = 0
+        if self._limit_reached or self.held_bytes >= self._pause_at_bytes:
+            self._update()
 
     def release(self, count_bytes: int) -> None:
         """A handled request's bytes are free again."""
         self.held_bytes -= count_bytes
-        self._update()
+        if self._limit_reached:
+            self._update()
 
     def _update(self) -> None:
-        limit = self.limit_bytes
-        limit_reached = 0 <= limit <= self.held_bytes
-        exempt = None
-        if limit_reached and self._partial and \
-                self.held_bytes < limit + self.max_frame_bytes:
-            exempt = next(iter(self._partial))
+        limit_reached = self.held_bytes >= self._pause_at_bytes
+        exempt = self._oldest_partial() if limit_reached and \
+            self.held_bytes < self.limit_bytes + self.max_frame_bytes else None
+        self._exempt_order = exempt.partial_frame_order if exempt is not None else 0
         if limit_reached != self._limit_reached:
             self._limit_reached, self._exempt = limit_reached, exempt
             for reader in list(self.readers):
@@ -93,3 +102,12 @@ class RequestMemory:
             for reader in (previous, exempt):
                 if reader is not None:
                     reader.refresh_reading()
+
+    def _oldest_partial(self) -> Reader | None:
+        """The reader whose partial frame started first (the current exempt one while the
+        frame it is exempt for is still partial: frames starting later are younger)."""
+        exempt = self._exempt
+        if exempt is not None and exempt.partial_frame_order == self._exempt_order:
+            return exempt
+        partial = [reader for reader in self.readers if reader.partial_frame_order]
+        return min(partial, key=lambda reader: reader.partial_frame_order, default=None)
