@@ -4,7 +4,7 @@ Owns ``RequestMemory``: the count of request bytes every connection has received
 finished handling -- partially received frames, frames queued behind the one being handled, and
 that one -- and the region pool that all connections' large frames are received into
 (``wire.large_frame_region_pool``, shared so that the spare regions kept for reuse are bounded
-for the broker, not per connection).
+for the broker, not per connection: at most ``SPARE_LARGE_FRAMES_MAX_BYTES``).
 
 At or above ``queued.max.request.bytes`` (when >= 0) the broker stops reading from every socket
 (``KafkaConnection.refresh_reading`` pauses the transport) until handled requests bring the
@@ -27,7 +27,13 @@ from typing import Protocol
 
 from headrace.protocol import wire
 
-SPARE_LARGE_FRAME_REGIONS = 16  # broker-wide, each at most wire.SPARE_FRAME_MAX_BYTES
+# Large-frame regions kept for reuse, broker-wide. A fresh region costs a page fault per page
+# received into it (measured here: ~0.7 ms per MiB against ~0.06 ms for a reused one), so
+# frames up to 32 MiB (the largest glibc's malloc reuses, too) get reused regions, while the
+# pages kept resident stay within SPARE_LARGE_FRAMES_MAX_BYTES.
+SPARE_LARGE_FRAME_REGIONS = 64
+SPARE_LARGE_FRAME_MAX_BYTES = 32 * 1024 * 1024
+SPARE_LARGE_FRAMES_MAX_BYTES = 64 * 1024 * 1024
 
 
 class Reader(Protocol):
@@ -45,7 +51,8 @@ class RequestMemory:
         self.limit_bytes = limit_bytes
         self.max_frame_bytes = max_frame_bytes
         self.held_bytes = 0
-        self.large_frame_regions = wire.large_frame_region_pool(SPARE_LARGE_FRAME_REGIONS)
+        self.large_frame_regions = wire.large_frame_region_pool(
+            SPARE_LARGE_FRAME_REGIONS, SPARE_LARGE_FRAME_MAX_BYTES, SPARE_LARGE_FRAMES_MAX_BYTES)
         self.readers: set[Reader] = set()
         self._pause_at_bytes = limit_bytes if limit_bytes >= 0 else float("inf")
         self._frames_started = 0  # partial frames seen starting, numbering their order

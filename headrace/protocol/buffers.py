@@ -9,7 +9,8 @@ the pool's own -- that is, when every memoryview, Arrow buffer and record batch 
 has been released (CPython reference counts; exporting a buffer holds a reference). So nothing
 handed out is ever overwritten while in use, whoever keeps it and for however long; a region
 still referenced is simply not reused, and the pool allocates another (keeping at most
-``max_regions``, and none larger than ``max_kept_region_bytes`` when that is given).
+``max_regions``, none larger than ``max_kept_region_bytes`` and at most ``max_kept_bytes`` in
+all, when those are given).
 
 A pool made with ``lazily_committed=True`` allocates anonymous private mappings (``mmap``)
 instead of ``bytearray``s: only the pages written are resident (a ``bytearray`` is zeroed, so
@@ -62,11 +63,13 @@ class RegionPool:
     that nothing else refers to (contents undefined)."""
 
     def __init__(self, max_regions: int, max_kept_region_bytes: int | None = None,
-                 lazily_committed: bool = False) -> None:
+                 lazily_committed: bool = False, max_kept_bytes: int | None = None) -> None:
         self.max_regions = max_regions
         self.max_kept_region_bytes = max_kept_region_bytes
+        self.max_kept_bytes = max_kept_bytes  # of all kept regions together (None: no bound)
         self.lazily_committed = lazily_committed
         self._regions: list[Region] = []
+        self.kept_bytes = 0
         self._lock = threading.Lock()
         self.allocated_bytes = 0  # by this pool so far: tells reuse from fresh allocation
 
@@ -80,12 +83,16 @@ class RegionPool:
         for index in range(len(self._regions)):
             if _reference_count(self._regions, index) != _UNREFERENCED_COUNT:
                 continue
-            if len(self._regions[index]) < size_bytes:
-                self._regions[index] = self._allocate(size_bytes)
-            return self._regions[index]
+            if len(self._regions[index]) >= size_bytes:
+                return self._regions[index]
+            self.kept_bytes -= len(self._regions.pop(index))  # free but too small: replaced
+            break
         region = self._allocate(size_bytes)
-        if len(self._regions) < self.max_regions:
+        if len(self._regions) < self.max_regions and (
+                self.max_kept_bytes is None or
+                self.kept_bytes + len(region) <= self.max_kept_bytes):
             self._regions.append(region)
+            self.kept_bytes += len(region)
         return region
 
     def _keeps(self, size_bytes: int) -> bool:

@@ -273,11 +273,12 @@ class FrameReceiver:
         self._large, self._large_filled = frame, len(received)
 
 
-def large_frame_region_pool(max_regions: int) -> RegionPool:
+def large_frame_region_pool(max_regions: int, max_kept_region_bytes: int = SPARE_FRAME_MAX_BYTES,
+                            max_kept_bytes: int | None = None) -> RegionPool:
     """A pool of lazily committed regions for large frames, keeping at most ``max_regions``
-    of at most ``SPARE_FRAME_MAX_BYTES`` each for reuse."""
-    return RegionPool(max_regions, max_kept_region_bytes=SPARE_FRAME_MAX_BYTES,
-                      lazily_committed=True)
+    of at most ``max_kept_region_bytes`` each (and ``max_kept_bytes`` in all) for reuse."""
+    return RegionPool(max_regions, max_kept_region_bytes=max_kept_region_bytes,
+                      lazily_committed=True, max_kept_bytes=max_kept_bytes)
 
 
 @dataclass(frozen=True, slots=True)
