@@ -5,8 +5,13 @@ with ``--override key=value``), reads its idle resident memory, then opens ``--c
 connections that each send a 4-byte frame length of ``--announced-bytes`` (default 100 MiB,
 ``socket.request.max.bytes``) and then one byte every ``--trickle-interval-s`` seconds (the
 connections' bytes spread evenly over the interval), for ``--duration-s`` seconds in all.
+``--burst-bytes`` N: each connection first sends N bytes of its frame as fast as the broker
+reads them (non-blocking sends, in turns with the trickle), so that the broker holds what it
+received and ``queued.max.request.bytes`` is what bounds it.
 Meanwhile, every ``--sample-interval-s``, it samples the broker's VmRSS and times one ApiVersions
-round trip on a separate connection (the broker must keep serving).
+round trip on a separate connection (counted unanswered after ``--probe-timeout-s``: at
+``queued.max.request.bytes`` the broker reads from no other connection until requests drain or
+the stuck ones are closed).
 
 Prints the idle RSS, the peak sampled RSS and the kernel's high-water mark (VmHWM, over the
 whole process life), the goal (idle RSS + ``queued.max.request.bytes`` + 64 MiB) and whether
@@ -62,9 +67,14 @@ def closed_by_broker(sockets: list[socket.socket]) -> set[socket.socket]:
 
 def flood(port: int, pid: int, args: argparse.Namespace) -> dict:
     probe = Connection(port)
+    probe.sock.settimeout(args.probe_timeout_s)
+    unanswered = 0
     flooders = [socket.create_connection(("127.0.0.1", port)) for _ in range(args.connections)]
     for sock in flooders:
         sock.sendall(struct.pack(">i", args.announced_bytes))
+        sock.setblocking(False)  # a paused broker does not block the flood
+    burst_left = {sock: args.burst_bytes for sock in flooders}
+    burst_chunk = b"x" * 65536
     open_flooders, closed_count = list(flooders), 0
     peak_rss, slowest_round_trip_s = 0, 0.0
     cpu_before_ms, start = cpu_ms(pid), time.monotonic()
@@ -74,25 +84,36 @@ def flood(port: int, pid: int, args: argparse.Namespace) -> dict:
         sock = open_flooders[turn % len(open_flooders)]
         turn += 1
         try:
-            sock.sendall(b"x")
+            if burst_left[sock] > 0:
+                burst_left[sock] -= sock.send(burst_chunk[:burst_left[sock]])
+            else:
+                sock.send(b"x")
         except OSError:
-            pass  # closed by the broker: counted below
+            pass  # the broker is not reading it (or closed it: counted below)
         if time.monotonic() >= next_sample:
             next_sample += args.sample_interval_s
             peak_rss = max(peak_rss, status_bytes(pid, "VmRSS"))
             sent = time.monotonic()
-            probe.request(API_VERSIONS, 0, {})
-            slowest_round_trip_s = max(slowest_round_trip_s, time.monotonic() - sent)
+            try:
+                probe.request(API_VERSIONS, 0, {})
+                slowest_round_trip_s = max(slowest_round_trip_s, time.monotonic() - sent)
+            except TimeoutError:  # reading paused at queued.max.request.bytes
+                unanswered += 1
+                probe.sock.close()
+                probe = Connection(port)
+                probe.sock.settimeout(args.probe_timeout_s)
             closed = closed_by_broker(open_flooders)
             closed_count += len(closed)
             open_flooders = [s for s in open_flooders if s not in closed]
-        time.sleep(byte_interval_s)  # pacing the trickle, the load itself
+        if not any(burst_left.values()):
+            time.sleep(byte_interval_s)  # pacing the trickle, the load itself
     peak_rss = max(peak_rss, status_bytes(pid, "VmRSS"))
     cpu_spent_ms = cpu_ms(pid) - cpu_before_ms
     for sock in flooders:
         sock.close()
     probe.sock.close()
     return {"peak_rss": peak_rss, "closed": closed_count, "slowest_s": slowest_round_trip_s,
+            "unanswered": unanswered,
             "cpu_ms": cpu_spent_ms, "elapsed_s": time.monotonic() - start}
 
 
@@ -101,6 +122,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--announced-bytes", type=int, default=104857600)
     parser.add_argument("--trickle-interval-s", type=float, default=2.0)
+    parser.add_argument("--burst-bytes", type=int, default=0)
+    parser.add_argument("--probe-timeout-s", type=float, default=2.0)
     parser.add_argument("--duration-s", type=float, default=60.0)
     parser.add_argument("--sample-interval-s", type=float, default=0.5)
     parser.add_argument("--override", action="append", default=[],
@@ -123,14 +146,16 @@ def main() -> None:
         process.wait(60)
         shutil.rmtree(args.dir, ignore_errors=True)
     goal = idle_rss + max(queued_limit, 0) + GOAL_SLACK_BYTES
-    print(f"{args.connections} connections announcing {args.announced_bytes} bytes, one byte "
-          f"each per {args.trickle_interval_s:g} s, for {result['elapsed_s']:.0f} s")
+    print(f"{args.connections} connections announcing {args.announced_bytes} bytes, sending "
+          f"{args.burst_bytes} at once, then one byte each per {args.trickle_interval_s:g} s, "
+          f"for {result['elapsed_s']:.0f} s")
     print(f"idle RSS {idle_rss / MIB:.1f} MiB, peak RSS {result['peak_rss'] / MIB:.1f} MiB "
           f"(+{(result['peak_rss'] - idle_rss) / MIB:.1f}), VmHWM {high_water / MIB:.1f} MiB")
     print(f"goal <= idle + queued.max.request.bytes ({queued_limit}) + 64 MiB = "
           f"{goal / MIB:.1f} MiB: {'met' if result['peak_rss'] <= goal else 'MISSED'}")
-    print(f"closed by the broker: {result['closed']}; slowest ApiVersions round trip "
-          f"{result['slowest_s'] * 1000:.1f} ms; broker CPU {result['cpu_ms']:.0f} ms")
+    print(f"closed by the broker: {result['closed']}; slowest answered ApiVersions round trip "
+          f"{result['slowest_s'] * 1000:.1f} ms, unanswered within {args.probe_timeout_s:g} s: "
+          f"{result['unanswered']}; broker CPU {result['cpu_ms']:.0f} ms")
 
 
 if __name__ == "__main__":
