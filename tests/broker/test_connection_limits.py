@@ -256,3 +256,19 @@ def test_accept_out_of_file_descriptors_backs_off_quietly_and_recovers(start_bro
 def test_invalid_connection_limits_stop_the_broker_at_start(start_broker, overrides, message):
     with pytest.raises(RuntimeError, match=message):
         start_broker(**overrides)
+
+
+def test_max_connections_per_ip_set_by_incremental_alter_configs_applies_to_new_connections(
+        start_broker):
+    broker = start_broker()
+    first, second = admitted_clients(broker, 2)
+    response = first.request(44, 0, {"resources": [{
+        "resource_type": 4, "resource_name": "1", "configs": [
+            {"name": "max.connections.per.ip", "config_operation": 0, "value": "2"}]}],
+        "validate_only": False})
+    assert [r.error_code for r in response.responses] == [0]
+    with connect(broker) as third:
+        third.sendall(api_versions_frame(1))
+        assert closed_by_broker(third, WAIT_TIMEOUT_S)
+    first.close()
+    second.close()
