@@ -167,8 +167,8 @@ class Acceptor:
         count = self.connections_by_address.get(address, 0)
         limit = self._per_ip_limit(address)
         if count >= limit:
-            self._rejections.event(logging.INFO, "Rejected connection from %s, address already "
-                                   "has the configured maximum of %d connections", address, limit)
+            self._rejections.event(logging.INFO, "closed a new connection from %s: %d open "
+                                   "already, its max.connections.per.ip", address, limit)
             sock.close()
             return
         self.connections_by_address[address] = count + 1

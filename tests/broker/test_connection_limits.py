@@ -171,7 +171,7 @@ def test_a_connection_over_max_connections_per_ip_is_closed_at_once(start_broker
     with connect(broker) as third:
         third.sendall(api_versions_frame(1))
         assert closed_by_broker(third, WAIT_TIMEOUT_S)
-    assert "Rejected connection from 127.0.0.1" in broker.log_text()
+    assert "closed a new connection from 127.0.0.1" in broker.log_text()
     first.close()
     wait_until(_answers_new_connection(broker), "a connection is admitted again")
     second.close()
