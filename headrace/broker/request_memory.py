@@ -8,8 +8,9 @@ for the broker, not per connection: at most ``SPARE_LARGE_FRAMES_MAX_BYTES``).
 
 At or above ``queued.max.request.bytes`` (when >= 0) the broker stops reading from every socket
 (``KafkaConnection.refresh_reading`` pauses the transport) until handled requests bring the
-count back under the limit, then every connection resumes. Bytes are counted as they arrive
-(a frame's buffer grows with its received bytes, see ``wire.FrameReceiver``), so a client that
+count under ``RESUME_AT_LIMIT_FRACTION`` of the limit, then every connection resumes. Bytes are
+counted as they arrive (a frame's buffer grows with its received bytes, see
+``wire.FrameReceiver``), so a client that
 announces a large frame and trickles it holds only what it sent. So that frames already started
 can always complete and free memory, one connection stays readable while the limit is reached:
 the one whose partial frame started first, as long as the count stays below the limit plus
@@ -34,6 +35,9 @@ from headrace.protocol import wire
 SPARE_LARGE_FRAME_REGIONS = 64
 SPARE_LARGE_FRAME_MAX_BYTES = 32 * 1024 * 1024
 SPARE_LARGE_FRAMES_MAX_BYTES = 64 * 1024 * 1024
+# Reading resumes once the count is below this share of the limit, so that a broker working at
+# the limit does not pause and resume every connection around each request it handles.
+RESUME_AT_LIMIT_FRACTION = 0.75
 
 
 class Reader(Protocol):
@@ -55,6 +59,7 @@ class RequestMemory:
             SPARE_LARGE_FRAME_REGIONS, SPARE_LARGE_FRAME_MAX_BYTES, SPARE_LARGE_FRAMES_MAX_BYTES)
         self.readers: set[Reader] = set()
         self._pause_at_bytes = limit_bytes if limit_bytes >= 0 else float("inf")
+        self._resume_below_bytes = limit_bytes * RESUME_AT_LIMIT_FRACTION
         self._frames_started = 0  # partial frames seen starting, numbering their order
         self._limit_reached = False
         self._exempt: Reader | None = None  # the one reader still reading at the limit
@@ -96,7 +101,10 @@ class RequestMemory:
             self._update()
 
     def _update(self) -> None:
-        limit_reached = self.held_bytes >= self._pause_at_bytes
+        if self._limit_reached:
+            limit_reached = self.held_bytes >= self._resume_below_bytes
+        else:
+            limit_reached = self.held_bytes >= self._pause_at_bytes
         exempt = self._oldest_partial() if limit_reached and \
             self.held_bytes < self.limit_bytes + self.max_frame_bytes else None
         self._exempt_order = exempt.partial_frame_order if exempt is not None else 0
