@@ -90,10 +90,13 @@ class Connection:
         return wire.decode_response(api_key, version, frame)[1]
 
 
-def spawn_broker(data_dir: Path, port: int) -> subprocess.Popen:
+def spawn_broker(data_dir: Path, port: int,
+                 overrides: dict[str, str] | None = None) -> subprocess.Popen:
     command = [sys.executable, "-m", "headrace.cli.main", "broker",
                "--override", f"listeners=PLAINTEXT://127.0.0.1:{port}",
                "--override", f"log.dirs={data_dir}"]
+    for key, value in (overrides or {}).items():
+        command += ["--override", f"{key}={value}"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from headrace.broker.acceptor import parse_per_ip_overrides
 from headrace.broker.dynamic_broker_configs import DYNAMIC_BROKER_CONFIGS, THREAD_POOL_CONFIGS
 from headrace.errors import InvalidConfig, InvalidRequest
 from headrace.storage.config import (
@@ -75,6 +76,7 @@ LONG_MIN = -(2**63)
 ENV_PREFIX = "HEADRACE_"
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
+DEFAULT_QUEUED_MAX_REQUEST_BYTES = 512 * 1024 * 1024  # Kafka's is -1; see _SERVER_DEFS
 MIN_DEDUPE_BUFFER_BYTES_PER_THREAD = 1024 * 1024  # KafkaConfig: "at least 1MB per cleaner thread"
 CLEANER_RECONFIGURABLE_CONFIGS = frozenset({  # LogCleaner.ReconfigurableConfigs
     "log.cleaner.threads", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor",
@@ -84,7 +86,8 @@ CLEANER_RECONFIGURABLE_CONFIGS = frozenset({  # LogCleaner.ReconfigurableConfigs
 _AT_LEAST = {"log.cleaner.threads": 0, "log.cleaner.io.buffer.size": 0,
              "log.cleaner.backoff.ms": 0, "log.retention.check.interval.ms": 1,
              "log.flush.offset.checkpoint.interval.ms": 0,
-             "log.flush.start.offset.checkpoint.interval.ms": 0, "log.initial.task.delay.ms": 0}
+             "log.flush.start.offset.checkpoint.interval.ms": 0, "log.initial.task.delay.ms": 0,
+             "max.connections": 0, "max.connections.per.ip": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,14 @@ _SERVER_DEFS = (
     _static("delete.topic.enable", "boolean", "true"),
     _static("socket.request.max.bytes", "int", "104857600"),
     _static("connections.max.idle.ms", "long", "600000"),
+    # Kafka's default is -1 (unbounded): Kafka reads one request per connection at a time,
+    # headrace pipelines up to 64 per connection, so without a bound a few connections could
+    # hold 64 maximum-size requests each. 512 MiB lets five maximum-size (100 MiB) requests
+    # be received at once; -1 still means unbounded.
+    _static("queued.max.request.bytes", "long", str(DEFAULT_QUEUED_MAX_REQUEST_BYTES)),
+    _dynamic("max.connections", "int", str(INT_MAX)),
+    _dynamic("max.connections.per.ip", "int", str(INT_MAX)),
+    _dynamic("max.connections.per.ip.overrides", "string", ""),
     _static("log.retention.check.interval.ms", "long", "300000"),
     _static("log.flush.scheduler.interval.ms", "long", str(LONG_MAX)),
     _static("log.flush.offset.checkpoint.interval.ms", "int", "60000"),
@@ -483,7 +494,12 @@ class BrokerConfig:
             definition = BROKER_CONFIGS.get(name)
             if definition is not None:
                 _check_type(definition, value)
+        _check_at_least(properties)
         _validate_cleaner(properties)
+        overrides = parse_per_ip_overrides(properties.get("max.connections.per.ip.overrides") or "")
+        if int(properties["max.connections.per.ip"]) == 0 and not overrides:
+            raise InvalidConfig("max.connections.per.ip can be set to zero only if "
+                                "max.connections.per.ip.overrides property is set.")
         LogConfig.from_properties({}, dict(properties))
         parse_listener((properties.get("listeners") or "").split(",")[0])
 
@@ -603,12 +619,15 @@ def _cleaner_buffer_problem(properties: Mapping[str, str]) -> str | None:
     return None
 
 
-def _validate_cleaner(properties: Mapping[str, str]) -> None:
+def _check_at_least(properties: Mapping[str, str]) -> None:
     for name, minimum in _AT_LEAST.items():
         value = int(properties[name])
         if value < minimum:
             raise InvalidConfig(f"Invalid value {value} for configuration {name}: Value must be "
                                 f"at least {minimum}")
+
+
+def _validate_cleaner(properties: Mapping[str, str]) -> None:
     problem = _cleaner_buffer_problem(properties)
     if problem is not None:
         raise InvalidConfig(problem)

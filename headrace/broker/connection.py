@@ -5,8 +5,14 @@ Owns ``KafkaConnection``, an ``asyncio.BufferedProtocol``: the socket is read wi
 frame -- a produce request -- lands in its own buffer and is never copied again (its records
 reach the log as views of it); whole frames queue up (pipelining)
 and one task handles them one at a time, as Kafka does, so responses leave in request order.
-Reading pauses while ``MAX_QUEUED_REQUESTS`` frames wait and while the socket's write buffer
-is above asyncio's high-water mark.
+Reading pauses while ``MAX_QUEUED_REQUESTS`` frames wait, while the socket's write buffer
+is above asyncio's high-water mark, and while the broker's received request bytes are at
+``queued.max.request.bytes`` (``request_memory.RequestMemory``, which every received byte is
+counted in until its request is handled).
+
+A connection is idle -- closed by the broker after ``connections.max.idle.ms`` -- when no frame
+has completed and no request has been handled for that long: bytes of a frame that never
+completes are not activity, so trickling a frame a byte at a time does not keep it open.
 
 A malformed frame, a frame over the size limit, or an unsupported (api key, version) other
 than ApiVersions closes this connection with one log line; other connections never notice.
@@ -44,11 +50,13 @@ import socket
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from headrace.broker.cold_reads import IN_MEMORY, cold_slices, read_slices
 from headrace.broker.context import RawResponse, RequestContext
 from headrace.broker.handlers import HANDLERS
+from headrace.broker.request_memory import RequestMemory
 from headrace.errors import InvalidRequest, UnsupportedVersion
 from headrace.protocol import wire
 from headrace.protocol.kernel import note_broker_request
@@ -132,10 +140,15 @@ def unsupported_api_versions_response(correlation_id: int) -> bytes:
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
-    def __init__(self, broker: Any, registry: set[KafkaConnection]) -> None:
+    def __init__(self, broker: Any, registry: set[KafkaConnection], memory: RequestMemory,
+                 on_closed: Callable[[], None] | None = None) -> None:
         self.broker = broker
         self.registry = registry
-        self.reader = wire.FrameReceiver(broker.config.get_int("socket.request.max.bytes"))
+        self.memory = memory
+        self.on_closed = on_closed
+        self.reader = wire.FrameReceiver(memory.max_frame_bytes, memory.large_frame_regions)
+        self.held_bytes = 0  # received and counted in ``memory``, not yet released
+        self.partial_frame_order = 0  # RequestMemory's
         self.queue: deque[bytes | memoryview] = deque()
         self.transport: asyncio.Transport | None = None
         self.socket_fd = -1
@@ -146,6 +159,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.last_active_monotonic_s = time.monotonic()
         self.worker: asyncio.Task | None = None
         self.reading_paused = False
+        self.queue_full = False
         self.closing = False
         self.writable = asyncio.Event()
         self.writable.set()
@@ -160,11 +174,18 @@ class KafkaConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.registry.add(self)
+        self.memory.add_reader(self)
+        self.refresh_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self._close_writer_fd()
         self.registry.discard(self)
+        self.queue.clear()
+        self.memory.remove_reader(self, self.held_bytes)
+        self.held_bytes = 0
+        if self.on_closed is not None:
+            self.on_closed()
         self.writable.set()
         if self.worker is not None and not self.worker.done():
             self.worker.cancel()
@@ -173,20 +194,38 @@ class KafkaConnection(asyncio.BufferedProtocol):
         return self.reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.last_active_monotonic_s = time.monotonic()
         note_broker_request()  # the cleaner's spans give way while requests come in
+        reader, queue = self.reader, self.queue
         try:
-            self.reader.buffer_updated(nbytes)
+            reader.buffer_updated(nbytes)
         except InvalidRequest as error:
             self.abort(f"bad frame: {error}")
             return
-        while (frame := self.reader.next_frame()) is not None:
-            self.queue.append(frame)
-        if len(self.queue) >= MAX_QUEUED_REQUESTS and not self.reading_paused:
-            self.transport.pause_reading()
-            self.reading_paused = True
-        if self.queue and (self.worker is None or self.worker.done()):
+        queued_before = len(queue)
+        while (frame := reader.next_frame()) is not None:
+            queue.append(frame)
+        completed_frame = len(queue) > queued_before
+        if completed_frame:
+            self.last_active_monotonic_s = time.monotonic()
+        self.held_bytes += nbytes
+        self.memory.received(self, nbytes, completed_frame, reader.partial_frame_bytes > 0)
+        if len(queue) >= MAX_QUEUED_REQUESTS and not self.queue_full:
+            self.queue_full = True
+            self.refresh_reading()
+        if queue and (self.worker is None or self.worker.done()):
             self._start_worker()
+
+    def refresh_reading(self) -> None:
+        """Pause or resume reading the socket: paused while this connection's queue is full
+        or the broker's request memory does not let it read."""
+        paused = self.queue_full or not self.memory.may_read(self)
+        if paused == self.reading_paused or self.transport is None or self.closing:
+            return
+        self.reading_paused = paused
+        if paused:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         self.writable.clear()
@@ -223,9 +262,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
     async def _work(self) -> None:
         while self.queue and not self.closing:
             frame = self.queue.popleft()
-            if self.reading_paused and len(self.queue) < MAX_QUEUED_REQUESTS // 2:
-                self.transport.resume_reading()
-                self.reading_paused = False
+            if self.queue_full and len(self.queue) < MAX_QUEUED_REQUESTS // 2:
+                self.queue_full = False
+                self.refresh_reading()
             try:
                 await self._handle_frame(frame)
             except asyncio.CancelledError:
@@ -235,8 +274,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
             except Exception:
                 log.exception("unexpected error handling a request from %s", self.peer)
                 self.abort("internal error")
+            self._release(4 + len(frame))
             frame = None  # unreferenced, a large frame's buffer can take the next one
             self.last_active_monotonic_s = time.monotonic()
+
+    def _release(self, count_bytes: int) -> None:
+        if self.closing:  # connection_lost released everything this connection held
+            return
+        self.held_bytes -= count_bytes
+        self.memory.release(count_bytes)
 
     async def _handle_frame(self, frame: bytes | memoryview) -> None:
         header, _ = wire.parse_request_header(frame)

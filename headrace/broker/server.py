@@ -26,9 +26,15 @@ retention.ms/retention.bytes no sooner than Kafka would), the flusher (flush.ms)
 log-start-offset checkpoints every ``log.flush.offset.checkpoint.interval.ms`` and
 ``log.flush.start.offset.checkpoint.interval.ms`` (``LogManager.write_checkpoints``), so no
 produce waits for their unlinks and fsyncs. A period of Long.MAX runs its task once, as
-Kafka's scheduler does.
+Kafka's scheduler does. A step that keeps failing (out of file
+descriptors, a full disk) is logged with its traceback at most once per
+``MAINTENANCE_FAILURE_LOG_INTERVAL_MS``.
 The log cleaner (``CleanerService``) starts after the group coordinator has created
-``__consumer_offsets``. Idle connections are closed after ``connections.max.idle.ms``.
+``__consumer_offsets``. Idle connections are closed after ``connections.max.idle.ms`` (a frame
+still incomplete after it counts as idle: ``connection``). Connections are accepted by an
+``acceptor.Acceptor`` (``max.connections``, ``max.connections.per.ip``, back-off when out of
+file descriptors); the bytes of received requests are counted broker-wide by a
+``request_memory.RequestMemory`` (``queued.max.request.bytes``).
 SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
 close connections, stop the cleaner threads (cleanings abort at their next chunk), then
 ``LogManager.shutdown()``.
@@ -46,10 +52,12 @@ import signal
 import time
 from pathlib import Path
 
+from headrace.broker.acceptor import Acceptor, RateLimitedLog, listening_socket
 from headrace.broker.cleaner_service import CleanerService
 from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
 from headrace.broker.group_service import GroupService
+from headrace.broker.request_memory import RequestMemory
 from headrace.broker.state import (
     AppendHub,
     BrokerState,
@@ -63,6 +71,7 @@ from headrace.storage.manager import LogManager
 log = logging.getLogger(__name__)
 
 MAINTENANCE_INTERVAL_MS = 1000
+MAINTENANCE_FAILURE_LOG_INTERVAL_MS = 60_000  # a step failing every time: one traceback a minute
 SHUTDOWN_GRACE_MS = 5000
 LISTEN_BACKLOG = 1024
 EVENT_LOOP_ENVIRONMENT_VARIABLE = "HEADRACE_EVENT_LOOP"
@@ -79,7 +88,9 @@ class Broker:
         self.fs = fs
         self.connections: set[KafkaConnection] = set()
         self.state: BrokerState | None = None
-        self._server: asyncio.Server | None = None
+        self._acceptor: Acceptor | None = None
+        self.request_memory = RequestMemory(config.get_int("queued.max.request.bytes"),
+                                            config.get_int("socket.request.max.bytes"))
         self._timers: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -108,14 +119,14 @@ class Broker:
         self.state.cleaner = CleanerService(config, log_manager, self.clock)
         await asyncio.get_running_loop().run_in_executor(None, self.state.cleaner.start)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: KafkaConnection(self.state, self.connections),
-            host,
-            port,
-            reuse_address=True,
-            backlog=LISTEN_BACKLOG,
-        )
-        bound_port = self._server.sockets[0].getsockname()[1]
+        self._acceptor = Acceptor(
+            listening_socket(host, port, LISTEN_BACKLOG), config,
+            lambda on_closed: KafkaConnection(self.state, self.connections, self.request_memory,
+                                              on_closed))
+        self._acceptor.start(loop)
+        config.add_change_listener(
+            lambda _properties: loop.call_soon_threadsafe(self._acceptor.config_changed))
+        bound_port = self._acceptor.port
         if advertised_port == 0:
             self.state.advertised_port = bound_port
         self.port = bound_port
@@ -145,29 +156,35 @@ class Broker:
         once only for a period of Long.MAX (what Kafka's scheduler does) or one not above 0
         (Kafka's runs a negative period once)."""
         period_ms = self.config.get_int(interval_config)
+        failures = RateLimitedLog(log, MAINTENANCE_FAILURE_LOG_INTERVAL_MS)
         await asyncio.sleep(self.config.get_int("log.initial.task.delay.ms") / 1000)
         while True:
             try:
                 await job()
-            except Exception:
-                log.exception("%s failed", name)
+            except Exception as error:  # e.g. out of file descriptors: retried next period
+                failures.event(logging.ERROR, "%s failed: %s", name, error, exc_info=True)
             if period_ms >= LONG_MAX or period_ms <= 0:
                 return
             await asyncio.sleep(period_ms / 1000)
 
     async def _maintenance_loop(self) -> None:
-        state = self.state
+        state, manager = self.state, self.state.log_manager
+        steps = (
+            ("log maintenance", lambda: state.run_append(manager.maintenance,
+                                                         self.clock.now_ms())),
+            ("removing deleted files", lambda: state.run_background(
+                manager.remove_expired_files, self.clock.now_ms())),
+        )
+        failures = {name: RateLimitedLog(log, MAINTENANCE_FAILURE_LOG_INTERVAL_MS)
+                    for name, _ in steps}
         while True:
             await asyncio.sleep(MAINTENANCE_INTERVAL_MS / 1000)
-            try:
-                await state.run_append(state.log_manager.maintenance, self.clock.now_ms())
-            except Exception:
-                log.exception("log maintenance failed")
-            try:
-                await state.run_background(state.log_manager.remove_expired_files,
-                                           self.clock.now_ms())
-            except Exception:
-                log.exception("removing deleted files failed")
+            for name, step in steps:
+                try:
+                    await step()
+                except Exception as error:  # e.g. out of file descriptors: retried next time
+                    failures[name].event(logging.ERROR, "%s failed: %s", name, error,
+                                         exc_info=True)
 
     async def _idle_reaper_loop(self) -> None:
         idle_limit_s = self.config.get_int("connections.max.idle.ms") / 1000
@@ -181,8 +198,8 @@ class Broker:
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, close connections, shut the logs."""
-        if self._server is not None:
-            self._server.close()
+        if self._acceptor is not None:
+            self._acceptor.close()
         for timer in self._timers:
             timer.cancel()
         deadline = time.monotonic() + SHUTDOWN_GRACE_MS / 1000

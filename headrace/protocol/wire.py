@@ -6,11 +6,17 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
   enforcing a frame size limit. ``receive_data(bytes)`` then ``next_frame()``.
 * ``FrameReceiver`` does the same for a socket read with ``recv_into`` (asyncio's
   ``BufferedProtocol``: ``get_buffer()`` then ``buffer_updated(nbytes)``): small frames are
-  copied out of one reused receive buffer; a frame over ``LARGE_FRAME_MIN_BYTES`` gets a
+  copied out of one reused receive buffer (lazily committed too: a connection that only ever
+  exchanged small requests has a page or two of it resident, not ``RECEIVE_BUFFER_BYTES``); a frame over ``LARGE_FRAME_MIN_BYTES`` gets a
   region of its own that the socket fills directly, and is returned as a ``memoryview`` of it
   (no copy: a 1 MB produce request is read once, by the kernel, and never copied again).
-  Regions come from a ``buffers.RegionPool`` per receiver and are reused once nothing
-  references them any more (``SPARE_FRAMES`` kept, each at most ``SPARE_FRAME_MAX_BYTES``).
+  Regions come from a ``buffers.RegionPool`` (the receiver's own, or one the broker shares
+  between connections) and are reused once nothing references them any more
+  (``SPARE_FRAMES`` kept, each at most ``SPARE_FRAME_MAX_BYTES``). They are lazily committed
+  mappings: memory grows with the bytes received, not with the size a frame announces (a
+  client announcing 100 MiB and sending one byte costs one page), while the frame stays one
+  contiguous region that records are viewed in. ``partial_frame_bytes`` counts the bytes of a
+  frame not yet complete.
 * ``decode_request(frame)`` parses the request header (v1: api_key, api_version,
   correlation_id, legacy nullable ``client_id``; v2 adds tagged fields), checks every length
   and count of the body against the frame (``prepass``: kio's native reader allocates from
@@ -86,7 +92,7 @@ from kio.serial.errors import DecodeError  # noqa: E402
 from kio.static.constants import EntityType  # noqa: E402
 
 from headrace.errors import InvalidRequest, UnsupportedVersion  # noqa: E402
-from headrace.protocol.buffers import RegionPool  # noqa: E402
+from headrace.protocol.buffers import RegionPool, lazily_committed_region  # noqa: E402
 from headrace.protocol.prepass import problem_in  # noqa: E402
 
 API_VERSIONS_KEY = 18
@@ -195,16 +201,24 @@ class FrameReceiver:
     ``memoryview`` of a pooled region for frames over ``LARGE_FRAME_MIN_BYTES``. Raises FrameTooLarge or
     MalformedFrame from ``buffer_updated``; the connection cannot continue after that."""
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 large_regions: RegionPool | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._buffer = bytearray(RECEIVE_BUFFER_BYTES)
+        self._buffer = lazily_committed_region(RECEIVE_BUFFER_BYTES)  # pages as touched
         self._buffer_view = memoryview(self._buffer)
         self._start = 0  # first byte not yet taken
         self._end = 0  # end of the received bytes
         self._large: memoryview | None = None  # a large frame being filled
         self._large_filled = 0
         self._frames: deque[bytes | memoryview] = deque()
-        self._large_regions = RegionPool(SPARE_FRAMES, max_kept_region_bytes=SPARE_FRAME_MAX_BYTES)
+        self._large_regions = large_regions or large_frame_region_pool(SPARE_FRAMES)
+
+    @property
+    def partial_frame_bytes(self) -> int:
+        """Bytes received of a frame not yet complete (its length prefix included)."""
+        if self._large is not None:
+            return 4 + self._large_filled
+        return self._end - self._start  # whole frames are always taken out at once
 
     def get_buffer(self, size_hint: int = -1) -> memoryview:
         """Where the socket's next bytes go: the rest of a large frame, else the free tail of
@@ -260,6 +274,14 @@ class FrameReceiver:
         frame = memoryview(self._large_regions.take(size))[:size]
         frame[:len(received)] = received
         self._large, self._large_filled = frame, len(received)
+
+
+def large_frame_region_pool(max_regions: int, max_kept_region_bytes: int = SPARE_FRAME_MAX_BYTES,
+                            max_kept_bytes: int | None = None) -> RegionPool:
+    """A pool of lazily committed regions for large frames, keeping at most ``max_regions``
+    of at most ``max_kept_region_bytes`` each (and ``max_kept_bytes`` in all) for reuse."""
+    return RegionPool(max_regions, max_kept_region_bytes=max_kept_region_bytes,
+                      lazily_committed=True, max_kept_bytes=max_kept_bytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,27 @@ def test_regions_over_the_kept_size_are_handed_out_but_not_kept():
     assert pool.allocated_bytes == 5 * REGION_ROUNDING_BYTES
 
 
+def test_kept_regions_stay_within_max_kept_bytes():
+    pool = RegionPool(max_regions=8, max_kept_bytes=3 * REGION_ROUNDING_BYTES)
+    first, second = pool.take(REGION_ROUNDING_BYTES + 1), pool.take(REGION_ROUNDING_BYTES + 1)
+    first_id = id(first)
+    assert pool.kept_bytes == 2 * REGION_ROUNDING_BYTES  # the second one would exceed it
+    del first, second
+    again = pool.take(REGION_ROUNDING_BYTES + 1)
+    assert id(again) == first_id
+    pool.take(REGION_ROUNDING_BYTES + 1)  # fresh: the second one was not kept
+    assert pool.allocated_bytes == 6 * REGION_ROUNDING_BYTES and pool.kept_bytes == len(again)
+
+
+def test_lazily_committed_regions_are_reused_like_bytearrays():
+    pool = RegionPool(max_regions=1, lazily_committed=True)
+    region = pool.take(100)
+    region_id = id(region)
+    memoryview(region)[:3] = b"abc"
+    del region
+    assert id(pool.take(50)) == region_id and pool.allocated_bytes == REGION_ROUNDING_BYTES
+
+
 def test_concurrent_takers_never_share_a_region():
     pool = RegionPool(max_regions=4)
     taken: list[list[int]] = [[] for _ in range(4)]
