@@ -24,6 +24,7 @@ Not thread-safe: one campaign drives one broker from one thread.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 import subprocess
@@ -49,6 +50,11 @@ DEFAULT_CASE_TIMEOUT_S = 5.0
 DEFAULT_RSS_LIMIT_BYTES = 1024 * 1024 * 1024
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 FUZZ_BROKER_OVERRIDES = {"group.initial.rebalance.delay.ms": "0"}
+UNEXPECTED_ERROR = re.compile(
+    r"unexpected error handling a request from 127\.0\.0\.1:(?P<port>\d+)\n"
+    r"Traceback \(most recent call last\):\n(?:[ \t].*\n)*(?P<error>\S.*)")
+CRASH_LINE = re.compile(r"memory allocation of|panicked at|Fatal Python error|Segmentation|"
+                        r"AddressSanitizer|Aborted")
 
 
 @dataclass
@@ -76,8 +82,38 @@ class BatchReport:
     findings: list[Finding] = field(default_factory=list)
 
 
-class BrokerGone(Exception):
-    """The broker process did not answer a fresh connection."""
+class BrokerLog:
+    """Reads what a broker process appended to its log since the last read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.position = path.stat().st_size if path.exists() else 0
+
+    def new_text(self) -> str:
+        with open(self.path, "rb") as log_file:
+            log_file.seek(self.position)
+            data = log_file.read()
+        self.position += len(data)
+        return data.decode(errors="replace")
+
+
+def handler_exceptions(log_text: str) -> dict[int, str]:
+    """Client port -> the exception line of each "unexpected error handling a request"
+    traceback in ``log_text``."""
+    found: dict[int, str] = {}
+    for match in UNEXPECTED_ERROR.finditer(log_text):
+        found[int(match.group("port"))] = match.group("error").strip()
+    return found
+
+
+def crash_message(log_text: str) -> str:
+    """The line of a dying broker's log that says why (an allocation failure, a panic, a
+    fatal signal), else its last line."""
+    lines = [line for line in log_text.splitlines() if line.strip()]
+    for line in lines:
+        if CRASH_LINE.search(line):
+            return line.strip()
+    return lines[-1].strip() if lines else ""
 
 
 def _receive_exactly(sock: socket.socket, count: int) -> bytes | None:
@@ -106,20 +142,25 @@ def _read_until_sentinel(sock: socket.socket) -> str:
             return "answered"
 
 
-def send_case(port: int, case: FuzzCase, timeout_s: float) -> str:
-    """Send one case on a new connection; its outcome (answered, closed or silent)."""
+def send_case(port: int, case: FuzzCase, timeout_s: float) -> tuple[str, int]:
+    """Send one case on a new connection: its outcome (answered, closed or silent) and the
+    connection's local port (which the broker's log names)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
-        try:
-            if case.length_matches:
-                sock.sendall(case.frame + SENTINEL_FRAME)
-            else:
-                sock.sendall(case.frame)
-                sock.shutdown(socket.SHUT_WR)
-            return _read_until_sentinel(sock)
-        except TimeoutError:
-            return "silent"
-        except (ConnectionResetError, BrokenPipeError):
-            return "closed"
+        return _exchange(sock, case), sock.getsockname()[1]
+
+
+def _exchange(sock: socket.socket, case: FuzzCase) -> str:
+    try:
+        if case.length_matches:
+            sock.sendall(case.frame + SENTINEL_FRAME)
+        else:
+            sock.sendall(case.frame)
+            sock.shutdown(socket.SHUT_WR)
+        return _read_until_sentinel(sock)
+    except TimeoutError:
+        return "silent"
+    except (ConnectionResetError, BrokenPipeError):
+        return "closed"
 
 
 def broker_answers(port: int, timeout_s: float) -> bool:
@@ -198,45 +239,61 @@ class WireCampaign:
         self.restart_after_crash = restart_after_crash
         self.anomaly_classes_seen: set[str] = set()
         out_dir.mkdir(parents=True, exist_ok=True)
+        self.log = BrokerLog(broker.log_path)
         create_health_topic(broker.bootstrap)
 
     def run_batch(self, first_case: int, cases: int) -> BatchReport:
         started = time.monotonic()
         outcomes: Counter[str] = Counter()
         findings: list[Finding] = []
+        case_of_port: dict[int, FuzzCase] = {}
         for index in range(first_case, first_case + cases):
             case = case_frame(self.seed, index)
-            outcome = send_case(self.broker.port, case, self.case_timeout_s)
+            outcome, port = send_case(self.broker.port, case, self.case_timeout_s)
+            case_of_port[port] = case
             outcomes[outcome] += 1
-            finding = self._judge(case, outcome)
-            if finding is not None:
-                findings.append(finding)
-                self._save(finding)
+            findings += self._judge(case, outcome)
+            if findings and findings[-1].kind == "crash":
+                case_of_port.clear()  # the restarted broker's log starts afresh
+        findings += self._handler_exceptions(case_of_port)
+        for finding in findings:
+            self._save(finding)
         rss = resident_bytes(self.broker.pid)
         health_ok = self._healthy(rss)
         return BatchReport(self.seed, first_case, cases, dict(outcomes),
                            sum(f.kind == "crash" for f in findings), rss, health_ok,
                            round(time.monotonic() - started, 3), findings)
 
-    def _judge(self, case: FuzzCase, outcome: str) -> Finding | None:
+    def _judge(self, case: FuzzCase, outcome: str) -> list[Finding]:
         if outcome == "answered":
-            return None
+            return []
         if not broker_answers(self.broker.port, self.case_timeout_s):
             detail = self._broker_exit_detail()
             if self.restart_after_crash:
                 self.broker.restart()
-            return self._finding("crash", case, detail)
+                self.log = BrokerLog(self.broker.log_path)
+            return [self._finding("crash", case, detail)]
         if not case.mutations and case.length_matches:
-            return self._new_class(f"valid_request_{outcome}:{case.api_key}", case)
+            return self._new_class(f"valid_request_{outcome}:{case.api_key}", case, "")
         if outcome == "silent":
-            return self._new_class(f"silent:{case.api_key}:{','.join(case.mutations)}", case)
-        return None
+            return self._new_class(f"silent:{case.api_key}:{','.join(case.mutations)}", case,
+                                   "")
+        return []
 
-    def _new_class(self, anomaly_class: str, case: FuzzCase) -> Finding | None:
+    def _handler_exceptions(self, case_of_port: dict[int, FuzzCase]) -> list[Finding]:
+        findings = []
+        for port, error in handler_exceptions(self.log.new_text()).items():
+            case = case_of_port.get(port)
+            if case is not None:
+                findings += self._new_class(f"handler_exception:{case.api_key}:{error}", case,
+                                            error)
+        return findings
+
+    def _new_class(self, anomaly_class: str, case: FuzzCase, detail: str) -> list[Finding]:
         if anomaly_class in self.anomaly_classes_seen:
-            return None
+            return []
         self.anomaly_classes_seen.add(anomaly_class)
-        return self._finding(anomaly_class.split(":")[0], case, anomaly_class)
+        return [self._finding(anomaly_class.split(":")[0], case, detail or anomaly_class)]
 
     def _finding(self, kind: str, case: FuzzCase, detail: str) -> Finding:
         return Finding(kind, case.seed, case.index, case.api_key, case.api_version,
@@ -247,8 +304,7 @@ class WireCampaign:
             code = self.broker.process.wait(self.case_timeout_s)
         except subprocess.TimeoutExpired:
             code = "none (alive, not answering)"
-        tail = self.broker.log_text().strip().splitlines()[-3:]
-        return f"exit status {code}; log: {' | '.join(tail)}"
+        return f"exit status {code}: {crash_message(self.log.new_text())}"
 
     def _save(self, finding: Finding) -> None:
         path = self.out_dir / f"{finding.kind}-{finding.seed}-{finding.case}.hex"
