@@ -240,22 +240,21 @@ class WireCampaign:
         self.anomaly_classes_seen: set[str] = set()
         out_dir.mkdir(parents=True, exist_ok=True)
         self.log = BrokerLog(broker.log_path)
+        self._case_of_port: dict[int, FuzzCase] = {}  # this batch's cases by client port
         create_health_topic(broker.bootstrap)
 
     def run_batch(self, first_case: int, cases: int) -> BatchReport:
         started = time.monotonic()
         outcomes: Counter[str] = Counter()
         findings: list[Finding] = []
-        case_of_port: dict[int, FuzzCase] = {}
+        self._case_of_port.clear()
         for index in range(first_case, first_case + cases):
             case = case_frame(self.seed, index)
             outcome, port = send_case(self.broker.port, case, self.case_timeout_s)
-            case_of_port[port] = case
+            self._case_of_port[port] = case
             outcomes[outcome] += 1
             findings += self._judge(case, outcome)
-            if findings and findings[-1].kind == "crash":
-                case_of_port.clear()  # the restarted broker's log starts afresh
-        findings += self._handler_exceptions(case_of_port)
+        findings += self._handler_exceptions(self.log.new_text())
         for finding in findings:
             self._save(finding)
         rss = resident_bytes(self.broker.pid)
@@ -268,11 +267,12 @@ class WireCampaign:
         if outcome == "answered":
             return []
         if not broker_answers(self.broker.port, self.case_timeout_s):
-            detail = self._broker_exit_detail()
+            exit_status = self._exit_status()
+            log_text = self.log.new_text()  # the restarted broker appends to the same log
             if self.restart_after_crash:
                 self.broker.restart()
-                self.log = BrokerLog(self.broker.log_path)
-            return [self._finding("crash", case, detail)]
+            return [*self._handler_exceptions(log_text),
+                    self._finding("crash", case, f"{exit_status}: {crash_message(log_text)}")]
         if not case.mutations and case.length_matches:
             return self._new_class(f"valid_request_{outcome}:{case.api_key}", case, "")
         if outcome == "silent":
@@ -280,10 +280,10 @@ class WireCampaign:
                                    "")
         return []
 
-    def _handler_exceptions(self, case_of_port: dict[int, FuzzCase]) -> list[Finding]:
+    def _handler_exceptions(self, log_text: str) -> list[Finding]:
         findings = []
-        for port, error in handler_exceptions(self.log.new_text()).items():
-            case = case_of_port.get(port)
+        for port, error in handler_exceptions(log_text).items():
+            case = self._case_of_port.get(port)
             if case is not None:
                 findings += self._new_class(f"handler_exception:{case.api_key}:{error}", case,
                                             error)
@@ -299,12 +299,11 @@ class WireCampaign:
         return Finding(kind, case.seed, case.index, case.api_key, case.api_version,
                        case.mutations, case.frame.hex(), detail)
 
-    def _broker_exit_detail(self) -> str:
+    def _exit_status(self) -> str:
         try:
-            code = self.broker.process.wait(self.case_timeout_s)
+            return f"exit status {self.broker.process.wait(self.case_timeout_s)}"
         except subprocess.TimeoutExpired:
-            code = "none (alive, not answering)"
-        return f"exit status {code}: {crash_message(self.log.new_text())}"
+            return "alive, not answering"
 
     def _save(self, finding: Finding) -> None:
         path = self.out_dir / f"{finding.kind}-{finding.seed}-{finding.case}.hex"
