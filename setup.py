@@ -1,8 +1,10 @@
-"""Build script for the compiled record kernel; everything else is in pyproject.toml.
+"""Build script for the compiled extensions; everything else is in pyproject.toml.
 
-Owns one setuptools Extension, ``headrace.protocol._kernel``, built from
-``headrace/protocol/_kernel.c`` by ``pip install -e '.[spark,test]'``. The C is plain C11
-against the Python C API: no numpy headers, no third-party libraries.
+Owns two setuptools Extensions, built by ``pip install -e '.[spark,test]'``:
+``headrace.protocol._kernel`` (the record kernel, ``headrace/protocol/_kernel.c``) and
+``headrace.protocol._prepass`` (the request pre-pass's walker,
+``headrace/protocol/_prepass.c``). The C is plain C11 against the Python C API: no numpy
+headers, no third-party libraries.
 """
 
 from setuptools import Extension, setup
@@ -13,4 +15,10 @@ KERNEL = Extension(
     extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 
-setup(ext_modules=[KERNEL])
+PREPASS = Extension(
+    "headrace.protocol._prepass",
+    sources=["headrace/protocol/_prepass.c"],
+    extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+)
+
+setup(ext_modules=[KERNEL, PREPASS])

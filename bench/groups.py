@@ -36,7 +36,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 REPO = Path(__file__).resolve().parent.parent
-PEER_RUNNER = Path("/work/shared/bench/run-peer.sh")
+PEER_RUNNER = Path(__file__).resolve().parents[2] / "shared" / "bench" / "run-peer.sh"
 SCRATCH = Path("/tmp/groups-bench")
 GROUP_MEMBERS = 10
 TIMEOUT_S = 60

@@ -9,7 +9,7 @@ Both loops run with the same librdkafka settings (the ParallelConsumer's default
 LIBRDKAFKA_CONFIG_DEFAULTS, are given to the plain loop too). Each topic holds TAIL_FRACTION more
 records than either loop counts, so neither ends on a consume() waiting out its timeout for a
 batch the topic cannot fill. Prints one JSON line and one markdown row. Run against any broker, e.g. the Tansu peer:
-  /work/shared/bench/run-peer.sh -- sh -c '.venv/bin/python bench/parallel_consumer.py --bootstrap $BOOTSTRAP'
+  ../shared/bench/run-peer.sh -- sh -c '.venv/bin/python bench/parallel_consumer.py --bootstrap $BOOTSTRAP'
 Scratch: topics named pcbench-*; nothing on disk.
 """
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # run-headrace.sh — start headrace on a free 127.0.0.1 port with a fresh data directory, run
 # kbench.py against it, stop headrace (SIGTERM, clean shutdown), print kbench's JSON line.
-# Same contract as /work/shared/bench/run-peer.sh:
+# Same contract as ../shared/bench/run-peer.sh:
 #
 #   ./run-headrace.sh [kbench args...]     e.g. ./run-headrace.sh --records 500000 --acks all
 #   ./run-headrace.sh -- CMD [ARGS...]     run any command; $BOOTSTRAP and $BROKER_PID exported
 #
-# Env: BENCH_SCRATCH (default /tmp/bench-eval), KBENCH (default /work/shared/bench/kbench.py),
+# Env: BENCH_SCRATCH (default /tmp/bench-eval), KBENCH (default ../shared/bench/kbench.py),
 #      PYTHON (default the repository's .venv python), TIME_V=1 wraps the client in time -v,
 #      HEADRACE_OVERRIDES: extra "key=value key=value" broker overrides,
 #      HEADRACE_EVENT_LOOP=uvloop runs the broker on uvloop (default: asyncio's own loop).
@@ -17,7 +17,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
 SCRATCH="${BENCH_SCRATCH:-/tmp/bench-eval}"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
-KBENCH="${KBENCH:-/work/shared/bench/kbench.py}"
+KBENCH="${KBENCH:-$REPO/../shared/bench/kbench.py}"
 mkdir -p "$SCRATCH"
 
 PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"

@@ -8,7 +8,7 @@ yield a ``BrokerProcess`` with ``.bootstrap`` ("127.0.0.1:PORT"), ``.port``, ``.
 
 ``tansu_peer(log_dir)`` runs the Tansu peer (a broker we did not write, in memory) for the
 suites that can also run against it (HEADRACE_TEST_PEER=tansu): the binary is the one
-/work/shared/bench/run-peer.sh unpacks (fetched by it on first use; TANSU_BIN overrides).
+../shared/bench/run-peer.sh unpacks (fetched by it on first use; TANSU_BIN overrides).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
-PEER_SCRIPT = Path("/work/shared/bench/run-peer.sh")
+PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "run-peer.sh"
 PEER_SCRATCH_DIR = Path(os.environ.get("BENCH_SCRATCH", "/tmp/bench-eval"))
 
 

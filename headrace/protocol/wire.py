@@ -12,7 +12,9 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
   Regions come from a ``buffers.RegionPool`` per receiver and are reused once nothing
   references them any more (``SPARE_FRAMES`` kept, each at most ``SPARE_FRAME_MAX_BYTES``).
 * ``decode_request(frame)`` parses the request header (v1: api_key, api_version,
-  correlation_id, legacy nullable ``client_id``; v2 adds tagged fields) and the body into
+  correlation_id, legacy nullable ``client_id``; v2 adds tagged fields), checks every length
+  and count of the body against the frame (``prepass``: kio's native reader allocates from
+  them unchecked, and accepts a null where the schema has none), then decodes the body into
   kio's frozen dataclass for that API key and version -- except Produce (key 0, versions
   3-12), decoded by hand into ``ProduceRequest`` whose records are read-only memoryviews of
   the frame (kio would copy every partition's records; the log writes them from the frame)::
@@ -85,6 +87,7 @@ from kio.static.constants import EntityType  # noqa: E402
 
 from headrace.errors import InvalidRequest, UnsupportedVersion  # noqa: E402
 from headrace.protocol.buffers import RegionPool  # noqa: E402
+from headrace.protocol.prepass import problem_in  # noqa: E402
 
 API_VERSIONS_KEY = 18
 PRODUCE_KEY = 0
@@ -337,11 +340,16 @@ def _payload_class(api_key: int, api_version: int, entity_type: EntityType) -> t
 
 
 def decode_request(frame: bytes | bytearray | memoryview) -> Request:
-    """Parse a whole request frame (without its length prefix)."""
+    """Parse a whole request frame (without its length prefix). Every length and count in
+    the body is checked by the pre-pass (``prepass``) before any decoder reads it; a
+    malformed body raises MalformedFrame."""
     header, position = parse_request_header(frame)
     body_class = request_class(header.api_key, header.api_version)
     if body_class.__flexible__:
         position = skip_tagged_fields(frame, position)
+    problem = problem_in(body_class, frame, position)
+    if problem is not None:
+        raise MalformedFrame(problem)
     if header.api_key == PRODUCE_KEY and header.api_version in HAND_DECODED_PRODUCE_VERSIONS:
         return Request(header, _ProduceReader(frame, position, body_class.__flexible__).request())
     if type(frame) is not bytes:  # a large frame's own buffer: kio's fields must be bytes

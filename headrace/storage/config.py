@@ -11,7 +11,7 @@ of -1 for ``log.retention.ms`` means unlimited, as in Kafka.
 
 Persisted form: ``to_properties`` / the overrides dict are Java-properties text
 (``key=value`` lines) written by the log manager to
-``<first log dir>/__topic_configs/<topic>.properties``.
+``<first log dir>/__topic_configs/<topic>``.
 
 Errors: ``InvalidConfig("Invalid value -5 for configuration retention.ms: ...")``, naming the
 key and the value, for unknown keys and bad values. Pure data; thread-safe.

@@ -125,10 +125,12 @@ class RealFileSystem:
             os.close(fd)
 
 
-def write_file_atomically(fs: FileSystem, path: Path, content: bytes) -> None:
+def write_file_atomically(fs: FileSystem, path: Path, content: bytes,
+                          tmp_suffix: str = ".tmp") -> None:
     """Write ``content`` to ``path`` so that a crash leaves either the old or the new file:
-    write a ``.tmp`` sibling, fsync it, rename it over ``path``, fsync the directory."""
-    tmp_path = path.with_name(path.name + ".tmp")
+    write a sibling named ``path`` + ``tmp_suffix``, fsync it, rename it over ``path``, fsync
+    the directory."""
+    tmp_path = path.with_name(path.name + tmp_suffix)
     fd = fs.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         fs.write(fd, content)

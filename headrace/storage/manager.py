@@ -10,13 +10,20 @@ On-disk layout of each data directory (Kafka's, plus one headrace file)::
                                                 "version: 0\\ntopic_id: <base64url uuid>\\n"
     <log.dir>/<topic>-<partition>.<uuid hex>-delete/
                                                 a deleted partition, removed after
-                                                log.segment.delete.delay.ms
+                                                log.segment.delete.delay.ms; the topic
+                                                is cut short so the name fits in
+                                                255 bytes (Kafka's LocalLog does the same)
     <log.dir>/recovery-point-offset-checkpoint  see ``checkpoint``
     <log.dir>/log-start-offset-checkpoint
     <log.dir>/.headrace_cleanshutdown            written last by ``shutdown``; present at
                                                 start-up means no recovery scan is needed
-    <first log.dir>/__topic_configs/<topic>.properties
-                                                the topic's config overrides, key=value lines
+    <first log.dir>/__topic_configs/<topic>     the topic's config overrides, key=value
+                                                lines, written through ``<topic>~``; a
+                                                249-character name (Kafka's limit) leaves
+                                                no room for an extension in 255 bytes, and
+                                                "~" is in no topic name. Files of the
+                                                older ``<topic>.properties`` form are
+                                                renamed at start-up.
 
 Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
 ``partition.metadata`` files, then of the new directories and once of each log directory)
@@ -83,6 +90,9 @@ TOPIC_CONFIGS_DIR = "__topic_configs"
 PARTITION_METADATA = "partition.metadata"
 DELETE_DIR_SUFFIX = "-delete"
 MAX_TOPIC_NAME_LENGTH = 249
+MAX_FILE_NAME_BYTES = 255  # NAME_MAX of Linux file systems, and Kafka's assumption
+TOPIC_CONFIG_TMP_SUFFIX = "~"
+LEGACY_TOPIC_CONFIG_SUFFIX = ".properties"
 _LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 CREATION_FSYNC_THREADS = 8
@@ -107,6 +117,13 @@ def validate_topic_name(name: str) -> None:
     if not _LEGAL_TOPIC_NAME.match(name):
         raise InvalidTopic(f"Topic name '{name}' is illegal, it contains a character other than "
                            "ASCII alphanumerics, '.', '_' and '-'")
+
+
+def deleted_dir_name(topic: str, partition: int) -> str:
+    """``<topic>-<partition>.<uuid hex>-delete``, the topic cut short to fit the name in
+    MAX_FILE_NAME_BYTES (as Kafka names a deleted log's directory)."""
+    suffix = f"-{partition}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+    return topic[: MAX_FILE_NAME_BYTES - len(suffix)] + suffix
 
 
 def encode_topic_id(topic_id: uuid.UUID) -> str:
@@ -156,11 +173,11 @@ class LogManager:
             if not self.fs.exists(self._configs_dir):
                 self.fs.mkdir(self._configs_dir)
                 self.fs.fsync_dir(self.log_dirs[0])
-            overrides_by_topic = self._load_topic_configs()
             found: dict[str, dict[int, tuple[Path, uuid.UUID | None]]] = {}
             for log_dir in self.log_dirs:
                 self.fs.mkdir(log_dir)
                 self._scan_log_dir(log_dir, found)
+            overrides_by_topic = self._overrides_by_topic(list(found))
             for topic, partitions in found.items():
                 self._load_topic(topic, partitions, overrides_by_topic.get(topic, {}))
             for log_dir in self.log_dirs:
@@ -170,12 +187,35 @@ class LogManager:
                     self.fs.fsync_dir(log_dir)
 
     def _load_topic_configs(self) -> dict[str, dict[str, str]]:
+        """Every topic's overrides by file name; a write a crash interrupted is removed."""
         configs = {}
         for name in self.fs.listdir(self._configs_dir):
-            if name.endswith(".properties"):
-                text = read_whole_file(self.fs, self._configs_dir / name).decode()
-                configs[name[: -len(".properties")]] = parse_properties_text(text)
+            path = self._configs_dir / name
+            if name.endswith(TOPIC_CONFIG_TMP_SUFFIX):
+                self.fs.remove(path)
+            elif _LEGAL_TOPIC_NAME.match(name):
+                configs[name] = parse_properties_text(read_whole_file(self.fs, path).decode())
         return configs
+
+    def _overrides_by_topic(self, topics: list[str]) -> dict[str, dict[str, str]]:
+        """Each topic's overrides. A topic without a file ``<topic>`` has its file in the
+        older ``<topic>.properties`` form, renamed to ``<topic>`` here; shorter names go
+        first, so file ``a.properties`` is topic ``a``'s older file when ``a`` has no
+        other, whether or not a topic ``a.properties`` exists."""
+        configs = self._load_topic_configs()
+        overrides: dict[str, dict[str, str]] = {}
+        older_files: set[str] = set()
+        for topic in sorted(topics, key=len):
+            older_file = topic + LEGACY_TOPIC_CONFIG_SUFFIX
+            if topic in configs and topic not in older_files:
+                overrides[topic] = configs[topic]
+            elif older_file in configs:
+                overrides[topic] = configs[older_file]
+                older_files.add(older_file)
+                self.fs.rename(self._configs_dir / older_file, self._configs_dir / topic)
+        if older_files:
+            self.fs.fsync_dir(self._configs_dir)
+        return overrides
 
     def _scan_log_dir(self, log_dir: Path, found: dict) -> None:
         clean = self.fs.exists(log_dir / CLEAN_SHUTDOWN_MARKER)
@@ -257,8 +297,9 @@ class LogManager:
                 raise InvalidTopic(f"Topic '{name}' collides with existing topic: {existing}")
 
     def _write_topic_config(self, name: str, overrides: dict[str, str]) -> None:
-        write_file_atomically(self.fs, self._configs_dir / f"{name}.properties",
-                              format_properties_text(overrides).encode())
+        write_file_atomically(self.fs, self._configs_dir / name,
+                              format_properties_text(overrides).encode(),
+                              tmp_suffix=TOPIC_CONFIG_TMP_SUFFIX)
 
     def _create_partitions(self, info: TopicInfo, partitions: range) -> None:
         """Create the partitions' directories, ``partition.metadata`` files and first segments,
@@ -325,12 +366,12 @@ class LogManager:
                 log = logs.pop((name, partition))
                 log.stop_cleaning()  # before the rename: no cleaner may write into the old path
                 log_dir = self._log_dir_of.pop((name, partition))
-                target = log_dir / f"{name}-{partition}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+                target = log_dir / deleted_dir_name(name, partition)
                 self.fs.rename(log.dir, target)
                 self.fs.fsync_dir(log_dir)
                 self._pending_dir_deletions.append((due_ms, target, [log]))
             self._logs = logs
-            config_path = self._configs_dir / f"{name}.properties"
+            config_path = self._configs_dir / name
             if self.fs.exists(config_path):
                 self.fs.remove(config_path)
             topics = dict(self._topics)

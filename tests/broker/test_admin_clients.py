@@ -280,3 +280,57 @@ def test_aiokafka_admin_client(broker):
             await client.close()
 
     asyncio.run(exercise())
+
+
+def test_a_249_character_topic_works_with_two_clients_and_250_is_refused(broker, admin):
+    from confluent_kafka import Consumer
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import TopicPartition as KTopicPartition
+    from kafka.admin import ConfigResource as KpConfigResource
+    from kafka.admin import ConfigResourceType, KafkaAdminClient
+    from kafka.admin import NewTopic as KpNewTopic
+    from kafka.errors import InvalidTopicError
+
+    name = _name("longest").ljust(249, "x")  # Kafka's longest legal name
+    _create(admin, NewTopic(name, 2, 1, config={"retention.ms": "80000"}))[name].result(
+        timeout=REQUEST_TIMEOUT_S)
+    kp_producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    kp_producer.send(name, b"from kafka-python", partition=1).get(REQUEST_TIMEOUT_S)
+    kp_producer.close()
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer.produce(name, b"from confluent-kafka", partition=1)
+    assert producer.flush(REQUEST_TIMEOUT_S) == 0
+    expected = [b"from kafka-python", b"from confluent-kafka"]
+
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": _name("longest"),
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(name, 1, 0)])
+    consumed = [m.value() for m in consumer.consume(2, timeout=REQUEST_TIMEOUT_S)]
+    consumer.close()
+    assert consumed == expected
+    kp_consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False,
+                                consumer_timeout_ms=5000)
+    kp_consumer.assign([KTopicPartition(name, 1)])
+    kp_consumer.seek_to_beginning()
+    assert [m.value for m in kp_consumer] == expected
+    kp_consumer.close()
+
+    resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=[ConfigEntry(
+        "retention.ms", "90000", incremental_operation=AlterConfigOpType.SET)])
+    next(iter(admin.incremental_alter_configs([resource]).values())).result(
+        timeout=REQUEST_TIMEOUT_S)
+    client = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        described = client.describe_configs(
+            [KpConfigResource(ConfigResourceType.TOPIC, name)])["topic"][name]
+        assert described["retention.ms"]["value"] == "90000"
+        client.delete_topics([name])
+        assert name not in client.list_topics()
+        too_long = _name("refused").ljust(250, "x")
+        with pytest.raises(InvalidTopicError):
+            client.create_topics([KpNewTopic(too_long, 1, 1)])
+    finally:
+        client.close()
+    assert _error_code(_create(admin, NewTopic(too_long, 1, 1))[too_long]) == (
+        KafkaError.TOPIC_EXCEPTION)
+    assert name not in admin.list_topics(timeout=REQUEST_TIMEOUT_S).topics

@@ -2,7 +2,7 @@
 
 ``bootstrap`` is the only place that starts a broker: by default a headrace broker process
 (tests/conftest.py's BrokerProcess) that allows the short session timeouts these tests use;
-HEADRACE_TEST_PEER=tansu runs the Tansu peer (see /work/shared/bench/README.md) instead, a
+HEADRACE_TEST_PEER=tansu runs the Tansu peer (see ../shared/bench/README.md) instead, a
 broker we did not write. Scratch files live under /tmp/parallel-consumer/.
 """
 

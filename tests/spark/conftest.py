@@ -2,7 +2,7 @@
 
 ``bootstrap`` is the only place that chooses the broker: by default headrace's own broker
 process (the session ``broker`` fixture of tests/conftest.py); HEADRACE_TEST_PEER=tansu runs
-the Tansu peer instead (/work/shared/bench/run-peer.sh fetches it on first use; TANSU_BIN
+the Tansu peer instead (../shared/bench/run-peer.sh fetches it on first use; TANSU_BIN
 overrides the binary), a broker we did not write; HEADRACE_TEST_BOOTSTRAP=host:port uses a
 cluster that is already running.
 Tansu reports a high watermark of (last batch's first offset + 1), so ``append`` sends the last

@@ -278,3 +278,43 @@ def test_a_config_change_being_persisted_holds_neither_appends_nor_maintenance(s
     restarted = start([scratch], clock)
     assert restarted.get_log("t", 0).config.compact_enabled
     restarted.shutdown()
+
+
+LONGEST_TOPIC = "t" * 249  # Kafka's limit
+
+
+def test_a_249_character_topic_is_created_configured_restarted_and_deleted(scratch, clock):
+    manager = start([scratch], clock, log_segment_delete_delay_ms="0")
+    manager.create_topic(LONGEST_TOPIC, 2, {"retention.ms": "60000"})
+    manager.get_log(LONGEST_TOPIC, 1).append(build_batch([b"v"]), clock.now_ms())
+    manager.alter_topic_config(LONGEST_TOPIC, {"retention.ms": "120000"})
+    manager.shutdown()
+    manager = start([scratch], clock, log_segment_delete_delay_ms="0")
+    assert manager.topic(LONGEST_TOPIC).config.retention_ms == 120000
+    assert manager.get_log(LONGEST_TOPIC, 1).log_end_offset == 1
+    manager.delete_topic(LONGEST_TOPIC)
+    deleted = [p.name for p in scratch.iterdir() if p.name.endswith("-delete")]
+    assert len(deleted) == 2 and all(len(name) == 255 for name in deleted)
+    assert not (scratch / TOPIC_CONFIGS_DIR / LONGEST_TOPIC).exists()
+    manager.remove_expired_files(clock.now_ms())
+    assert not [p for p in scratch.iterdir() if p.name.endswith("-delete")]
+    with pytest.raises(InvalidTopic):
+        manager.create_topic("t" * 250, 1, {})
+    manager.shutdown()
+
+
+def test_topic_configs_of_the_older_properties_form_are_renamed_at_start_up(scratch, clock):
+    manager = start([scratch], clock)
+    manager.create_topic("orders", 1, {"retention.ms": "60000"})
+    manager.create_topic("orders.properties", 1, {"retention.ms": "70000"})
+    manager.shutdown()
+    configs = scratch / TOPIC_CONFIGS_DIR
+    (configs / "orders").rename(configs / "orders.properties.tmp")  # the older layout, by hand
+    (configs / "orders.properties").rename(configs / "orders.properties.properties")
+    (configs / "orders.properties.tmp").rename(configs / "orders.properties")
+    (configs / "orders~").write_bytes(b"retention.ms=1\n")  # a write a crash cut short
+    manager = start([scratch], clock)
+    assert manager.topic("orders").config.retention_ms == 60000
+    assert manager.topic("orders.properties").config.retention_ms == 70000
+    assert sorted(p.name for p in configs.iterdir()) == ["orders", "orders.properties"]
+    manager.shutdown()
