@@ -27,7 +27,7 @@ test: install system-deps
 	$(BIN)/pytest
 	./scripts/kernel-asan.sh $(BIN)/python
 
-# The C kernel built with AddressSanitizer + UBSan (build/kernel-asan/), its tests run on it.
+# The C extensions built with AddressSanitizer + UBSan (build/kernel-asan/), their tests run on them.
 kernel-asan: install
 	./scripts/kernel-asan.sh $(BIN)/python
 
