@@ -14,7 +14,8 @@ batches in ``records`` fields, boundary integers now and then), builds it with
 * ``int``: a fixed-width integer, ``value``: any other primitive.
 
 The header (api key, api version, correlation id, client id length) has spans too.
-``mutate(rng, request)`` applies one to three mutations: counts and lengths replaced by
+``mutate(rng, request)`` applies one to three mutations (the spans place the first; later
+ones land anywhere): counts and lengths replaced by
 boundary values (-2, -1, 0, N+1, 2**31-1, 2**32-1 as a varint...), varints overlong or
 unterminated, tagged sections replaced by unknown, duplicate, oversized or truncated tags,
 truncation (at a field boundary or anywhere), appended bytes, bit flips, boundary bytes,
@@ -51,6 +52,7 @@ from headrace.protocol import wire
 from headrace.protocol.records import build_batch
 
 FRAME_LENGTH_BYTES = 4
+UVARINT_MASK = (1 << 64) - 1
 MAX_ARRAY_ITEMS = 3
 CLIENT_ID = "fuzz"
 TOPIC_NAMES = ("fuzz-a", "fuzz-b", "__consumer_offsets", "")
@@ -240,13 +242,8 @@ class _SpanWriter:
 
 
 def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    value &= (1 << 64) - 1
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    """An unsigned varint; a negative value as its 64-bit two's complement (10 bytes)."""
+    return wire._write_uvarint(value & UVARINT_MASK)
 
 
 def _header(api_key: int, api_version: int, correlation_id: int,
