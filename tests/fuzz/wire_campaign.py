@@ -11,8 +11,10 @@ for a request it cannot parse) or ``silent`` (nothing within ``case_timeout_s``)
 is a crash: its frame is saved as hex under ``out_dir`` (``crash-<seed>-<case>.hex``) and
 the broker is restarted so the campaign goes on.
 
-Anomalies that are not crashes are kept too, one reproducer per class: an unmutated
-(valid) request whose connection is closed or never answered, and a ``silent`` case.
+Anomalies that are not crashes are kept too, one reproducer per class: a handler's
+traceback in the broker's log (matched to the case by the client port the log names; cases
+run one at a time), an unmutated (valid) request whose connection is closed or never
+answered, and a ``silent`` case.
 
 After each batch: the process is alive, its resident memory (``VmRSS`` of
 ``/proc/<pid>/status``) is under ``rss_limit_bytes``, and a confluent-kafka producer and
@@ -80,6 +82,7 @@ class BatchReport:
     health_ok: bool
     seconds: float
     findings: list[Finding] = field(default_factory=list)
+    health_error: str = ""
 
 
 class BrokerLog:
@@ -240,30 +243,29 @@ class WireCampaign:
         self.anomaly_classes_seen: set[str] = set()
         out_dir.mkdir(parents=True, exist_ok=True)
         self.log = BrokerLog(broker.log_path)
-        self._case_of_port: dict[int, FuzzCase] = {}  # this batch's cases by client port
         create_health_topic(broker.bootstrap)
 
     def run_batch(self, first_case: int, cases: int) -> BatchReport:
         started = time.monotonic()
         outcomes: Counter[str] = Counter()
         findings: list[Finding] = []
-        self._case_of_port.clear()
         for index in range(first_case, first_case + cases):
             case = case_frame(self.seed, index)
             outcome, port = send_case(self.broker.port, case, self.case_timeout_s)
-            self._case_of_port[port] = case
             outcomes[outcome] += 1
-            findings += self._judge(case, outcome)
-        findings += self._handler_exceptions(self.log.new_text())
+            findings += self._judge(case, outcome, port)
         for finding in findings:
             self._save(finding)
         rss = resident_bytes(self.broker.pid)
-        health_ok = self._healthy(rss)
+        health_error = self._health_error(rss)
         return BatchReport(self.seed, first_case, cases, dict(outcomes),
-                           sum(f.kind == "crash" for f in findings), rss, health_ok,
-                           round(time.monotonic() - started, 3), findings)
+                           sum(f.kind == "crash" for f in findings), rss, not health_error,
+                           round(time.monotonic() - started, 3), findings, health_error)
 
-    def _judge(self, case: FuzzCase, outcome: str) -> list[Finding]:
+    def _judge(self, case: FuzzCase, outcome: str, port: int) -> list[Finding]:
+        """Findings of a case just sent from ``port``: cases run one at a time, and the
+        broker logs a handler's traceback before it closes the connection, so what the log
+        says about ``port`` by now is about this case."""
         if outcome == "answered":
             return []
         if not broker_answers(self.broker.port, self.case_timeout_s):
@@ -271,23 +273,21 @@ class WireCampaign:
             log_text = self.log.new_text()  # the restarted broker appends to the same log
             if self.restart_after_crash:
                 self.broker.restart()
-            return [*self._handler_exceptions(log_text),
+            return [*self._handler_exception(case, port, log_text),
                     self._finding("crash", case, f"{exit_status}: {crash_message(log_text)}")]
+        findings = self._handler_exception(case, port, self.log.new_text())
         if not case.mutations and case.length_matches:
-            return self._new_class(f"valid_request_{outcome}:{case.api_key}", case, "")
+            findings += self._new_class(f"valid_request_{outcome}:{case.api_key}", case, "")
         if outcome == "silent":
-            return self._new_class(f"silent:{case.api_key}:{','.join(case.mutations)}", case,
-                                   "")
-        return []
-
-    def _handler_exceptions(self, log_text: str) -> list[Finding]:
-        findings = []
-        for port, error in handler_exceptions(log_text).items():
-            case = self._case_of_port.get(port)
-            if case is not None:
-                findings += self._new_class(f"handler_exception:{case.api_key}:{error}", case,
-                                            error)
+            findings += self._new_class(f"silent:{case.api_key}:{','.join(case.mutations)}",
+                                        case, "")
         return findings
+
+    def _handler_exception(self, case: FuzzCase, port: int, log_text: str) -> list[Finding]:
+        error = handler_exceptions(log_text).get(port)
+        if error is None:
+            return []
+        return self._new_class(f"handler_exception:{case.api_key}:{error}", case, error)
 
     def _new_class(self, anomaly_class: str, case: FuzzCase, detail: str) -> list[Finding]:
         if anomaly_class in self.anomaly_classes_seen:
@@ -309,14 +309,17 @@ class WireCampaign:
         path = self.out_dir / f"{finding.kind}-{finding.seed}-{finding.case}.hex"
         path.write_text(finding.frame_hex + "\n")
 
-    def _healthy(self, rss: int) -> bool:
-        if self.broker.process.poll() is not None or rss == 0 or rss > self.rss_limit_bytes:
-            return False
+    def _health_error(self, rss: int) -> str:
+        """Why the broker is unhealthy after a batch, or "" if it is not."""
+        if self.broker.process.poll() is not None or rss == 0:
+            return f"broker exited with {self.broker.process.poll()}"
+        if rss > self.rss_limit_bytes:
+            return f"RSS {rss} bytes over the limit of {self.rss_limit_bytes}"
         try:
             client_round_trip(self.broker.bootstrap)
-        except Exception:  # any client failure is an unhealthy broker
-            return False
-        return True
+        except Exception as error:  # any client failure is an unhealthy broker
+            return f"confluent-kafka round trip failed: {error!r}"
+        return ""
 
 
 def report_line(report: BatchReport) -> str:
