@@ -12,6 +12,12 @@ Exit status 1 when any crash was found (the goal is 0).
 
 Replay one case: ``--first-case 1234 --cases 1``.
 
+``--record-client-requests`` instead rewrites tests/fuzz/client_requests.txt, the seeds
+captured from real clients: confluent-kafka, kafka-python and aiokafka produce and consume
+in a group through a recording proxy (tests/fuzz/recording_proxy.py) in front of a broker
+that advertises the proxy; the frames of advertised keys and versions are kept, at most
+``RECORDED_PER_VERSION`` of each.
+
     .venv/bin/python bench/fuzz_wire.py --cases 20000 --seed 7 [--batch 500] [--dir DIR]
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import struct
 import sys
 import tempfile
 import time
@@ -26,7 +33,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.conftest import BrokerProcess  # noqa: E402
+from tests.conftest import BrokerProcess, free_port  # noqa: E402
+from tests.fuzz.recording_proxy import (  # noqa: E402
+    CLIENT_REQUESTS_PATH,
+    RecordingProxy,
+    capture_client_requests,
+)
 from tests.fuzz.wire_campaign import (  # noqa: E402
     DEFAULT_CASE_TIMEOUT_S,
     DEFAULT_RSS_LIMIT_BYTES,
@@ -34,10 +46,41 @@ from tests.fuzz.wire_campaign import (  # noqa: E402
     WireCampaign,
     report_line,
 )
+from tests.fuzz.wire_cases import advertised_versions  # noqa: E402
+
+RECORDED_PER_VERSION = 3
+
+
+def record_client_requests(work_dir: Path) -> int:
+    proxy_port = free_port()
+    data_dir = work_dir / "record-data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    broker = BrokerProcess(data_dir, {**FUZZ_BROKER_OVERRIDES,
+                                      "advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy_port}"})
+    broker.start()
+    proxy = RecordingProxy(proxy_port, broker.port)
+    try:
+        capture_client_requests(f"127.0.0.1:{proxy_port}")
+    finally:
+        proxy.close()
+        broker.stop()
+    kept: dict[tuple[int, int], list[bytes]] = {}
+    for frame in proxy.frames:
+        api_key, api_version = struct.unpack_from(">hh", frame, 4)
+        if (api_key, api_version) in set(advertised_versions()):
+            same = kept.setdefault((api_key, api_version), [])
+            if len(same) < RECORDED_PER_VERSION and frame not in same:
+                same.append(frame)
+    lines = [frame.hex() for _, frames in sorted(kept.items()) for frame in frames]
+    CLIENT_REQUESTS_PATH.write_text("\n".join(lines) + "\n")
+    print(json.dumps({"recorded": len(proxy.frames), "kept": len(lines),
+                      "versions": sorted(kept), "path": str(CLIENT_REQUESTS_PATH)}))
+    return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record-client-requests", action="store_true")
     parser.add_argument("--cases", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--first-case", type=int, default=0)
@@ -47,6 +90,8 @@ def main() -> int:
     parser.add_argument("--case-timeout-s", type=float, default=DEFAULT_CASE_TIMEOUT_S)
     args = parser.parse_args()
     work_dir = args.dir or Path(tempfile.mkdtemp(prefix="fuzz-wire-"))
+    if args.record_client_requests:
+        return record_client_requests(work_dir)
     data_dir = work_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     broker = BrokerProcess(data_dir, FUZZ_BROKER_OVERRIDES)

@@ -10,12 +10,14 @@ import random
 import pytest
 
 from tests.conftest import _start
+from tests.fuzz.recording_proxy import load_client_requests
 from tests.fuzz.wire_campaign import FUZZ_BROKER_OVERRIDES, WireCampaign
 from tests.fuzz.wire_cases import (
     advertised_versions,
     case_frame,
     kio_encoding,
     mutate,
+    recorded_request,
     valid_request,
 )
 
@@ -24,6 +26,8 @@ FUZZ_CASES = 3000
 BATCH_CASES = 1000
 RSS_LIMIT_BYTES = 512 * 1024 * 1024
 MUTATION_SAMPLES = 400
+RECORDED_FRAMES_AT_LEAST = 30
+RECORDED_EMPTY_BODIES = 2  # ApiVersions v0 (librdkafka's first request)
 
 
 @pytest.fixture
@@ -39,6 +43,17 @@ def test_generated_requests_encode_as_kio_does(api_key, api_version):
         request = valid_request(random.Random(sample), api_key, api_version)
         assert kio_encoding(api_key, api_version, request.frame) == request.frame
         assert all(span.end <= len(request.frame) for span in request.spans)
+
+
+def test_recorded_client_requests_are_seeds_with_field_spans():
+    frames = load_client_requests()
+    assert len(frames) >= RECORDED_FRAMES_AT_LEAST  # three clients' produce/consume/commit
+    with_body_spans = 0
+    for frame in frames:
+        request = recorded_request(frame)
+        assert request is not None and request.frame == frame
+        with_body_spans += any(span.kind in ("count", "length") for span in request.spans)
+    assert with_body_spans >= len(frames) - RECORDED_EMPTY_BODIES
 
 
 def test_cases_replay_from_seed_and_index():

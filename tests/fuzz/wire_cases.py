@@ -50,10 +50,12 @@ from kio.serial._serialize import get_field_writer
 from headrace.broker.handlers import HANDLERS
 from headrace.protocol import wire
 from headrace.protocol.records import build_batch
+from tests.fuzz.recording_proxy import load_client_requests
 
 FRAME_LENGTH_BYTES = 4
 UVARINT_MASK = (1 << 64) - 1
 MAX_ARRAY_ITEMS = 3
+RECORDED_SHARE = 0.25  # of cases that start from a request a real client sent
 CLIENT_ID = "fuzz"
 TOPIC_NAMES = ("fuzz-a", "fuzz-b", "__consumer_offsets", "")
 GROUP_IDS = ("fuzz-group", "")
@@ -251,13 +253,19 @@ def _header(api_key: int, api_version: int, correlation_id: int,
     client_id = CLIENT_ID.encode()
     header = struct.pack(">hhih", api_key, api_version, correlation_id, len(client_id))
     header += client_id + (b"\x00" if flexible else b"")
+    return header, _header_spans(header, flexible)
+
+
+def _header_spans(header: bytes, flexible: bool) -> list[Span]:
     base = FRAME_LENGTH_BYTES
     spans = [Span("api_key", base, base + 2), Span("api_version", base + 2, base + 4),
              Span("correlation_id", base + 4, base + 8),
              Span("client_id_length", base + 8, base + 10)]
     if flexible:
-        spans.append(Span("tagged", base + len(header) - 1, base + len(header), True))
-    return header, spans
+        (client_id_length,) = struct.unpack_from(">h", header, 8)
+        tagged_start = base + 10 + max(client_id_length, 0)
+        spans.append(Span("tagged", tagged_start, base + len(header), True))
+    return spans
 
 
 def valid_request(rng: random.Random, api_key: int, api_version: int,
@@ -267,12 +275,44 @@ def valid_request(rng: random.Random, api_key: int, api_version: int,
     entity = wire.build(request_class, _random_values(rng, request_class))
     flexible = request_class.__flexible__
     header, spans = _header(api_key, api_version, correlation_id, flexible)
+    return _with_body(api_key, api_version, header, spans, entity)
+
+
+def _with_body(api_key: int, api_version: int, header: bytes, header_spans: list[Span],
+               entity) -> WireRequest:
     buffer = io.BytesIO()
     writer = _SpanWriter(buffer, FRAME_LENGTH_BYTES + len(header))
-    writer.entity(entity, flexible)
+    writer.entity(entity, entity.__flexible__)
     payload = header + buffer.getvalue()
     frame = struct.pack(">i", len(payload)) + payload
-    return WireRequest(api_key, api_version, frame, tuple(spans + writer.spans))
+    return WireRequest(api_key, api_version, frame, tuple(header_spans + writer.spans))
+
+
+def recorded_request(frame: bytes) -> WireRequest | None:
+    """A frame a real client sent (``recording_proxy``) with the spans of its fields: its
+    body decoded with kio and written again by the span writer. A body that does not come
+    out the same (tagged fields with values, trailing bytes) keeps only its header's spans;
+    a frame of a key or version the broker does not implement gives None."""
+    payload = frame[FRAME_LENGTH_BYTES:]
+    header, position = wire.parse_request_header(payload)
+    if (header.api_key, header.api_version) not in set(advertised_versions()):
+        return None
+    body_class = wire.request_class(header.api_key, header.api_version)
+    if body_class.__flexible__:
+        position = wire.skip_tagged_fields(payload, position)
+    header_bytes = payload[:position]
+    header_spans = _header_spans(header_bytes, body_class.__flexible__)
+    entity, _ = wire.read_entity(body_class, payload, position)
+    request = _with_body(header.api_key, header.api_version, header_bytes, header_spans, entity)
+    if request.frame == frame:
+        return request
+    return WireRequest(header.api_key, header.api_version, frame, tuple(header_spans))
+
+
+@cache
+def _recorded_requests() -> tuple[WireRequest, ...]:
+    requests = (recorded_request(frame) for frame in load_client_requests())
+    return tuple(request for request in requests if request is not None)
 
 
 def kio_encoding(api_key: int, api_version: int, frame: bytes) -> bytes:
@@ -418,10 +458,16 @@ def mutate(rng: random.Random, request: WireRequest) -> tuple[tuple[str, ...], b
 
 
 def case_frame(seed: int, index: int, correlation_id: int = 1) -> FuzzCase:
-    """Case ``index`` of the campaign seeded ``seed``: one in eight is sent unmutated."""
+    """Case ``index`` of the campaign seeded ``seed``: a generated request, or one in
+    ``1 / RECORDED_SHARE`` a request a real client sent (``client_requests.txt``); one in
+    eight is sent unmutated."""
     rng = random.Random(f"{seed}:{index}")
-    api_key, api_version = rng.choice(advertised_versions())
-    request = valid_request(rng, api_key, api_version, correlation_id)
+    if _recorded_requests() and rng.random() < RECORDED_SHARE:
+        request = rng.choice(_recorded_requests())
+    else:
+        api_key, api_version = rng.choice(advertised_versions())
+        request = valid_request(rng, api_key, api_version, correlation_id)
+    api_key, api_version = request.api_key, request.api_version
     if rng.random() < 0.125:
         return FuzzCase(seed, index, api_key, api_version, (), request.frame, True)
     names, frame, matches = mutate(rng, request)
