@@ -6,23 +6,35 @@ Owns ``BrokerConfig``. Values are resolved in Kafka's precedence order, lowest f
    (127.0.0.1:9092), ``log.dir`` (./data) and ``node.id`` (1), which suit a single-node broker;
 2. a server.properties file, then environment variables ``HEADRACE_<NAME>`` (``log.dirs`` ->
    ``HEADRACE_LOG_DIRS``), then ``--override key=value`` (``STATIC_BROKER_CONFIG``, 4);
-3. dynamic broker configs set through AlterConfigs (``DYNAMIC_BROKER_CONFIG``, 1), persisted
-   as Java properties in ``<first log dir>/dynamic-broker.properties`` and re-applied at start.
+3. the cluster-wide dynamic defaults set through AlterConfigs with an empty broker resource
+   name (``DYNAMIC_DEFAULT_BROKER_CONFIG``, 3), persisted as Java properties in
+   ``<first log dir>/dynamic-default-broker.properties``;
+4. this broker's dynamic configs, set with its id as resource name (``DYNAMIC_BROKER_CONFIG``,
+   2), in ``<first log dir>/dynamic-broker.properties``; both files are re-applied at start.
 
-Only the configs marked dynamic (every ``log.*`` default a topic config falls back to,
-``message.max.bytes``, ``compression.type``, ``min.insync.replicas``, the cleaner settings)
-may be altered; others are read-only and AlterConfigs gets InvalidConfig. Listeners registered
-with ``add_change_listener`` receive the effective properties after each dynamic change (the
-broker pushes them to ``LogManager.set_broker_defaults``, the cleaner restarts its threads).
+The source codes are Kafka's ``DescribeConfigsResponse.ConfigSource``. As Kafka's
+``DynamicBrokerConfig``: the configs marked dynamic (the first broker synonym of every topic
+config but ``log.message.format.version``, the cleaner settings, and
+``headrace.broker.dynamic_broker_configs``) may be altered, per-broker ones only with a broker
+id; a name Kafka does not know is a custom config, stored and described as read-only; any other
+name is read-only. A failed check answers INVALID_REQUEST with Kafka's message ("Cannot update
+these configs dynamically: Set(num.partitions)"), as Kafka 3.9's ``ConfigAdminManager`` does
+for broker resources. Listeners registered with ``add_change_listener`` receive the effective
+properties after each dynamic change (the broker pushes them to
+``LogManager.set_broker_defaults``, the cleaner restarts its threads): the topic defaults and the
+cleaner settings take effect at once; the others are stored and described only.
 
 Cleaner settings are checked as Kafka does. Always (a bad static value stops the broker,
 InvalidConfig): the ConfigDef ranges (``log.cleaner.threads``, ``log.cleaner.io.buffer.size``,
-``log.cleaner.backoff.ms`` >= 0), ``log.cleaner.dedupe.buffer.size / log.cleaner.threads``
+``log.cleaner.backoff.ms`` >= 0; and, not cleaner settings, the LogManager task intervals:
+``log.retention.check.interval.ms`` >= 1, the checkpoint intervals and
+``log.initial.task.delay.ms`` >= 0), ``log.cleaner.dedupe.buffer.size / log.cleaner.threads``
 above 1 MiB (KafkaConfig's ``require``) and a load factor in (0, 1] (the offset map's domain).
 When AlterConfigs changes one of ``CLEANER_RECONFIGURABLE_CONFIGS``, also
 ``LogCleaner.validateReconfiguration``: the new thread count is >= 1, not below half the current
 one and not above double it; these and the buffer checks answer INVALID_REQUEST, as Kafka's
-ConfigException in a dynamic update does.
+ConfigException in a dynamic update does; so do the thread-count bounds of Kafka's
+``DynamicThreadPool`` configs.
 
 Thread-safety: reads are lock-free over an immutable snapshot; ``alter_dynamic`` may run on
 any thread: a change lock orders whole changes, listener calls included, so listeners see
@@ -39,20 +51,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from headrace.broker.dynamic_broker_configs import DYNAMIC_BROKER_CONFIGS, THREAD_POOL_CONFIGS
 from headrace.errors import InvalidConfig, InvalidRequest
 from headrace.storage.config import (
     TOPIC_CONFIGS,
     LogConfig,
+    format_config_value,
     format_properties_text,
     parse_properties_text,
 )
 
 log = logging.getLogger(__name__)
 
-DYNAMIC_BROKER_CONFIG = 1
+DYNAMIC_BROKER_CONFIG = 2
+DYNAMIC_DEFAULT_BROKER_CONFIG = 3
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 DYNAMIC_CONFIG_FILE = "dynamic-broker.properties"
+DYNAMIC_DEFAULT_CONFIG_FILE = "dynamic-default-broker.properties"
+SHORT_MIN, SHORT_MAX = -(2**15), 2**15 - 1
+INT_MIN = -(2**31)
+LONG_MIN = -(2**63)
 ENV_PREFIX = "HEADRACE_"
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
@@ -61,28 +80,50 @@ CLEANER_RECONFIGURABLE_CONFIGS = frozenset({  # LogCleaner.ReconfigurableConfigs
     "log.cleaner.threads", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor",
     "log.cleaner.io.buffer.size", "log.cleaner.io.max.bytes.per.second", "log.cleaner.backoff.ms",
 })
-_AT_LEAST_ZERO = ("log.cleaner.threads", "log.cleaner.io.buffer.size", "log.cleaner.backoff.ms")
+# ConfigDef ranges checked at start-up and on change: config -> smallest valid value.
+_AT_LEAST = {"log.cleaner.threads": 0, "log.cleaner.io.buffer.size": 0,
+             "log.cleaner.backoff.ms": 0, "log.retention.check.interval.ms": 1,
+             "log.flush.offset.checkpoint.interval.ms": 0,
+             "log.flush.start.offset.checkpoint.interval.ms": 0, "log.initial.task.delay.ms": 0}
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfigDef:
-    """One broker config: name, type ("int", "long", "boolean", "string", "list", "double"),
-    default as text (None: no default), and whether AlterConfigs may change it."""
+    """One broker config: name, type ("int", "long", "short", "boolean", "string", "list",
+    "double", "class"), default as text (None: no default), whether AlterConfigs may change
+    it and only per broker, the inclusive range and allowed values of a dynamic update, and
+    whether it is internal (Kafka's ``defineInternal``: described only when set)."""
 
     name: str
     type: str
     default: str | None
     dynamic: bool = False
     sensitive: bool = False
+    per_broker: bool = False
+    min_value: float | None = None
+    max_value: float | None = None
+    allowed: tuple[str, ...] = ()
+    internal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSynonym:
+    name: str
+    value: str | None
+    source: int
 
 
 @dataclass(frozen=True, slots=True)
 class ConfigEntry:
+    """One described broker config: its value and source at the described level, and its
+    synonyms in Kafka's precedence order (the first decides the source)."""
+
     name: str
     value: str | None
     source: int
     read_only: bool
     sensitive: bool
+    synonyms: tuple[ConfigSynonym, ...] = ()
 
 
 def _static(name: str, type_: str, default: str | None) -> BrokerConfigDef:
@@ -91,6 +132,10 @@ def _static(name: str, type_: str, default: str | None) -> BrokerConfigDef:
 
 def _dynamic(name: str, type_: str, default: str | None) -> BrokerConfigDef:
     return BrokerConfigDef(name, type_, default, dynamic=True)
+
+
+def _internal(name: str, type_: str, default: str | None) -> BrokerConfigDef:
+    return BrokerConfigDef(name, type_, default, internal=True)
 
 
 _SERVER_DEFS = (
@@ -109,7 +154,9 @@ _SERVER_DEFS = (
     _static("log.retention.check.interval.ms", "long", "300000"),
     _static("log.flush.scheduler.interval.ms", "long", str(LONG_MAX)),
     _static("log.flush.offset.checkpoint.interval.ms", "int", "60000"),
-    _dynamic("log.cleaner.enable", "boolean", "true"),
+    _static("log.flush.start.offset.checkpoint.interval.ms", "int", "60000"),
+    _internal("log.initial.task.delay.ms", "long", "30000"),
+    _static("log.cleaner.enable", "boolean", "true"),
     _dynamic("log.cleaner.threads", "int", "1"),
     _dynamic("log.cleaner.backoff.ms", "long", "15000"),
     _dynamic("log.cleaner.dedupe.buffer.size", "long", "134217728"),
@@ -136,7 +183,9 @@ _SYNONYM_DEFAULTS = {"log.roll.hours": "168", "log.retention.hours": "168", "log
 
 
 def _log_defs() -> tuple[BrokerConfigDef, ...]:
-    """The broker-level defaults of every topic config (log.retention.ms, message.max.bytes...)."""
+    """The broker-level defaults of every topic config (log.retention.ms, message.max.bytes...).
+    Only the first synonym of each is dynamic (Kafka's ``DynamicLogConfig``), so
+    ``log.retention.hours`` is read-only while ``log.retention.ms`` is not."""
     defs: dict[str, BrokerConfigDef] = {}
     for topic_def in TOPIC_CONFIGS.values():
         for position, (broker_key, _multiplier) in enumerate(topic_def.broker_synonyms):
@@ -144,22 +193,37 @@ def _log_defs() -> tuple[BrokerConfigDef, ...]:
                 continue
             if position == 0 and broker_key not in ("log.roll.ms", "log.retention.ms",
                                                     "log.roll.jitter.ms"):
-                default = _format(topic_def.default)
+                default = format_config_value(topic_def.default)
             else:
                 default = _SYNONYM_DEFAULTS.get(broker_key)
-            defs[broker_key] = _dynamic(broker_key, topic_def.type, default)
+            defs[broker_key] = BrokerConfigDef(
+                broker_key, topic_def.type, default,
+                dynamic=position == 0 and topic_def.broker_reconfigurable,
+                min_value=topic_def.min_value, max_value=topic_def.max_value,
+                allowed=topic_def.allowed)
     return tuple(defs.values())
 
 
-def _format(value: object) -> str:
-    if isinstance(value, tuple):
-        return ",".join(value)
-    return str(value)
+def _other_dynamic_defs() -> tuple[BrokerConfigDef, ...]:
+    return tuple(BrokerConfigDef(d.name, d.type, d.default, dynamic=True, per_broker=d.per_broker,
+                                 min_value=d.min_value, max_value=d.max_value, allowed=d.allowed)
+                 for d in DYNAMIC_BROKER_CONFIGS)
 
 
 BROKER_CONFIGS: Mapping[str, BrokerConfigDef] = MappingProxyType(
-    {d.name: d for d in (*_SERVER_DEFS, *_log_defs())}
+    {d.name: d for d in (*_SERVER_DEFS, *_log_defs(), *_other_dynamic_defs())}
 )
+# Kafka's DynamicBrokerConfig.brokerConfigSynonyms: names of one config, in precedence order.
+_SYNONYM_GROUPS = (("log.roll.ms", "log.roll.hours"),
+                   ("log.roll.jitter.ms", "log.roll.jitter.hours"),
+                   ("log.retention.ms", "log.retention.minutes", "log.retention.hours"))
+BROKER_SYNONYMS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {name: group for group in _SYNONYM_GROUPS for name in group}
+    | {"log.flush.interval.ms": ("log.flush.interval.ms", "log.flush.scheduler.interval.ms")})
+
+
+def _scala_set(names) -> str:
+    return f"Set({', '.join(sorted(names))})"
 
 
 def env_name(config_name: str) -> str:
@@ -193,14 +257,15 @@ class BrokerConfig:
         static_properties: Mapping[str, str] | None = None,
     ) -> None:
         self._static = dict(static_properties or {})
-        self._dynamic: dict[str, str] = {}
+        self._per_broker: dict[str, str] = {}
+        self._cluster_default: dict[str, str] = {}
         self._lock = threading.Lock()
         self._change_lock = threading.Lock()  # a whole alter_dynamic; taken before ``_lock``
         self._listeners: list[Callable[[dict[str, str]], None]] = []
         for key in self._static:
             if key not in BROKER_CONFIGS and key not in TOPIC_CONFIGS:
                 log.warning("unknown broker config %s ignored", key)
-        self._validate(self._effective(self._static, {}))
+        self._validate(self._effective(self._static, {}, {}))
         self._load_dynamic()
 
     # --- construction --------------------------------------------------------------------
@@ -230,13 +295,12 @@ class BrokerConfig:
 
     def get(self, name: str) -> str | None:
         """The effective value of a config as text (None when unset without a default)."""
-        value = self._dynamic.get(name)
-        if value is None:
-            value = self._static.get(name)
-        if value is None:
-            definition = BROKER_CONFIGS.get(name)
-            value = definition.default if definition else None
-        return value
+        for layer in (self._per_broker, self._cluster_default, self._static):
+            value = layer.get(name)
+            if value is not None:
+                return value
+        definition = BROKER_CONFIGS.get(name)
+        return definition.default if definition else None
 
     def get_int(self, name: str) -> int:
         value = self.get(name)
@@ -249,20 +313,48 @@ class BrokerConfig:
 
     def properties(self) -> dict[str, str]:
         """Every config that has a value, effective (dynamic over static over default)."""
-        return self._effective(self._static, self._dynamic)
+        return self._effective(self._static, self._cluster_default, self._per_broker)
 
-    def describe(self) -> list[ConfigEntry]:
+    def dynamic_configs(self, per_broker: bool) -> dict[str, str]:
+        """The configs set dynamically for this broker, or as the cluster-wide default."""
+        return dict(self._per_broker if per_broker else self._cluster_default)
+
+    def describe(self, per_broker: bool = True) -> list[ConfigEntry]:
+        """Kafka's ``ConfigHelper``: for this broker every config (custom dynamic ones too;
+        internal ones only when set), its effective value and every synonym; for the cluster-wide default only the configs
+        set there, with their default-level synonyms."""
+        if per_broker:
+            names = {n for n, d in BROKER_CONFIGS.items() if not d.internal or n in self._static}
+            names |= set(self._cluster_default) | set(self._per_broker)
+        else:
+            names = set(self._cluster_default)
         entries = []
-        for name, definition in sorted(BROKER_CONFIGS.items()):
-            if name in self._dynamic:
-                source = DYNAMIC_BROKER_CONFIG
-            elif name in self._static:
-                source = STATIC_BROKER_CONFIG
-            else:
-                source = DEFAULT_CONFIG
-            entries.append(ConfigEntry(name, self.get(name), source, not definition.dynamic,
-                                       definition.sensitive))
+        for name in sorted(names):
+            synonyms = self._synonyms(name)
+            if not per_broker:
+                synonyms = [s for s in synonyms if s.source == DYNAMIC_DEFAULT_BROKER_CONFIG]
+            definition = BROKER_CONFIGS.get(name)
+            value = self.get(name) if per_broker else self._cluster_default[name]
+            entries.append(ConfigEntry(
+                name, value, synonyms[0].source if synonyms else DEFAULT_CONFIG,
+                read_only=definition is None or not definition.dynamic,
+                sensitive=definition is not None and definition.sensitive,
+                synonyms=tuple(synonyms)))
         return entries
+
+    def _synonyms(self, name: str) -> list[ConfigSynonym]:
+        """Every level's value of ``name`` and its synonyms, highest precedence first, from
+        ``name`` on (Kafka's ``configSynonyms``)."""
+        defaults = {n: d.default for n, d in BROKER_CONFIGS.items() if d.default is not None}
+        layers = ((self._per_broker, DYNAMIC_BROKER_CONFIG),
+                  (self._cluster_default, DYNAMIC_DEFAULT_BROKER_CONFIG),
+                  (self._static, STATIC_BROKER_CONFIG), (defaults, DEFAULT_CONFIG))
+        synonyms = [ConfigSynonym(synonym, layer[synonym], source)
+                    for layer, source in layers
+                    for synonym in BROKER_SYNONYMS.get(name, (name,)) if synonym in layer]
+        while synonyms and synonyms[0].name != name:
+            synonyms.pop(0)
+        return synonyms
 
     # --- derived values ------------------------------------------------------------------
 
@@ -297,56 +389,73 @@ class BrokerConfig:
         """``callback(effective_properties)`` after every applied dynamic change."""
         self._listeners.append(callback)
 
-    def alter_dynamic(self, changes: Mapping[str, str | None], validate_only: bool) -> None:
-        """Set (value) or remove (None) dynamic broker configs, atomically. InvalidConfig for
-        an unknown or read-only name or a bad value; nothing is applied then. Listeners are
-        called after the change is persisted, in the order of the changes."""
+    def alter_dynamic(self, changes: Mapping[str, str | None], validate_only: bool,
+                      per_broker: bool = True) -> None:
+        """Set (value) or remove (None) this broker's dynamic configs, or the cluster-wide
+        defaults, atomically. InvalidRequest, with Kafka's message, for a read-only name, a
+        per-broker config at the default level or a bad value; nothing is applied then.
+        Listeners are called after the change is persisted, in the order of the changes."""
         with self._change_lock:
-            self._alter_dynamic_locked(changes, validate_only)
+            self._alter_dynamic_locked(changes, validate_only, per_broker)
 
-    def _alter_dynamic_locked(self, changes: Mapping[str, str | None],
-                              validate_only: bool) -> None:
+    def _alter_dynamic_locked(self, changes: Mapping[str, str | None], validate_only: bool,
+                              per_broker: bool) -> None:
         with self._lock:
-            updated = dict(self._dynamic)
+            updated = self.dynamic_configs(per_broker)
             for name, value in changes.items():
-                definition = BROKER_CONFIGS.get(name)
-                if definition is None:
-                    raise InvalidConfig(f"Unknown broker config name: {name}")
-                if not definition.dynamic:
-                    raise InvalidConfig(f"Cannot update these configs dynamically: {{{name}}}")
                 if value is None:
                     updated.pop(name, None)
                 else:
                     updated[name] = value.strip()
-            effective = self._effective(self._static, updated)
-            if CLEANER_RECONFIGURABLE_CONFIGS & set(changes):
-                current = self._effective(self._static, self._dynamic)
-                for name in CLEANER_RECONFIGURABLE_CONFIGS:
-                    _check_type(BROKER_CONFIGS[name], effective[name])
-                validate_cleaner_reconfiguration(current, effective)
-            self._validate(effective)
+            per_broker_layer = updated if per_broker else self._per_broker
+            default_layer = self._cluster_default if per_broker else updated
+            effective = self._effective(self._static, default_layer, per_broker_layer)
+            try:
+                _check_dynamic_layer(updated, per_broker)
+                self._check_reconfiguration(set(changes), effective)
+                self._validate(effective)
+            except InvalidConfig as error:
+                raise InvalidRequest(error.message) from None
             if validate_only:
                 return
-            self._persist(updated)
-            self._dynamic = updated
+            self._persist(self._dynamic_path(per_broker), updated)
+            if per_broker:
+                self._per_broker = updated
+            else:
+                self._cluster_default = updated
         for callback in self._listeners:
             callback(effective)
 
-    def _load_dynamic(self) -> None:
-        path = self._dynamic_path()
-        if not path.exists():
-            return
-        stored = parse_properties_text(path.read_text())
-        known = {k: v for k, v in stored.items() if k in BROKER_CONFIGS and BROKER_CONFIGS[k].dynamic}
-        try:
-            self._validate(self._effective(self._static, known))
-        except InvalidConfig as error:
-            log.error("ignoring invalid %s: %s", path, error)
-            return
-        self._dynamic = known
+    def _check_reconfiguration(self, changed: set[str], effective: Mapping[str, str]) -> None:
+        """Kafka's ``validateReconfiguration`` of the cleaner and the thread pools."""
+        current = self.properties()
+        if CLEANER_RECONFIGURABLE_CONFIGS & changed:
+            for name in CLEANER_RECONFIGURABLE_CONFIGS:
+                _check_type(BROKER_CONFIGS[name], effective[name])
+            validate_cleaner_reconfiguration(current, effective)
+        for name in THREAD_POOL_CONFIGS:
+            validate_thread_count_change(name, int(current[name]), int(effective[name]))
 
-    def _persist(self, dynamic: Mapping[str, str]) -> None:
-        path = self._dynamic_path()
+    def _load_dynamic(self) -> None:
+        for per_broker in (False, True):
+            path = self._dynamic_path(per_broker)
+            if not path.exists():
+                continue
+            stored = _valid_stored_configs(parse_properties_text(path.read_text()), per_broker,
+                                           path)
+            layers = {per_broker: stored, not per_broker: self.dynamic_configs(not per_broker)}
+            try:
+                self._validate(self._effective(self._static, layers[False], layers[True]))
+            except InvalidConfig as error:
+                log.error("ignoring invalid %s: %s", path, error)
+                continue
+            if per_broker:
+                self._per_broker = stored
+            else:
+                self._cluster_default = stored
+
+    @staticmethod
+    def _persist(path: Path, dynamic: Mapping[str, str]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(".tmp")
         with open(temporary, "w") as file:
@@ -355,14 +464,17 @@ class BrokerConfig:
             os.fsync(file.fileno())
         os.replace(temporary, path)
 
-    def _dynamic_path(self) -> Path:
-        return self.log_dirs[0] / DYNAMIC_CONFIG_FILE
+    def _dynamic_path(self, per_broker: bool) -> Path:
+        return self.log_dirs[0] / (DYNAMIC_CONFIG_FILE if per_broker
+                                   else DYNAMIC_DEFAULT_CONFIG_FILE)
 
     @staticmethod
-    def _effective(static: Mapping[str, str], dynamic: Mapping[str, str]) -> dict[str, str]:
+    def _effective(static: Mapping[str, str], cluster_default: Mapping[str, str],
+                   per_broker: Mapping[str, str]) -> dict[str, str]:
         merged = {name: d.default for name, d in BROKER_CONFIGS.items() if d.default is not None}
         merged.update(static)
-        merged.update(dynamic)
+        merged.update(cluster_default)
+        merged.update(per_broker)
         return merged
 
     @staticmethod
@@ -376,16 +488,92 @@ class BrokerConfig:
         parse_listener((properties.get("listeners") or "").split(",")[0])
 
 
+def _check_dynamic_layer(layer: Mapping[str, str], per_broker: bool) -> None:
+    """Kafka's ``DynamicBrokerConfig.validateConfigs`` and ``validateConfigTypes`` of one
+    level's configs: none read-only, per-broker ones only per broker, values parse and lie in
+    range. Names Kafka does not define are custom configs and pass."""
+    read_only = {n for n in layer if n in BROKER_CONFIGS and not BROKER_CONFIGS[n].dynamic}
+    if read_only:
+        raise InvalidConfig(f"Cannot update these configs dynamically: {_scala_set(read_only)}")
+    if not per_broker:
+        only_per_broker = {n for n in layer if n in BROKER_CONFIGS and BROKER_CONFIGS[n].per_broker}
+        if only_per_broker:
+            raise InvalidConfig("Cannot update these configs at default cluster level, broker id "
+                                f"must be specified: {_scala_set(only_per_broker)}")
+    for name, value in layer.items():
+        if name in BROKER_CONFIGS:
+            _check_value(BROKER_CONFIGS[name], value)
+
+
+def _valid_stored_configs(stored: Mapping[str, str], per_broker: bool,
+                          path: Path) -> dict[str, str]:
+    """Kafka's ``fromPersistentProps``: stored configs that may not (or no longer) be set at
+    this level, or whose value does not parse, are logged and ignored."""
+    kept = {}
+    for name, value in stored.items():
+        try:
+            _check_dynamic_layer({name: value}, per_broker)
+        except InvalidConfig as error:
+            log.error("%s: ignoring %s: %s", path, name, error)
+            continue
+        kept[name] = value
+    return kept
+
+
+def validate_thread_count_change(name: str, current: int, new: int) -> None:
+    """Kafka's ``DynamicThreadPool.validateReconfiguration`` for one thread-pool config."""
+    if new == current:
+        return
+    prefix = f"Dynamic thread count update validation failed for {name}={new}"
+    if new <= 0:
+        raise InvalidConfig(f"{prefix}, value should be at least 1")
+    if new < current // 2:
+        raise InvalidConfig(f"{prefix}, value should be at least half the current value "
+                            f"{current}")
+    if new > current * 2:
+        raise InvalidConfig(f"{prefix}, value should not be greater than double the current "
+                            f"value {current}")
+
+
+def _check_value(definition: BrokerConfigDef, value: str) -> None:
+    """Type, range and allowed values, as Kafka's ConfigDef parses a dynamic config."""
+    _check_type(definition, value)
+    if definition.type in ("int", "long", "short", "double"):
+        number = float(value)
+        if definition.min_value is not None and number < definition.min_value:
+            raise InvalidConfig(f"Invalid value {value} for configuration {definition.name}: "
+                                f"Value must be at least {_number_text(definition.min_value)}")
+        if definition.max_value is not None and number > definition.max_value:
+            raise InvalidConfig(f"Invalid value {value} for configuration {definition.name}: "
+                                f"Value must be no more than "
+                                f"{_number_text(definition.max_value)}")
+    if definition.allowed and definition.type == "string" and value.strip() not in \
+            definition.allowed:
+        raise InvalidConfig(f"Invalid value {value} for configuration {definition.name}: "
+                            f"String must be one of: {', '.join(definition.allowed)}")
+
+
+def _number_text(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+_INTEGER_RANGES = {"short": (SHORT_MIN, SHORT_MAX), "int": (INT_MIN, INT_MAX),
+                   "long": (LONG_MIN, LONG_MAX)}
+
+
 def _check_type(definition: BrokerConfigDef, value: str) -> None:
     text = value.strip()
-    if definition.type in ("int", "long"):
+    if definition.type in _INTEGER_RANGES:
+        low, high = _INTEGER_RANGES[definition.type]
         try:
-            int(text)
+            number = int(text)
         except ValueError:
+            number = None
+        if number is None or not low <= number <= high:
             raise InvalidConfig(
                 f"Invalid value {value} for configuration {definition.name}: "
                 f"Not a number of type {definition.type.upper()}"
-            ) from None
+            )
     elif definition.type == "double":
         try:
             float(text)
@@ -416,11 +604,11 @@ def _cleaner_buffer_problem(properties: Mapping[str, str]) -> str | None:
 
 
 def _validate_cleaner(properties: Mapping[str, str]) -> None:
-    for name in _AT_LEAST_ZERO:
+    for name, minimum in _AT_LEAST.items():
         value = int(properties[name])
-        if value < 0:
+        if value < minimum:
             raise InvalidConfig(f"Invalid value {value} for configuration {name}: Value must be "
-                                "at least 0")
+                                f"at least {minimum}")
     problem = _cleaner_buffer_problem(properties)
     if problem is not None:
         raise InvalidConfig(problem)

@@ -15,12 +15,18 @@ fetches. ``HEADRACE_EVENT_LOOP=uvloop`` (environment) runs the broker on uvloop 
 comparison; a value other than ``asyncio``/``uvloop`` is a configuration error.
 
 Start-up: load every log (recovering after an unclean shutdown), bind, then log the time
-from process start to serving. Maintenance (``LogManager.maintenance(now_ms)``: time-based
-flush, rolls, retention) runs every ``MAINTENANCE_INTERVAL_MS`` on the append thread, so it
-never runs concurrently with an append; after it, expired ``.deleted`` files are unlinked
-(``LogManager.remove_expired_files``) and the changed checkpoints are written
-(``LogManager.write_checkpoints``) on the background thread, so no produce waits for their
-unlinks and fsyncs.
+from process start to serving. Maintenance runs on the append thread, so it never runs
+concurrently with an append: every ``MAINTENANCE_INTERVAL_MS`` rolls by segment.ms and the
+flush of rolled segments (``LogManager.maintenance(now_ms)``), then expired ``.deleted``
+files are unlinked on the background thread (``LogManager.remove_expired_files``). Kafka's
+LogManager tasks run on their own intervals, each first after ``log.initial.task.delay.ms``:
+the retention check every ``log.retention.check.interval.ms`` (so records are deleted by
+retention.ms/retention.bytes no sooner than Kafka would), the flusher (flush.ms) every
+``log.flush.scheduler.interval.ms``, and on the background thread the recovery-point and
+log-start-offset checkpoints every ``log.flush.offset.checkpoint.interval.ms`` and
+``log.flush.start.offset.checkpoint.interval.ms`` (``LogManager.write_checkpoints``), so no
+produce waits for their unlinks and fsyncs. A period of Long.MAX runs its task once, as
+Kafka's scheduler does.
 The log cleaner (``CleanerService``) starts after the group coordinator has created
 ``__consumer_offsets``. Idle connections are closed after ``connections.max.idle.ms``.
 SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
@@ -41,7 +47,7 @@ import time
 from pathlib import Path
 
 from headrace.broker.cleaner_service import CleanerService
-from headrace.broker.config import BrokerConfig
+from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
 from headrace.broker.group_service import GroupService
 from headrace.broker.state import (
@@ -116,7 +122,38 @@ class Broker:
         self._timers = [
             loop.create_task(self._maintenance_loop()),
             loop.create_task(self._idle_reaper_loop()),
+            *(loop.create_task(self._log_manager_task(name, interval_config, job))
+              for name, interval_config, job in self._log_manager_tasks()),
         ]
+
+    def _log_manager_tasks(self):
+        """Kafka's LogManager schedule: (task name, its interval's config, the job)."""
+        state, manager = self.state, self.state.log_manager
+        return (
+            ("log retention check", "log.retention.check.interval.ms",
+             lambda: state.run_append(manager.maintenance, self.clock.now_ms(), False, True)),
+            ("log flusher", "log.flush.scheduler.interval.ms",
+             lambda: state.run_append(manager.maintenance, self.clock.now_ms(), True, False)),
+            ("recovery-point checkpoint", "log.flush.offset.checkpoint.interval.ms",
+             lambda: state.run_background(manager.write_checkpoints, True, False)),
+            ("log-start-offset checkpoint", "log.flush.start.offset.checkpoint.interval.ms",
+             lambda: state.run_background(manager.write_checkpoints, False, True)),
+        )
+
+    async def _log_manager_task(self, name: str, interval_config: str, job) -> None:
+        """Run ``job`` after log.initial.task.delay.ms, then every ``interval_config`` ms;
+        once only for a period of Long.MAX (what Kafka's scheduler does) or one not above 0
+        (Kafka's runs a negative period once)."""
+        period_ms = self.config.get_int(interval_config)
+        await asyncio.sleep(self.config.get_int("log.initial.task.delay.ms") / 1000)
+        while True:
+            try:
+                await job()
+            except Exception:
+                log.exception("%s failed", name)
+            if period_ms >= LONG_MAX or period_ms <= 0:
+                return
+            await asyncio.sleep(period_ms / 1000)
 
     async def _maintenance_loop(self) -> None:
         state = self.state
@@ -131,10 +168,6 @@ class Broker:
                                            self.clock.now_ms())
             except Exception:
                 log.exception("removing deleted files failed")
-            try:
-                await state.run_background(state.log_manager.write_checkpoints)
-            except Exception:
-                log.exception("writing checkpoints failed")
 
     async def _idle_reaper_loop(self) -> None:
         idle_limit_s = self.config.get_int("connections.max.idle.ms") / 1000

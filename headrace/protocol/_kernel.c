@@ -59,6 +59,7 @@
 #define FAILURE_MESSAGE_BYTES 160
 #define BUF_INITIAL_CAPACITY_BYTES 256
 #define NO_OFFSET (-1)
+#define NO_TIMESTAMP (-1) /* a batch or record without a timestamp */
 
 static PyObject *corrupt_message_error; /* headrace.errors.CorruptMessage */
 
@@ -1019,6 +1020,63 @@ static PyObject *py_first_keyless_offset(PyObject *self, PyObject *args)
     return PyLong_FromLongLong(offset);
 }
 
+/* walk_records(chunk, pos, records_left, previous_delta, last_offset_delta) -> (pos,
+ * records_walked, previous_delta, first_keyless_delta, stop): the produce-time walk of a
+ * compressed batch's records over one inflated chunk (records.walk_records_section). Reads
+ * whole records from `pos`, each fully validated as read_record does, with offset deltas
+ * increasing and at most last_offset_delta, until records_left are walked (stop 0), the next
+ * record is not wholly in the chunk (stop 1: the caller joins chunks) or one is malformed
+ * (stop 2, `pos` at its start). first_keyless_delta: the offset delta of the first record
+ * without a key walked here, or -1. Holds the GIL: chunks are at most 1 MiB. */
+enum { WALK_DONE = 0, WALK_NEED_MORE = 1, WALK_MALFORMED = 2 };
+
+static PyObject *py_walk_records(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer chunk;
+    Py_ssize_t pos;
+    long long records_left, previous_delta, last_offset_delta;
+    if (!PyArg_ParseTuple(args, "y*nLLL", &chunk, &pos, &records_left, &previous_delta,
+                          &last_offset_delta))
+        return NULL;
+    if (pos < 0 || pos > chunk.len) {
+        PyBuffer_Release(&chunk);
+        PyErr_SetString(PyExc_ValueError, "pos outside the chunk");
+        return NULL;
+    }
+    const uint8_t *start = chunk.buf, *end = start + chunk.len, *p = start + pos;
+    long long walked = 0, keyless_delta = -1;
+    int stop = WALK_DONE;
+    while (walked < records_left) {
+        Cursor length_cursor = {p, end};
+        int32_t length;
+        if (read_varint(&length_cursor, &length)) {
+            /* an incomplete varint at the chunk's end may complete in the next one */
+            stop = end - p < 5 ? WALK_NEED_MORE : WALK_MALFORMED;
+            break;
+        }
+        if (length > 0 && length > end - length_cursor.p) {
+            stop = WALK_NEED_MORE;
+            break;
+        }
+        Cursor c = {p, end};
+        Record r;
+        if (length <= 0 || read_record(&c, &r) || r.offset_delta <= previous_delta ||
+            r.offset_delta > last_offset_delta) {
+            stop = WALK_MALFORMED;
+            break;
+        }
+        if (r.key.len < 0 && keyless_delta < 0)
+            keyless_delta = r.offset_delta;
+        previous_delta = r.offset_delta;
+        p = c.p;
+        walked++;
+    }
+    PyBuffer_Release(&chunk);
+    return Py_BuildValue("nLLLi", (Py_ssize_t)(p - start), walked, previous_delta, keyless_delta,
+                         stop);
+}
+
 static PyObject *py_murmur3_x64_128(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -1946,7 +2004,9 @@ static int index_one_batch(const IndexInput *in, IndexScan *out, size_t pos, int
         int64_t entry[2] = {last_offset, in->buffer_position + (int64_t)pos};
         if (buf_put(&out->offset_entries, entry, sizeof entry))
             return -1;
-        if (!st->has_time_entry || st->max_timestamp > st->last_time_entry) {
+        /* Kafka's TimeIndex.maybeAppend: an empty index's last entry is (NO_TIMESTAMP, base),
+         * so batches without a timestamp (-1) never get an entry. */
+        if (st->max_timestamp > (st->has_time_entry ? st->last_time_entry : NO_TIMESTAMP)) {
             int64_t time_entry[2] = {st->max_timestamp, st->offset_of_max_timestamp};
             if (buf_put(&out->time_entries, time_entry, sizeof time_entry))
                 return -1;
@@ -3837,6 +3897,9 @@ static PyMethodDef kernel_methods[] = {
     {"hash_keys", py_hash_keys, METH_VARARGS,
      "hash_keys(buf, sections, skip_control) -> (offsets, hash_hi, hash_lo, is_tombstone, "
      "has_key) buffers."},
+    {"walk_records", py_walk_records, METH_VARARGS,
+     "walk_records(chunk, pos, records_left, previous_delta, last_offset_delta) -> (pos, "
+     "records_walked, previous_delta, first_keyless_delta, stop)."},
     {"first_keyless_offset", py_first_keyless_offset, METH_VARARGS,
      "first_keyless_offset(buf, sections, skip_control) -> offset of the first null key or -1."},
     {"murmur3_x64_128", py_murmur3_x64_128, METH_VARARGS,

@@ -8,7 +8,8 @@ one call), produce validation (keyless records on compacted topics; ``append_pla
 base offset replaced, in one call, never changing the caller's buffer), dump-log and the Spark
 data source (columns; ``decode_arrow`` writes the source's Arrow buffers in place). The loops
 live in C (``_kernel.c``, built by ``pip install``); this module checks arguments, decompresses compressed record sections (one
-``compression.decompress`` call per batch) and wraps the C output buffers as read-only numpy
+``compression.decompress_section`` call per batch: at most ``MAX_RECORDS_SECTION_BYTES``, a
+larger one is corrupt) and wraps the C output buffers as read-only numpy
 arrays -- no Python object per record.
 
 Input is a buffer of whole Kafka v2 record batches, as a Fetch response or a ``.log``
@@ -41,7 +42,7 @@ from headrace.protocol.batch import (
     CRC_OFFSET,
     LOG_OVERHEAD_BYTES,
 )
-from headrace.protocol.compression import CODEC_NAMES, NONE, compress, decompress
+from headrace.protocol.compression import CODEC_NAMES, NONE, compress, decompress_section
 
 NO_OFFSET = -1
 LENGTH_OFFSET = 8  # batch_length in the batch header
@@ -587,7 +588,19 @@ def _decompress_records(view: memoryview, start: int, end: int, codec: int) -> b
         raise CorruptMessage(
             f"record batch at byte {start - BATCH_HEADER_BYTES} uses unknown codec {codec}"
         )
-    return decompress(codec, view[start:end])
+    return decompress_section(codec, view[start:end], start - BATCH_HEADER_BYTES)
+
+
+# walk_records(chunk, pos, records_left, previous_delta, last_offset_delta) -> (pos,
+# records_walked, previous_delta, first_keyless_delta, stop): the produce-time record walk
+# (``records.walk_records_section``) over one inflated chunk of a batch's records section: whole
+# records from ``pos``, each fully validated as the decoders here validate them, offset deltas
+# increasing and at most ``last_offset_delta``, until ``records_left`` are walked (stop
+# ``WALK_DONE``), the next record is not wholly in the chunk (``WALK_NEED_MORE``) or one is
+# malformed (``WALK_MALFORMED``, ``pos`` at its start). ``first_keyless_delta``: the offset
+# delta of the first keyless record walked, or -1. Bound to the C function itself.
+walk_records = _kernel.walk_records
+WALK_DONE, WALK_NEED_MORE, WALK_MALFORMED = 0, 1, 2
 
 
 # validate_batches(buf) -> tuple of (position, size_bytes, attributes, last_offset_delta,

@@ -25,6 +25,16 @@ A compressed legacy message is a wrapper whose value is a compressed message set
 uncompressed inner messages. v1 inner offsets are relative: the wrapper's offset is the
 absolute offset of the last inner message. v0 inner offsets are absolute.
 
+Compressed sections on produce are never inflated whole: ``walk_records_section`` walks the
+declared records over the section's chunks (``section_chunks``: ``compression.
+iter_decompressed``, 1 MiB at a time, at most ``MAX_RECORDS_SECTION_BYTES``) as Kafka's
+streaming record iterators do -- the records wholly inside a chunk in one kernel call
+(``kernel.walk_records``), a record straddling two chunks here -- and refuses bytes after the
+last declared record; ``check_batch_records`` (the produce handler's walk) and
+``recompress_batch`` (which feeds the same chunks to a ``StreamCompressor``) use it. Readers
+that need a whole section (``decode_batch``, legacy wrappers) get it from
+``compression.decompress_section``.
+
 Pure functions over bytes-like objects; thread-safe. Per-record loops are pure Python for
 now; the compiled kernel will take over the hot ones with the same signatures.
 """
@@ -39,7 +49,12 @@ from typing import Any
 
 import crc32c
 
-from headrace.errors import CorruptMessage, UnsupportedCompressionType
+from headrace.errors import (
+    CorruptMessage,
+    InvalidRecord,
+    MessageTooLarge,
+    UnsupportedCompressionType,
+)
 from headrace.protocol import compression as codecs
 from headrace.protocol.batch import (
     ATTRIBUTES_OFFSET,
@@ -57,6 +72,7 @@ from headrace.protocol.batch import (
     parse_header,
     peek_magic,
 )
+from headrace.protocol.kernel import WALK_MALFORMED, walk_records
 
 MAGIC_V0 = 0
 MAGIC_V1 = 1
@@ -291,19 +307,42 @@ def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordBat
     return RecordBatch(header, tuple(_decode_records(section, header)))
 
 
-def recompress_batch(buf: bytes | bytearray | memoryview, pos: int, codec: int) -> bytes:
+def recompress_batch(buf: bytes | bytearray | memoryview, pos: int, codec: int,
+                     max_batch_bytes: int | None = None) -> bytes:
     """The v2 batch at ``pos`` rebuilt with ``codec`` (Kafka's broker-side recompression
     for a topic's ``compression.type``): every header field kept -- offsets, timestamps,
     producer id/epoch/sequence, transactional, control and timestamp-type bits -- except the
     codec bits, the length and the CRC; the records section is the same bytes, recompressed.
 
-    The input is checked as ``decode_batch`` checks it (CRC, decompression, every record),
-    so a malformed batch raises CorruptMessage rather than leaving with a fresh valid CRC.
-    """
+    Streaming: the section is inflated chunk by chunk (``compression.iter_decompressed``,
+    at most ``MAX_RECORDS_SECTION_BYTES``), each chunk fed to the new codec and its records
+    walked as they arrive (``walk_records_section``, fields decoded), so what is held is one
+    chunk and the output -- which raises ``MessageTooLarge`` as soon as the rebuilt batch
+    passes ``max_batch_bytes`` (the topic's max.message.bytes; None: no limit). The input
+    is checked as ``decode_batch`` checks it (CRC, decompression, the records), so a
+    malformed batch raises rather than leaving with a fresh valid CRC."""
     codecs.codec_name(codec)  # UnsupportedCompressionType for an unknown codec id
-    header, section = _checked_records_section(buf, pos)
-    for _ in _decode_records(section, header):
-        pass
+    header, payload = _checked_payload(buf, pos)
+    compressor = codecs.StreamCompressor(codec)
+    parts: list[bytes] = []
+    size_bytes = BATCH_HEADER_BYTES
+
+    def keep(piece: bytes) -> None:
+        nonlocal size_bytes
+        size_bytes += len(piece)
+        if max_batch_bytes is not None and size_bytes > max_batch_bytes:
+            raise MessageTooLarge(f"batch recompressed to {codecs.CODEC_NAMES[codec]} passes "
+                                  f"max.message.bytes {max_batch_bytes}")
+        parts.append(piece)
+
+    def fed_to_compressor(chunks: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
+        for chunk in chunks:
+            keep(compressor.compress(chunk))
+            yield chunk
+
+    walk_records_section(header, fed_to_compressor(section_chunks(header, payload)),
+                         decode_fields=True)
+    keep(compressor.finish())
     attributes = (header.attributes & ~COMPRESSION_MASK) | codec
     header_fields = (
         header.base_offset,
@@ -317,14 +356,203 @@ def recompress_batch(buf: bytes | bytearray | memoryview, pos: int, codec: int) 
         header.base_sequence,
         header.records_count,
     )
-    return _seal_batch(header_fields, codecs.compress(codec, section))
+    return _seal_batch(header_fields, b"".join(parts))
 
 
-def _checked_records_section(
+def check_batch_records(buf: bytes | bytearray | memoryview, *, require_keys: bool,
+                        recompress_to: int | None = None,
+                        max_section_bytes: int = codecs.MAX_RECORDS_SECTION_BYTES) -> None:
+    """The produce-time record walk Kafka's LogValidator does with its streaming iterators,
+    over every compressed v2 batch in ``buf`` -- and every batch when ``require_keys`` (a
+    compacted topic): CRC first (``CorruptMessage``), then ``walk_records_section`` over the
+    section inflated in bounded chunks: ``InvalidRecord`` for records that overrun the
+    section, disagree with the declared count or leave bytes after it, and (with
+    ``require_keys``) for a record without a key; ``MessageTooLarge`` for a section
+    inflating past ``max_section_bytes``; ``CorruptMessage`` for an undecodable stream.
+    Holds one chunk at a time. Legacy entries are skipped (the caller up-converts them).
+    Batches the log will rebuild in codec ``recompress_to`` (non-control, in another codec)
+    are left to ``recompress_batch``, which walks them as it rebuilds -- unless
+    ``require_keys``."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        size_bytes = _entry_size(buf, pos)
+        if peek_magic(buf, pos) == CURRENT_MAGIC:
+            header = parse_header(buf, pos)
+            rebuilt_later = (recompress_to is not None and not header.is_control
+                             and header.compression != recompress_to and not require_keys)
+            if (header.compression != codecs.NONE or require_keys) and not rebuilt_later:
+                header, payload = _checked_payload(buf, pos)
+                chunks = section_chunks(header, payload, max_section_bytes)
+                keyless = walk_records_section(header, chunks)
+                if require_keys and keyless >= 0:
+                    raise InvalidRecord(f"record at offset {keyless} has no key: a compacted "
+                                        "topic requires keys")
+        pos += size_bytes
+
+
+def has_compressed_batch(buf: bytes | bytearray | memoryview) -> bool:
+    """Whether a v2 batch in ``buf`` (whole entries) is compressed; headers only."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        size_bytes = _entry_size(buf, pos)
+        if peek_magic(buf, pos) == CURRENT_MAGIC and parse_header(buf, pos).compression:
+            return True
+        pos += size_bytes
+    return False
+
+
+def section_chunks(header: BatchHeader, payload: bytes | bytearray | memoryview,
+                   max_section_bytes: int = codecs.MAX_RECORDS_SECTION_BYTES
+                   ) -> Iterator[bytes | bytearray]:
+    """The records section of a batch (``payload``: the bytes after its header) as inflated
+    chunks of at most ``compression.DECOMPRESS_CHUNK_BYTES``."""
+    return codecs.iter_decompressed(header.compression, payload, max_section_bytes)
+
+
+# attributes, timestamp delta, offset delta, key length: what the walk reads of a record
+# it does not decode whole
+RECORD_PREFIX_MAX_BYTES = 1 + VARLONG_MAX_BYTES + 2 * VARINT_MAX_BYTES
+
+
+def walk_records_section(header: BatchHeader, chunks: Iterator[bytes | bytearray], *,
+                         decode_fields: bool = False,
+                         window_bytes: int = codecs.DECOMPRESS_CHUNK_BYTES) -> int:
+    """Walk the ``header.records_count`` records of a section arriving as ``chunks``, as
+    Kafka's ``DefaultRecordBatch`` streaming iterators do: each record's length (> 0, within
+    the section), prefix (offset delta increasing and at most last_offset_delta, key length)
+    and, with ``decode_fields``, every field of each record of at most ``window_bytes``;
+    after the last record the section must end. No more of the stream is pulled than the
+    declared records span plus one chunk, and at most one chunk (with a record of at most
+    ``window_bytes`` straddling two) is held; records of at most ``window_bytes`` are
+    validated whole (by the kernel, or ``_decode_record`` with ``decode_fields``), larger
+    ones by their length and prefix. Returns the offset of the first record without
+    a key, or -1. Raises ``InvalidRecord`` (Kafka's InvalidRecordException: INVALID_RECORD)
+    for malformed records; errors of the stream itself pass through."""
+    reader = _SectionReader(chunks)
+    previous_delta, keyless_delta, index = -1, -1, 0
+    while index < header.records_count:
+        if not decode_fields and reader.ensure(1):  # the records wholly in this chunk, in C
+            reader.pos, walked, previous_delta, chunk_keyless, stop = walk_records(
+                reader.buf, reader.pos, header.records_count - index, previous_delta,
+                header.last_offset_delta)
+            index += walked
+            keyless_delta = keyless_delta if keyless_delta >= 0 else chunk_keyless
+            if stop == WALK_MALFORMED:
+                raise InvalidRecord(f"record {index} of {header.records_count} is malformed")
+            if index == header.records_count or _hold_next_record(reader, index, window_bytes):
+                continue  # done, or the next record joined from two chunks: the kernel's again
+        offset_delta, has_key = _walk_record(reader, header, index, decode_fields, window_bytes)
+        if not previous_delta < offset_delta <= header.last_offset_delta:
+            raise InvalidRecord(f"record offset delta {offset_delta} out of order or range")
+        previous_delta = offset_delta
+        if not has_key and keyless_delta < 0:
+            keyless_delta = offset_delta
+        index += 1
+    keyless_offset = header.base_offset + keyless_delta if keyless_delta >= 0 else -1
+    if reader.ensure(1):
+        raise InvalidRecord(f"incorrect declared batch size: bytes remain after the "
+                            f"{header.records_count} records")
+    return keyless_offset
+
+
+def _hold_next_record(reader: _SectionReader, index: int, window_bytes: int) -> bool:
+    """Join chunks until the record at the reader is wholly held, if it is at most
+    ``window_bytes``; False (nothing joined past its length) for a larger one."""
+    reader.ensure(VARINT_MAX_BYTES)  # fewer at the end of the section
+    length, body = _parsed(read_varint, reader.buf, reader.pos, len(reader.buf))
+    if length > window_bytes:
+        return False
+    _ensure_record_bytes(reader, body - reader.pos + max(length, 0), index)
+    return True
+
+
+def _walk_record(reader: _SectionReader, header: BatchHeader, index: int,
+                 decode_fields: bool, window_bytes: int) -> tuple[int, bool]:
+    """(offset delta, has a key) of the record at the reader, which moves past it."""
+    if not reader.ensure(1):
+        raise InvalidRecord(f"incorrect declared batch size: the section ends before record "
+                            f"{index} of {header.records_count}")
+    reader.ensure(VARINT_MAX_BYTES)  # fewer at the end of the section
+    length, body = _parsed(read_varint, reader.buf, reader.pos, len(reader.buf))
+    if length <= 0:
+        raise InvalidRecord(f"record {index} has length {length}")
+    reader.pos = body
+    if decode_fields and length <= window_bytes:
+        _ensure_record_bytes(reader, length, index)
+        body_start = reader.pos  # the attributes byte, which _decode_record skips
+        record, offset_delta, reader.pos = _parsed(
+            _decode_record, reader.buf, body_start + 1, body_start + length, header)
+        return offset_delta, record.key is not None
+    _ensure_record_bytes(reader, min(length, RECORD_PREFIX_MAX_BYTES), index)
+    offset_delta, has_key = _parsed(_record_prefix, reader.buf, reader.pos,
+                                    reader.pos + min(length, RECORD_PREFIX_MAX_BYTES))
+    if not reader.skip(length):
+        raise InvalidRecord(f"record {index} of {length} bytes runs past the section")
+    return offset_delta, has_key
+
+
+def _ensure_record_bytes(reader: _SectionReader, size_bytes: int, index: int) -> None:
+    if not reader.ensure(size_bytes):
+        raise InvalidRecord(f"record {index} runs past the end of the section")
+
+
+def _record_prefix(data: bytes | bytearray, pos: int, end: int) -> tuple[int, bool]:
+    pos += 1  # attributes
+    _, pos = read_varint(data, pos, end, VARLONG_MAX_BYTES)  # timestamp delta
+    offset_delta, pos = read_varint(data, pos, end)
+    key_length, pos = read_varint(data, pos, end)
+    if key_length < -1:
+        raise CorruptMessage(f"invalid key length {key_length}")
+    return offset_delta, key_length >= 0
+
+
+def _parsed(parse: Any, *args: Any) -> Any:
+    """``parse(*args)`` over bytes already held, its CorruptMessage as Kafka's record error."""
+    try:
+        return parse(*args)
+    except CorruptMessage as exc:
+        raise InvalidRecord(f"invalid record structure: {exc.message}") from exc
+
+
+class _SectionReader:
+    """A records section read from its chunks: ``buf[pos:]`` is what is held -- the current
+    chunk, or the tail of one joined to the next when a read straddles them."""
+
+    __slots__ = ("_chunks", "buf", "pos")
+
+    def __init__(self, chunks: Iterator[bytes | bytearray]) -> None:
+        self._chunks = iter(chunks)
+        self.buf: bytes | bytearray = b""
+        self.pos = 0
+
+    def ensure(self, size_bytes: int) -> bool:
+        """At least ``size_bytes`` held from ``pos`` on; False if the section ends first."""
+        while len(self.buf) - self.pos < size_bytes:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return False
+            rest = self.buf[self.pos :]
+            self.buf, self.pos = (bytes(rest) + bytes(chunk) if rest else chunk), 0
+        return True
+
+    def skip(self, size_bytes: int) -> bool:
+        """Move ``size_bytes`` on, dropping whole chunks; False if the section ends first."""
+        while len(self.buf) - self.pos < size_bytes:
+            size_bytes -= len(self.buf) - self.pos
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                self.buf, self.pos = b"", 0
+                return False
+            self.buf, self.pos = chunk, 0
+        self.pos += size_bytes
+        return True
+
+
+def _checked_payload(
     buf: bytes | bytearray | memoryview, pos: int
-) -> tuple[BatchHeader, bytes | memoryview]:
-    """Header and (decompressed) records section of the batch at ``pos``, after the
-    structural and CRC checks."""
+) -> tuple[BatchHeader, memoryview]:
+    """Header and records section as stored (compressed or not) of the batch at ``pos``,
+    after the structural and CRC checks."""
     header = parse_header(buf, pos)
     end = pos + header.size_bytes
     if end > len(buf):
@@ -335,9 +563,18 @@ def _checked_records_section(
         raise CorruptMessage(f"record batch at byte {pos} has negative record count")
     if header.last_offset_delta < 0:
         raise CorruptMessage(f"record batch at byte {pos} has negative last offset delta")
-    section: bytes | memoryview = memoryview(buf)[pos + BATCH_HEADER_BYTES : end]
+    return header, memoryview(buf)[pos + BATCH_HEADER_BYTES : end]
+
+
+def _checked_records_section(
+    buf: bytes | bytearray | memoryview, pos: int
+) -> tuple[BatchHeader, bytes | memoryview]:
+    """Header and (decompressed) records section of the batch at ``pos``, after the
+    structural and CRC checks; a section inflating past ``MAX_RECORDS_SECTION_BYTES`` (which
+    produce refuses) is corrupt here."""
+    header, section = _checked_payload(buf, pos)
     if header.compression != codecs.NONE:
-        section = codecs.decompress(header.compression, section)
+        return header, codecs.decompress_section(header.compression, section, pos)
     return header, section
 
 
@@ -544,15 +781,36 @@ def _inner_messages(wrapper: _LegacyMessage) -> list[_LegacyMessage]:
         )
     if wrapper.value is None:
         raise CorruptMessage(f"compressed message at offset {wrapper.offset} has a null value")
-    payload = codecs.decompress(
-        wrapper.compression, wrapper.value, legacy_lz4_header_checksum=wrapper.magic == MAGIC_V0
-    )
-    inner = list(_iter_legacy_messages(memoryview(payload)))
+    inner = []
+    try:
+        for each in _streamed_inner_messages(wrapper):
+            if each.magic != wrapper.magic or each.compression != codecs.NONE:
+                raise CorruptMessage(
+                    f"inner message at offset {each.offset} is compressed or has another magic")
+            inner.append(each)
+    except MessageTooLarge as exc:
+        raise CorruptMessage(f"compressed message at offset {wrapper.offset}: "
+                             f"{exc.message}") from exc
     if not inner:
         raise CorruptMessage(f"compressed message at offset {wrapper.offset} holds no messages")
-    for each in inner:
-        if each.magic != wrapper.magic or each.compression != codecs.NONE:
-            raise CorruptMessage(
-                f"inner message at offset {each.offset} is compressed or has another magic"
-            )
     return inner
+
+
+def _streamed_inner_messages(wrapper: _LegacyMessage) -> Iterator[_LegacyMessage]:
+    """The inner messages of a compressed wrapper, parsed as its value inflates (at most
+    ``MAX_RECORDS_SECTION_BYTES``): garbage is refused after its first chunk, and beyond the
+    messages parsed so far one message is held."""
+    reader = _SectionReader(codecs.iter_decompressed(
+        wrapper.compression, wrapper.value, codecs.MAX_RECORDS_SECTION_BYTES,
+        legacy_lz4_header_checksum=wrapper.magic == MAGIC_V0))
+    while reader.ensure(1):
+        if not reader.ensure(LOG_OVERHEAD_BYTES):
+            raise CorruptMessage(f"inner entry of the message at offset {wrapper.offset} "
+                                 "is truncated")
+        offset, size_bytes = _LEGACY_ENTRY.unpack_from(reader.buf, reader.pos)
+        if size_bytes < 0 or not reader.ensure(LOG_OVERHEAD_BYTES + size_bytes):
+            raise CorruptMessage(f"inner entry at offset {offset} of size {size_bytes} "
+                                 "overruns its wrapper")
+        start = reader.pos + LOG_OVERHEAD_BYTES
+        yield _parse_legacy_message(offset, memoryview(reader.buf)[start : start + size_bytes])
+        reader.pos = start + size_bytes

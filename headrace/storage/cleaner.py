@@ -81,6 +81,7 @@ release the GIL.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import math
@@ -281,18 +282,40 @@ class _MapPass:
     ordinals: int
 
 
+def dirty_closed_segments(log: Log, first_dirty_offset: int) -> tuple[LogSegment, ...]:
+    """Kafka's ``nonActiveLogSegmentsFrom(firstDirtyOffset)``: the closed segments from the
+    one holding ``first_dirty_offset`` on."""
+    segments = log.segments[:-1]
+    first = max(0, bisect.bisect_right([s.base_offset for s in segments], first_dirty_offset) - 1)
+    return segments[first:]
+
+
 def cleanable_end_offset(log: Log, now_ms: int, first_dirty_offset: int) -> int:
-    """First offset the cleaner may not touch: the active segment's base, or the base of the
-    first segment with a record newer than ``min.compaction.lag.ms``."""
-    segments = log.segments
-    end = segments[-1].base_offset
-    lag_ms = log.config.min_compaction_lag_ms
+    """First offset the cleaner may not touch (Kafka's ``firstUncleanableDirtyOffset``, never
+    below ``first_dirty_offset``): the active segment's base, or the base of the first dirty
+    closed segment whose largest timestamp -- its file's last-modified time when no batch
+    has a timestamp -- is newer than ``min.compaction.lag.ms``."""
+    end = log.segments[-1].base_offset
+    lag_ms = max(0, log.config.min_compaction_lag_ms)
     if lag_ms > 0:
-        for segment in segments[:-1]:
-            if segment.largest_timestamp_ms > now_ms - lag_ms:
+        for segment in dirty_closed_segments(log, first_dirty_offset):
+            if segment.largest_timestamp_ms() > now_ms - lag_ms:
                 end = min(end, segment.base_offset)
                 break
-    return end
+    return max(first_dirty_offset, end)
+
+
+def max_compaction_delay_ms(log: Log, now_ms: int, first_dirty_offset: int) -> int:
+    """Kafka's ``maxCompactionDelay``: how far past ``max.compaction.lag.ms`` the earliest
+    first-batch timestamp of the dirty closed segments is; timestamps <= 0 (none, or 0 as
+    some clients send) are ignored, so they never force a cleaning."""
+    first_timestamps = [ts for ts in (s.first_batch_timestamp()
+                                      for s in dirty_closed_segments(log, first_dirty_offset))
+                        if ts is not None and ts > 0]
+    if not first_timestamps:
+        return 0
+    clean_until_ms = now_ms - max(0, log.config.max_compaction_lag_ms)
+    return max(0, clean_until_ms - min(first_timestamps))
 
 
 def span_bytes_for(max_bytes_per_second: float, io_chunk_bytes: int) -> int:

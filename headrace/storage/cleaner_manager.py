@@ -41,7 +41,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from headrace.storage.checkpoint import CheckpointCorrupt, read_checkpoint, write_checkpoint
-from headrace.storage.cleaner import Cleaner, CleanerStats, cleanable_end_offset
+from headrace.storage.cleaner import (
+    Cleaner,
+    CleanerStats,
+    cleanable_end_offset,
+    max_compaction_delay_ms,
+)
 from headrace.storage.clock import Clock
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import FileSystem
@@ -166,7 +171,6 @@ class CleanerManager:
         segments = log.segments
         end_offset = cleanable_end_offset(log, now_ms, first_dirty)
         clean_bytes = dirty_bytes = 0
-        earliest_dirty_ms = -1
         for index, segment in enumerate(segments[:-1]):
             if segment.base_offset >= end_offset:
                 break
@@ -174,11 +178,7 @@ class CleanerManager:
                 clean_bytes += segment.size_bytes
             else:
                 dirty_bytes += segment.size_bytes
-                if earliest_dirty_ms < 0 and segment.size_bytes:
-                    earliest_dirty_ms = next(segment.iter_batches(0, 1))[1].max_timestamp
-        clean_until_ms = now_ms - max(0, log.config.max_compaction_lag_ms)
-        delay_ms = clean_until_ms - earliest_dirty_ms \
-            if 0 <= earliest_dirty_ms < clean_until_ms else 0
+        delay_ms = max_compaction_delay_ms(log, now_ms, first_dirty)
         return LogToClean(key, log_dir, log, first_dirty, clean_bytes, dirty_bytes, delay_ms)
 
     def grab_filthiest(self, logs: Logs, now_ms: int) -> LogToClean | None:

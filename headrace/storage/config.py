@@ -1,8 +1,20 @@
 """Topic configuration: Kafka's topic configs, their defaults, broker synonyms and validation.
 
-Owns ``TOPIC_CONFIGS`` (one ``ConfigDef`` per topic config Kafka defines that headrace honours,
-with Kafka's name, type, default, valid range and broker-level synonyms) and ``LogConfig``, the
-frozen per-partition view built from topic overrides over broker properties.
+Owns ``TOPIC_CONFIGS`` (one ``ConfigDef`` per topic config Kafka 3.9 defines, with Kafka's
+name, type, default, validation and broker-level synonyms) and ``LogConfig``, the frozen
+per-partition view built from topic overrides over broker properties.
+
+Every topic config Kafka 3.9 accepts is accepted, validated as Kafka's ``LogConfig`` does,
+stored and described; those headrace has no machinery for say so in their documentation
+(DescribeConfigs v3+ ``documentation``): the deprecated ``message.format.version`` (any valid
+MetadataVersion string, ignored from 3.0 on, in Kafka too) and ``message.downconversion.enable``
+(headrace serves Fetch v4+ only, so never down-converts), ``preallocate``,
+``unclean.leader.election.enable`` and the replication throttles (one replica), the
+``compression.*.level`` configs (recompression uses each codec's default level) and the tiered
+storage configs (``remote.storage.enable=true`` is refused as by a broker with tiered storage
+disabled; ``remote.log.copy.disable``/``remote.log.delete.on.disable=true`` as in ZooKeeper
+mode). The deprecated ``message.timestamp.difference.max.ms`` takes effect as in Kafka 3.9:
+``message.timestamp.before.max.ms`` / ``after.max.ms`` left at Long.MAX_VALUE fall back to it.
 
 Precedence, as in Kafka: a topic override (``retention.ms``) wins; else the first broker
 synonym that is set, in Kafka's order (``log.retention.ms`` over ``log.retention.minutes``
@@ -19,8 +31,9 @@ key and the value, for unknown keys and bad values. Pure data; thread-safe.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 from headrace.errors import InvalidConfig
@@ -32,6 +45,11 @@ INT_MIN = -(2**31)
 MS_PER_MINUTE = 60_000
 MS_PER_HOUR = 3_600_000
 
+GZIP_MIN_LEVEL, GZIP_MAX_LEVEL, GZIP_DEFAULT_LEVEL = 1, 9, -1  # java.util.zip.Deflater's
+LZ4_MIN_LEVEL, LZ4_MAX_LEVEL, LZ4_DEFAULT_LEVEL = 1, 17, 9
+ZSTD_MIN_LEVEL, ZSTD_MAX_LEVEL, ZSTD_DEFAULT_LEVEL = -131072, 22, 3
+LOCAL_RETENTION_FROM_RETENTION = -2  # local.retention.*: -2 means "as retention.*"
+DEFAULT_MESSAGE_FORMAT_VERSION = "3.0-IV1"
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 CLEANUP_POLICIES = ("compact", "delete")
 COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
@@ -39,9 +57,12 @@ COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"
 
 @dataclass(frozen=True, slots=True)
 class ConfigDef:
-    """One topic config: Kafka name, type ("int", "long", "double", "string", "list"),
-    default (already parsed), the inclusive range or allowed values, and the broker
-    synonyms as (broker key, multiplier to the topic unit) in precedence order."""
+    """One topic config: Kafka name, type ("int", "long", "double", "boolean", "string",
+    "list"), default (already parsed), the inclusive range or allowed values, the broker
+    synonyms as (broker key, multiplier to the topic unit) in precedence order, an extra
+    ``validator`` (the parsed value -> the reason it is invalid, or None) for Kafka's custom
+    validators, and whether the broker synonyms may be altered dynamically (Kafka's
+    ``DynamicLogConfig``: all but ``log.message.format.version``)."""
 
     name: str
     type: str
@@ -51,6 +72,8 @@ class ConfigDef:
     min_value: float | None = None
     max_value: float | None = None
     allowed: tuple[str, ...] = ()
+    validator: Callable[[object], str | None] | None = None
+    broker_reconfigurable: bool = True
 
     @property
     def field_name(self) -> str:
@@ -58,8 +81,70 @@ class ConfigDef:
 
 
 def _def(name: str, type_: str, default: object, doc: str, synonyms=(), lo=None, hi=None,
-         allowed=()) -> ConfigDef:
-    return ConfigDef(name, type_, default, doc, tuple(synonyms), lo, hi, tuple(allowed))
+         allowed=(), validator=None, broker_reconfigurable=True) -> ConfigDef:
+    return ConfigDef(name, type_, default, doc, tuple(synonyms), lo, hi, tuple(allowed),
+                     validator, broker_reconfigurable)
+
+
+# Kafka 3.9's MetadataVersion: release -> its sub-versions ("" for none). Every
+# "release-subversion" is valid, and so is a production release on its own (all but 4.0).
+_METADATA_VERSIONS = {
+    "0.8.0": ("",), "0.8.1": ("",), "0.8.2": ("",), "0.9.0": ("",),
+    "0.10.0": ("IV0", "IV1"), "0.10.1": ("IV0", "IV1", "IV2"), "0.10.2": ("IV0",),
+    "0.11.0": ("IV0", "IV1", "IV2"), "1.0": ("IV0",), "1.1": ("IV0",), "2.0": ("IV0", "IV1"),
+    "2.1": ("IV0", "IV1", "IV2"), "2.2": ("IV0", "IV1"), "2.3": ("IV0", "IV1"),
+    "2.4": ("IV0", "IV1"), "2.5": ("IV0",), "2.6": ("IV0",), "2.7": ("IV0", "IV1", "IV2"),
+    "2.8": ("IV0", "IV1"), "3.0": ("IV0", "IV1"), "3.1": ("IV0",), "3.2": ("IV0",),
+    "3.3": ("IV0", "IV1", "IV2", "IV3"), "3.4": ("IV0",), "3.5": ("IV0", "IV1", "IV2"),
+    "3.6": ("IV0", "IV1", "IV2"), "3.7": ("IV0", "IV1", "IV2", "IV3", "IV4"), "3.8": ("IV0",),
+    "3.9": ("IV0",), "4.0": ("IV0", "IV1"),
+}
+_UNSTABLE_RELEASES = ("4.0",)
+METADATA_VERSION_STRINGS = frozenset(
+    {f"{release}-{sub}" if sub else release
+     for release, subs in _METADATA_VERSIONS.items() for sub in subs}
+    | {release for release in _METADATA_VERSIONS if release not in _UNSTABLE_RELEASES})
+
+
+def _metadata_version_problem(value: object) -> str | None:
+    """Kafka's ``MetadataVersion.fromVersionString``: the first three dot-separated parts of
+    a 0.x version, or two of a later one, must name a version."""
+    text = str(value)
+    parts = text.split(".")
+    kept = 3 if text.startswith("0.") else 2
+    key = text if kept >= len(parts) else ".".join(parts[:kept])
+    if key in METADATA_VERSION_STRINGS:
+        return None
+    return f"Version {text} is not a valid version"
+
+
+_THROTTLED_REPLICA = re.compile(r"([0-9]+:[0-9]+)?")
+
+
+def _throttled_replicas_problem(items: object) -> str | None:
+    """Kafka's ``ThrottledReplicaListValidator``: '*' or partition:broker entries."""
+    if "".join(items) == "*" or all(_THROTTLED_REPLICA.fullmatch(i) for i in items):
+        return None
+    return ("must be the literal '*' or a list of replicas in the following format: "
+            "[partitionId]:[brokerId],[partitionId]:[brokerId],...")
+
+
+def _gzip_level_problem(level: object) -> str | None:
+    if level == GZIP_DEFAULT_LEVEL or GZIP_MIN_LEVEL <= level <= GZIP_MAX_LEVEL:
+        return None
+    return (f"Value must be between {GZIP_MIN_LEVEL} and {GZIP_MAX_LEVEL} or equal to "
+            f"{GZIP_DEFAULT_LEVEL}")
+
+
+def _disabled_feature(reason: str) -> Callable[[object], str | None]:
+    return lambda enabled: reason if enabled else None
+
+
+_REFUSED_IN_ZOOKEEPER_MODE = _disabled_feature(
+    "It is invalid to set `remote.log.delete.on.disable` or `remote.log.copy.disable` under "
+    "Zookeeper's mode.")
+_NO_EFFECT = " No effect in headrace: "
+_ONE_REPLICA = "a single broker holds the only replica of every partition."
 
 
 _DEFS = (
@@ -109,6 +194,59 @@ _DEFS = (
          [("log.message.timestamp.after.max.ms", 1)], 0, LONG_MAX),
     _def("file.delete.delay.ms", "long", 60000, "Delay before a deleted file is removed.",
          [("log.segment.delete.delay.ms", 1)], 0, LONG_MAX),
+    _def("message.timestamp.difference.max.ms", "long", LONG_MAX,
+         "[DEPRECATED] Largest allowed difference between a CreateTime timestamp and the "
+         "broker's clock; applies where message.timestamp.before.max.ms or "
+         "message.timestamp.after.max.ms is left at its maximum.",
+         [("log.message.timestamp.difference.max.ms", 1)], 0, LONG_MAX),
+    _def("message.format.version", "string", DEFAULT_MESSAGE_FORMAT_VERSION,
+         "[DEPRECATED] The message format version of appended batches: any valid "
+         "MetadataVersion (0.10.0, 2.8, 3.0-IV1...). Ignored from 3.0 on, as by Kafka "
+         "3.x: batches are always stored in the v2 format." + _NO_EFFECT + "deprecated.",
+         [("log.message.format.version", 1)], validator=_metadata_version_problem,
+         broker_reconfigurable=False),
+    _def("message.downconversion.enable", "boolean", True,
+         "Whether Fetch requests of clients expecting an older message format are "
+         "down-converted." + _NO_EFFECT + "Fetch v4+ only is served, so nothing is ever "
+         "down-converted.", [("log.message.downconversion.enable", 1)]),
+    _def("preallocate", "boolean", False,
+         "Preallocate the file on disk when creating a new log segment." + _NO_EFFECT +
+         "segments grow as they are written.", [("log.preallocate", 1)]),
+    _def("unclean.leader.election.enable", "boolean", False,
+         "Allow a replica not in the ISR to become leader." + _NO_EFFECT + _ONE_REPLICA,
+         [("unclean.leader.election.enable", 1)]),
+    _def("leader.replication.throttled.replicas", "list", (),
+         "Replicas ('partition:broker' or '*') whose replication is throttled on the leader "
+         "side." + _NO_EFFECT + _ONE_REPLICA, validator=_throttled_replicas_problem),
+    _def("follower.replication.throttled.replicas", "list", (),
+         "Replicas ('partition:broker' or '*') whose replication is throttled on the follower "
+         "side." + _NO_EFFECT + _ONE_REPLICA, validator=_throttled_replicas_problem),
+    _def("compression.gzip.level", "int", GZIP_DEFAULT_LEVEL,
+         "gzip level when compression.type is gzip." + _NO_EFFECT + "gzip's default level is "
+         "used.", [("compression.gzip.level", 1)], validator=_gzip_level_problem),
+    _def("compression.lz4.level", "int", LZ4_DEFAULT_LEVEL,
+         "lz4 level when compression.type is lz4." + _NO_EFFECT + "lz4's default level is "
+         "used.", [("compression.lz4.level", 1)], LZ4_MIN_LEVEL, LZ4_MAX_LEVEL),
+    _def("compression.zstd.level", "int", ZSTD_DEFAULT_LEVEL,
+         "zstd level when compression.type is zstd." + _NO_EFFECT + "zstd's default level "
+         "is used.", [("compression.zstd.level", 1)], ZSTD_MIN_LEVEL, ZSTD_MAX_LEVEL),
+    _def("remote.storage.enable", "boolean", False,
+         "Tiered storage for the topic; true is refused: tiered storage is disabled in the "
+         "broker.", validator=_disabled_feature(
+             "Tiered Storage functionality is disabled in the broker. Topic cannot be "
+             "configured with remote log storage.")),
+    _def("local.retention.ms", "long", LOCAL_RETENTION_FROM_RETENTION,
+         "Local retention of a tiered topic's segments; -2: retention.ms." + _NO_EFFECT +
+         "no tiered storage.", [("log.local.retention.ms", 1)], -2, LONG_MAX),
+    _def("local.retention.bytes", "long", LOCAL_RETENTION_FROM_RETENTION,
+         "Local retention of a tiered topic's bytes; -2: retention.bytes." + _NO_EFFECT +
+         "no tiered storage.", [("log.local.retention.bytes", 1)], -2, LONG_MAX),
+    _def("remote.log.copy.disable", "boolean", False,
+         "Stop copying a tiered topic's segments to remote storage; true is refused, as in "
+         "ZooKeeper mode.", validator=_REFUSED_IN_ZOOKEEPER_MODE),
+    _def("remote.log.delete.on.disable", "boolean", False,
+         "Delete remote data when tiered storage is disabled; true is refused, as in "
+         "ZooKeeper mode.", validator=_REFUSED_IN_ZOOKEEPER_MODE),
 )
 TOPIC_CONFIGS: Mapping[str, ConfigDef] = MappingProxyType({d.name: d for d in _DEFS})
 
@@ -140,26 +278,53 @@ def _check_range(definition: ConfigDef, value: int | float, raw: object, key: st
         raise _invalid(key, raw, f"Value must be no more than {hi}")
 
 
-def _parse_value(definition: ConfigDef, raw: str, key: str, multiplier: int = 1) -> object:
+def _parse_list(definition: ConfigDef, raw: str, key: str) -> tuple[str, ...]:
+    items = tuple(item.strip() for item in str(raw).split(",") if item.strip())
+    if not definition.allowed:
+        return items
+    bad = [item for item in items if item not in definition.allowed]
+    if bad or not items:
+        raise _invalid(key, raw, f"String must be one of: {', '.join(definition.allowed)}")
+    return tuple(dict.fromkeys(sorted(items)))
+
+
+def _parse_boolean(raw: str, key: str) -> bool:
+    text = str(raw).strip().lower()
+    if text not in ("true", "false"):
+        raise _invalid(key, raw, "Expected value to be either true or false")
+    return text == "true"
+
+
+def _parse_typed(definition: ConfigDef, raw: str, key: str, multiplier: int) -> object:
     if definition.type in ("int", "long", "double"):
         value = _parse_number(definition, raw, multiplier, key)
         _check_range(definition, value, raw, key)
         return value
     if definition.type == "list":
-        items = tuple(item.strip() for item in str(raw).split(",") if item.strip())
-        bad = [item for item in items if item not in definition.allowed]
-        if bad or not items:
-            raise _invalid(key, raw, f"String must be one of: {', '.join(definition.allowed)}")
-        return tuple(dict.fromkeys(sorted(items)))
+        return _parse_list(definition, raw, key)
+    if definition.type == "boolean":
+        return _parse_boolean(raw, key)
     value = str(raw).strip()
     if definition.allowed and value not in definition.allowed:
         raise _invalid(key, raw, f"String must be one of: {', '.join(definition.allowed)}")
     return value
 
 
-def _format_value(value: object) -> str:
+def _parse_value(definition: ConfigDef, raw: str, key: str, multiplier: int = 1) -> object:
+    value = _parse_typed(definition, raw, key, multiplier)
+    if definition.validator is not None:
+        problem = definition.validator(value)
+        if problem is not None:
+            raise _invalid(key, raw, problem)
+    return value
+
+
+def format_config_value(value: object) -> str:
+    """A parsed config value as Kafka writes it: lists comma-separated, booleans lower-case."""
     if isinstance(value, tuple):
         return ",".join(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return str(value)
 
 
@@ -171,7 +336,7 @@ def validate_topic_overrides(overrides: dict[str, str]) -> dict[str, str]:
         definition = TOPIC_CONFIGS.get(key)
         if definition is None:
             raise InvalidConfig(f"Unknown topic config name: {key}")
-        normalised[key] = _format_value(_parse_value(definition, raw, key))
+        normalised[key] = format_config_value(_parse_value(definition, raw, key))
     return normalised
 
 
@@ -215,6 +380,25 @@ class LogConfig:
     message_timestamp_before_max_ms: int = LONG_MAX
     message_timestamp_after_max_ms: int = 3600000
     file_delete_delay_ms: int = 60000
+    message_timestamp_difference_max_ms: int = LONG_MAX
+    message_format_version: str = DEFAULT_MESSAGE_FORMAT_VERSION
+    message_downconversion_enable: bool = True
+    preallocate: bool = False
+    unclean_leader_election_enable: bool = False
+    leader_replication_throttled_replicas: tuple[str, ...] = ()
+    follower_replication_throttled_replicas: tuple[str, ...] = ()
+    compression_gzip_level: int = GZIP_DEFAULT_LEVEL
+    compression_lz4_level: int = LZ4_DEFAULT_LEVEL
+    compression_zstd_level: int = ZSTD_DEFAULT_LEVEL
+    remote_storage_enable: bool = False
+    local_retention_ms: int = LOCAL_RETENTION_FROM_RETENTION
+    local_retention_bytes: int = LOCAL_RETENTION_FROM_RETENTION
+    remote_log_copy_disable: bool = False
+    remote_log_delete_on_disable: bool = False
+    # The configured text where the effective field differs (the timestamp limits falling
+    # back to message.timestamp.difference.max.ms): what DescribeConfigs reports.
+    configured_text: Mapping[str, str] = field(default_factory=dict, compare=False,
+                                               repr=False)
 
     @classmethod
     def from_properties(
@@ -228,13 +412,17 @@ class LogConfig:
                 values[definition.field_name] = _parse_value(definition, raw, definition.name)
             else:
                 values[definition.field_name] = _broker_value(definition, broker_properties)
-        return cls(**values)
+        configured_text = _apply_timestamp_difference_fallback(values)
+        return cls(**values, configured_text=configured_text)
 
     def to_properties(self) -> dict[str, str]:
-        return {
-            definition.name: _format_value(getattr(self, definition.field_name))
+        """Every topic config's configured value as text (what DescribeConfigs reports)."""
+        properties = {
+            definition.name: format_config_value(getattr(self, definition.field_name))
             for definition in TOPIC_CONFIGS.values()
         }
+        properties.update(self.configured_text)
+        return properties
 
     @property
     def delete_enabled(self) -> bool:
@@ -249,7 +437,24 @@ class LogConfig:
         return self.message_timestamp_type == "LogAppendTime"
 
 
-assert {f.name for f in fields(LogConfig)} == {d.field_name for d in _DEFS}
+assert {f.name for f in fields(LogConfig)} == {d.field_name for d in _DEFS} | {"configured_text"}
+
+
+_TIMESTAMP_LIMITS = ("message.timestamp.before.max.ms", "message.timestamp.after.max.ms")
+
+
+def _apply_timestamp_difference_fallback(values: dict[str, object]) -> dict[str, str]:
+    """Kafka 3.9's ``LogConfig``: a timestamp limit left at Long.MAX_VALUE takes the
+    deprecated ``message.timestamp.difference.max.ms``. Changes ``values`` (field names) to
+    the effective limits; returns the configured text of the limits it changed."""
+    difference = values["message_timestamp_difference_max_ms"]
+    configured = {}
+    for name in _TIMESTAMP_LIMITS:
+        field_name = TOPIC_CONFIGS[name].field_name
+        if values[field_name] == LONG_MAX and difference != LONG_MAX:
+            configured[name] = format_config_value(values[field_name])
+            values[field_name] = difference
+    return configured
 
 
 def parse_properties_text(text: str) -> dict[str, str]:

@@ -58,7 +58,9 @@ class FileSystem(Protocol):
 
     def is_dir(self, path: Path) -> bool: ...
 
-    def mtime_ms(self, path: Path) -> int: ...
+    def fd_mtime_ms(self, fd: int) -> int: ...
+
+    def set_mtime_ms(self, path: Path, mtime_ms: int) -> None: ...
 
     def fsync_dir(self, path: Path) -> None: ...
 
@@ -114,8 +116,14 @@ class RealFileSystem:
     def is_dir(self, path: Path) -> bool:
         return os.path.isdir(path)
 
-    def mtime_ms(self, path: Path) -> int:
-        return os.stat(path).st_mtime_ns // 1_000_000
+    def fd_mtime_ms(self, fd: int) -> int:
+        """The open file's last-modified time (still valid after a rename)."""
+        return os.fstat(fd).st_mtime_ns // 1_000_000
+
+    def set_mtime_ms(self, path: Path, mtime_ms: int) -> None:
+        """Set the file's last-modified (and access) time, as Java's setLastModifiedTime."""
+        mtime_ns = mtime_ms * 1_000_000
+        os.utime(path, ns=(mtime_ns, mtime_ns))
 
     def fsync_dir(self, path: Path) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

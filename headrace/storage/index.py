@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headrace.protocol.batch import NO_TIMESTAMP
 from headrace.storage.fs import FileSystem
 
 OFFSET_ENTRY_BYTES = 8
@@ -219,9 +220,10 @@ class TimeIndex:
         self.truncate_to_entries(0)
 
     def maybe_append(self, timestamp_ms: int, offset: int) -> None:
-        """Add an entry if ``timestamp_ms`` is larger than the last one (Kafka's
-        ``maybeAppend``)."""
-        if self.timestamps and timestamp_ms <= self.timestamps[-1]:
+        """Add an entry if ``timestamp_ms`` is larger than the last one, or for the first
+        entry larger than NO_TIMESTAMP (Kafka's ``maybeAppend``: an empty index's last entry
+        is ``(-1, base offset)``), so a batch without timestamps never gets an entry."""
+        if timestamp_ms <= (self.timestamps[-1] if self.timestamps else NO_TIMESTAMP):
             return
         self.timestamps.append(timestamp_ms)
         self.relative_offsets.append(offset - self.base_offset)

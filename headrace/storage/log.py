@@ -34,11 +34,17 @@ is left unchanged). After each append the writer publishes an immutable ``LogVie
 take that snapshot and never lock, so a reader never blocks a writer (copy-on-write segment
 list, as in Kafka).
 
-Offsets by time are batch-granular: records are not decoded, so a time lookup answers the base
-offset and max timestamp of the first batch whose max timestamp is >= the target, and the
-max-timestamp lookup answers the last offset of the batch holding the largest timestamp (Kafka's
-"shallow" offset). CreateTime bounds (message.timestamp.before/after.max.ms) are checked on the
-batch's base and max timestamps.
+Time-based decisions read a segment's largest timestamp as Kafka's ``largestTimestamp``: the
+largest valid (>= 0) batch timestamp, else the segment file's last-modified time (read through
+the injected file system), so records sent without a timestamp (-1) age from when they were
+written, never from 1970. Retention by retention.ms deletes a closed segment once that is
+older than retention.ms; offsets by time search the first segment whose largest timestamp
+reaches the target, as Kafka's ``searchOffsetInLocalLog`` (the time index and batch headers
+find the batch, the kernel decodes it to find the first record at or after the log start
+with a timestamp >= the target; records without a timestamp never match); the
+max-timestamp lookup answers the first record carrying the largest timestamp. CreateTime
+bounds (message.timestamp.before/after.max.ms) are checked on the batch's base and max
+timestamps, skipping -1.
 
 Recovery: after a clean shutdown the index files are sanity-checked and only the tail after the
 last index entry of the active segment is walked. After an unclean shutdown every batch after the
@@ -46,9 +52,13 @@ recovery point is CRC-checked; the log is truncated at the first bad byte and th
 segments touched are rebuilt, so the work grows with the unflushed tail, not with the log.
 
 Time-based rolling uses Kafka's ``LogConfig.maxSegmentMs``: ``segment.ms``, or for a compacted
-log ``min(segment.ms, max.compaction.lag.ms)``, so records in the active segment become
-cleanable within max.compaction.lag.ms. Rolls happen on the appending thread only (at append
-or in ``maintain`` called by the broker's maintenance on that same thread).
+log ``min(segment.ms, max.compaction.lag.ms)``, and Kafka's ``timeWaitedForRoll``: a segment
+whose first batch has a timestamp rolls when a batch to append has a max timestamp more than
+that past it; a segment whose first batch has none (-1) when the broker time is that far past
+its creation. Rolls happen on the appending thread only (at append, or in ``maintain`` called
+by the broker's maintenance on that same thread, which rolls by creation time, and by
+timestamp only on compact-only logs so their records become cleanable within
+max.compaction.lag.ms).
 
 Thread-safety: ``append``, ``roll``, ``flush``, retention and ``close`` take the log's lock;
 ``read``, ``offset_for_timestamp`` and the properties work on the published snapshot from any
@@ -96,6 +106,7 @@ from headrace.errors import (
 from headrace.protocol.batch import (
     BATCH_HEADER_BYTES,
     CONTROL_BIT,
+    LOG_OVERHEAD_BYTES,
     BatchHeader,
     parse_header,
     set_log_append_time,
@@ -173,8 +184,25 @@ _pack_base_offset = struct.Struct(">q").pack_into
 _new_append_result = functools.partial(tuple.__new__, AppendResult)
 
 # When a plain append may take the kernel's one-call path: (the active segment, the broker
-# time after which it must roll by age, the largest last offset its index can address).
-_PlainGate = tuple[LogSegment, int, int]
+# time after which it must roll by age, the largest last offset its index can address, the
+# largest batch max timestamp it takes before rolling by age, the broker time until which no
+# batch the kernel accepts -- none stamped past message.timestamp.after.max.ms -- can carry
+# a larger one, so the header need not be read).
+_PlainGate = tuple[LogSegment, int, int, int, int]
+ROLL_NEVER = 2**63 - 1  # a roll deadline that is never passed
+# A batch header's batch_length (int32 at byte 8) and max_timestamp (int64 at byte 35).
+_LENGTH_AND_MAX_TIMESTAMP = struct.Struct(">8xi23xq").unpack_from
+
+
+def single_batch_max_timestamp(records: bytes | bytearray | memoryview) -> int:
+    """The header max timestamp of ``records`` if they are exactly one batch, else
+    ``ROLL_NEVER`` (unknown: whoever asks must assume the batch may roll the segment).
+    On the plain append path: one struct call."""
+    size_bytes = len(records)
+    if size_bytes < BATCH_HEADER_BYTES:
+        return ROLL_NEVER
+    batch_length, max_timestamp_ms = _LENGTH_AND_MAX_TIMESTAMP(records)
+    return max_timestamp_ms if batch_length + LOG_OVERHEAD_BYTES == size_bytes else ROLL_NEVER
 
 
 class LogView:
@@ -286,7 +314,7 @@ class Log:
         (segment.ms may have changed)."""
         self._target_codec = target_codec(config)
         self._log_append_time = config.log_append_time
-        self._roll_deadline: tuple[LogSegment | None, int] = (None, 0)
+        self._roll_deadline: tuple[LogSegment | None, tuple[int, int]] = (None, (0, 0))
         self._segment_bytes = config.segment_bytes
         self._flush_messages = config.flush_messages
         self._plain_limits = (config.max_message_bytes, config.message_timestamp_before_max_ms,
@@ -320,11 +348,7 @@ class Log:
                     self.fs.remove(self.dir / name)
         if not bases:
             bases.add(max(log_start_offset, 0))
-        segments = []
-        for base in sorted(bases):
-            segment = self._new_segment(base, now_ms)
-            segment.last_modified_ms = self.fs.mtime_ms(segment.log_path)
-            segments.append(segment)
+        segments = [self._new_segment(base, now_ms) for base in sorted(bases)]
         for segment in segments[:-1]:  # the active segment's tail is scanned anyway
             if segment.base_offset in needs_index_rebuild and segment.size_bytes:
                 self._rebuild_indexes(segment, sealed=True)
@@ -488,7 +512,8 @@ class Log:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
             gate = self._plain_gate
             result = None
-            if gate is not None and now_ms <= gate[1]:
+            if gate is not None and now_ms <= gate[1] and (
+                    now_ms <= gate[4] or single_batch_max_timestamp(records) <= gate[3]):
                 result = self._append_plain(records, gate, now_ms)
             if result is None:
                 result = self._append_general(records, now_ms)
@@ -574,7 +599,11 @@ class Log:
         holds, or its size, which the kernel checks, can make it roll)."""
         if (self._fs_is_real and not self._log_append_time and active.size_bytes
                 and not active.offset_index.is_full and not active.time_index.is_full):
-            return active, self._roll_deadline_ms(active), active.base_offset + MAX_RELATIVE_OFFSET
+            broker_deadline_ms, message_deadline_ms = self._roll_deadlines(active)
+            unread_until_ms = ROLL_NEVER if message_deadline_ms == ROLL_NEVER else \
+                message_deadline_ms - self.config.message_timestamp_after_max_ms
+            return (active, broker_deadline_ms, active.base_offset + MAX_RELATIVE_OFFSET,
+                    message_deadline_ms, unread_until_ms)
         return None
 
     def _write(self, records: bytearray, summaries: tuple[Summary, ...], first_offset: int,
@@ -589,12 +618,14 @@ class Log:
             max_timestamp_ms = now_ms if log_append_time else summaries[0][5]
             if log_append_time:
                 set_log_append_time(records, 0, now_ms)
-            active = self._active_segment_for(len(records), next_offset - 1, now_ms)
+            active = self._active_segment_for(len(records), next_offset - 1, max_timestamp_ms,
+                                              now_ms)
             active.append_batch(records, next_offset - 1, max_timestamp_ms, now_ms)
             return next_offset, active
         next_offset, entries = self._assign_offsets(records, summaries, first_offset,
                                                     log_append_time, now_ms)
-        active = self._active_segment_for(len(records), next_offset - 1, now_ms)
+        max_timestamp_ms = max(entry[2] for entry in entries)
+        active = self._active_segment_for(len(records), next_offset - 1, max_timestamp_ms, now_ms)
         active.append(records, entries, now_ms)
         return next_offset, active
 
@@ -662,31 +693,33 @@ class Log:
 
     # ---- rolling and flushing ------------------------------------------------------------
 
-    def _active_segment_for(self, size_bytes: int, last_offset: int, now_ms: int) -> LogSegment:
+    def _active_segment_for(self, size_bytes: int, last_offset: int, max_timestamp_ms: int,
+                            now_ms: int) -> LogSegment:
         """The segment to append to: the active one, unless it is non-empty and must roll:
-        full by size, index or relative offset range, or older than segment.ms (Kafka's
-        ``shouldRoll``)."""
+        full by size, index or relative offset range, or too old (Kafka's ``shouldRoll``;
+        ``max_timestamp_ms`` is the largest timestamp of the batches to append)."""
         active = self._segments[-1]
-        if active.size_bytes and self._must_roll(active, size_bytes, last_offset, now_ms):
+        if active.size_bytes and self._must_roll(active, size_bytes, last_offset,
+                                                 max_timestamp_ms, now_ms):
             self._roll_locked(now_ms)
             active = self._segments[-1]
         return active
 
     def _must_roll(self, active: LogSegment, size_bytes: int, last_offset: int,
-                   now_ms: int) -> bool:
-        cached_segment, deadline_ms = self._roll_deadline
-        if cached_segment is not active:
-            deadline_ms = self._roll_deadline_ms(active)
-        return (now_ms > deadline_ms
+                   max_timestamp_ms: int, now_ms: int) -> bool:
+        broker_deadline_ms, message_deadline_ms = self._roll_deadlines(active)
+        return (now_ms > broker_deadline_ms or max_timestamp_ms > message_deadline_ms
                 or active.size_bytes + size_bytes > self.config.segment_bytes
                 or len(active.offset_index.positions) >= active.offset_index.max_entries
                 or len(active.time_index.timestamps) >= active.time_index.max_entries
                 or last_offset - active.base_offset > MAX_RELATIVE_OFFSET)
 
-    def append_needs_no_io_wait(self, size_bytes: int, now_ms: int) -> bool:
-        """Whether appending ``size_bytes`` of records now certainly neither fsyncs nor rolls
-        (flush.messages not reached even if every byte were a record; no roll by size,
-        index, offset range or age) and is not on a compacted log (whose lock the cleaner
+    def append_needs_no_io_wait(self, size_bytes: int, now_ms: int,
+                                records: bytes | bytearray | memoryview = b"") -> bool:
+        """Whether appending ``records`` (``size_bytes`` of them) now certainly neither fsyncs
+        nor rolls (flush.messages not reached even if every byte were a record; no roll by
+        size, index, offset range or age -- by the batch's max timestamp when the active
+        segment rolls by timestamps) and is not on a compacted log (whose lock the cleaner
         takes for a swap). The broker runs such small appends inline on its event loop.
         A hint read without the lock: a racing append can only make the answer stale
         towards "a roll or flush happens", which the append then simply performs."""
@@ -698,24 +731,42 @@ class Log:
             return False
         active = self._segments[-1]
         return not (active.size_bytes and self._must_roll(
-            active, size_bytes, log_end_offset + size_bytes, now_ms))
+            active, size_bytes, log_end_offset + size_bytes,
+            single_batch_max_timestamp(records), now_ms))
 
-    def _roll_deadline_ms(self, segment: LogSegment) -> int:
-        """The broker time after which ``segment`` is too old to append to; cached per
-        segment once its first batch fixed the rolling base (config changes clear it)."""
-        cached_segment, deadline_ms = self._roll_deadline
+    def _roll_deadlines(self, segment: LogSegment) -> tuple[int, int]:
+        """When ``segment`` is too old to append to, as Kafka's ``timeWaitedForRoll``: a
+        segment whose first batch has a timestamp (>= 0) rolls for a batch whose max
+        timestamp lies more than segment.ms (less the jitter) after it -- (NEVER, that
+        timestamp) --, any other when the broker time is that far past its creation --
+        (that time, NEVER). Cached per segment once its first batch is known (config
+        changes clear it)."""
+        cached_segment, deadlines = self._roll_deadline
         if cached_segment is segment:
-            return deadline_ms
-        rolling_base_ms = segment.first_batch_timestamp_ms
-        if rolling_base_ms is None or rolling_base_ms < 0:
-            rolling_base_ms = segment.created_ms
-        deadline_ms = rolling_base_ms + self._max_segment_ms - self._segment_jitter_ms
-        if segment.first_batch_timestamp_ms is not None:
-            self._roll_deadline = (segment, deadline_ms)
-        return deadline_ms
+            return deadlines
+        limit_ms = self._max_segment_ms - self._segment_jitter_ms
+        first_timestamp_ms = segment.first_batch_timestamp_ms
+        if first_timestamp_ms is not None and first_timestamp_ms >= 0:
+            deadlines = (ROLL_NEVER, first_timestamp_ms + limit_ms)
+        else:
+            deadlines = (segment.created_ms + limit_ms, ROLL_NEVER)
+        if first_timestamp_ms is not None:
+            self._roll_deadline = (segment, deadlines)
+        return deadlines
 
     def _segment_expired(self, segment: LogSegment, now_ms: int) -> bool:
-        return now_ms > self._roll_deadline_ms(segment)
+        """Roll by time without a batch to append (headrace's maintenance; Kafka rolls only
+        at an append): by broker time for a segment that rolls by its creation time; for
+        one that rolls by timestamps only on a compact-only log (no retention can follow)
+        whose first timestamp is > 0, so its records become cleanable within
+        max.compaction.lag.ms. Records with old timestamps are never rolled -- and so
+        exposed to retention -- sooner than Kafka would."""
+        broker_deadline_ms, message_deadline_ms = self._roll_deadlines(segment)
+        if now_ms > broker_deadline_ms:
+            return True
+        config = self.config
+        return (config.compact_enabled and not config.delete_enabled
+                and (segment.first_batch_timestamp_ms or 0) > 0 and now_ms > message_deadline_ms)
 
     @property
     def _max_segment_ms(self) -> int:
@@ -740,21 +791,26 @@ class Log:
         if active.size_bytes and self._segment_expired(active, now_ms):
             self._roll_locked(now_ms)
 
-    def maintain(self, now_ms: int) -> bool:
-        """The broker's periodic work on this log: roll by segment.ms, flush by flush.ms (and
-        after rolls), retention. Skipped -- False -- while another thread holds the log's lock
-        (a cleaner swapping segments in holds it across renames and fsyncs): the caller is
-        the append thread, which must not wait for that, and the next round catches up."""
+    def maintain(self, now_ms: int, flush_by_time: bool = False,
+                 check_retention: bool = False) -> int | None:
+        """The broker's periodic work on this log: roll by segment.ms and flush the rolled
+        segments; with ``flush_by_time`` flush by flush.ms (Kafka's log flusher, run each
+        log.flush.scheduler.interval.ms); with ``check_retention`` delete segments by
+        retention (Kafka's retention check, run each log.retention.check.interval.ms).
+        Returns the count of segments deleted; None -- nothing done -- while another thread
+        holds the log's lock (a cleaner swapping segments in holds it across renames and
+        fsyncs): the caller is the append thread, which must not wait for that, and retries
+        at its next round."""
         if not self._lock.acquire(blocking=False):
-            return False
+            return None
         try:
-            if not self._closed:
-                self._maybe_roll_by_time_locked(now_ms)
-                self._flush_if_due_locked(now_ms)
-                self._delete_old_segments_locked(now_ms)
+            if self._closed:
+                return 0
+            self._maybe_roll_by_time_locked(now_ms)
+            self._flush_if_due_locked(now_ms, flush_by_time)
+            return self._delete_old_segments_locked(now_ms) if check_retention else 0
         finally:
             self._lock.release()
-        return True
 
     def _roll_locked(self, now_ms: int) -> None:
         log_end_offset = self._view.log_end_offset
@@ -795,10 +851,13 @@ class Log:
         """Time-based flush (flush.ms), and the flush Kafka schedules after a roll."""
         with self._lock:
             if not self._closed:
-                self._flush_if_due_locked(now_ms)
+                self._flush_if_due_locked(now_ms, flush_by_time=True)
 
-    def _flush_if_due_locked(self, now_ms: int) -> None:
-        if now_ms - self.last_flush_ms >= self.config.flush_ms:
+    def _flush_if_due_locked(self, now_ms: int, flush_by_time: bool) -> None:
+        """The flush Kafka schedules after a roll (segments below the active one); with
+        ``flush_by_time`` also Kafka's ``flushDirtyLogs`` rule: everything once flush.ms has
+        passed since the last flush."""
+        if flush_by_time and now_ms - self.last_flush_ms >= self.config.flush_ms:
             self._flush_locked(now_ms)
             self.last_flush_ms = now_ms
         elif self._rolled_unflushed():
@@ -864,11 +923,9 @@ class Log:
         if timestamp_ms == MAX_TIMESTAMP:
             return self._max_timestamp_offset(view)
         for index, segment in enumerate(view.segments):
-            if segment.max_timestamp_ms < timestamp_ms:
-                continue
-            found = segment.offset_at_or_after_timestamp(timestamp_ms, view.max_position(index))
-            if found is not None:
-                return max(found[0], view.log_start_offset), found[1]
+            if segment.largest_timestamp_ms() >= timestamp_ms:
+                return segment.offset_at_or_after_timestamp(
+                    timestamp_ms, view.log_start_offset, view.max_position(index))
         return None
 
     @staticmethod
@@ -922,7 +979,7 @@ class Log:
         for index, segment in enumerate(segments[:-1]):
             below_start = segments[index + 1].base_offset <= log_start
             by_time = config.delete_enabled and config.retention_ms >= 0 and \
-                now_ms - segment.largest_timestamp_ms > config.retention_ms
+                now_ms - segment.largest_timestamp_ms() > config.retention_ms
             by_size = config.delete_enabled and config.retention_bytes >= 0 and \
                 excess_bytes - segment.size_bytes >= 0
             if not (below_start or by_time or by_size):
@@ -983,6 +1040,10 @@ class Log:
                                       "changed during cleaning")
             swap_path = cleaned_path.with_name(
                 segment_file_name(old[0].base_offset, LOG_SUFFIX + SWAP_SUFFIX))
+            # Kafka's cleaner keeps the replaced segments' last-modified time (the time-based
+            # decisions for batches without timestamps read it); set before the commit point.
+            last_modified_ms = old[-1].last_modified_ms()
+            self.fs.set_mtime_ms(cleaned_path, last_modified_ms)
             self.fs.rename(cleaned_path, swap_path)
             self.fs.fsync_dir(self.dir)
             for segment in old:
@@ -1000,7 +1061,6 @@ class Log:
                                    "rebuilding it", cleaned.log_path, index.bytes_valid,
                                    cleaned.size_bytes)
                 self._rebuild_indexes(cleaned, sealed=True)
-            cleaned.last_modified_ms = max(s.last_modified_ms for s in old)
             self._segments[first : first + len(old)] = [cleaned]
             view = self._view
             self._view = LogView(tuple(self._segments), view.log_end_offset,

@@ -152,7 +152,11 @@ class LogManager:
         self._logs: dict[tuple[str, int], Log] = {}
         self._log_dir_of: dict[tuple[str, int], Path] = {}
         self._pending_dir_deletions: list[tuple[int, Path, list[Log]]] = []
-        self._last_checkpoints: dict[Path, tuple[dict, dict]] = {}
+        self._last_checkpoints: dict[Path, dict] = {}  # checkpoint file -> offsets written
+        self._flush_due: set[tuple[str, int]] = set()  # logs a flusher round has not reached
+        self._retention_due: set[tuple[str, int]] = set()  # same, for a retention check
+        self._retention_check_running = False
+        self._retention_deleted_segments = 0
         self._startup_state: dict[tuple[str, int], tuple[bool, int, int]] = {}
 
     @property
@@ -436,16 +440,39 @@ class LogManager:
 
     # ---- periodic work and shutdown ------------------------------------------------------
 
-    def maintenance(self, now_ms: int) -> None:
-        """Roll by segment.ms, flush by flush.ms (and after rolls), apply retention (which
-        renames segments to ``.deleted``). A log whose lock another thread holds (a cleaner
-        swapping segments in) is skipped until the next call (``Log.maintain``), so the append
-        thread never waits for a swap's fsyncs. Neither checkpoints nor file removal happen
-        here: ``write_checkpoints`` and ``remove_expired_files`` run on another thread so
-        appends never wait for their fsyncs and unlinks."""
+    def maintenance(self, now_ms: int, flush_by_time: bool = False,
+                    check_retention: bool = False) -> None:
+        """Roll by segment.ms and flush rolled segments (every round); with ``flush_by_time``
+        start a round of Kafka's log flusher (flush.ms; the broker runs it each
+        log.flush.scheduler.interval.ms), with ``check_retention`` a retention check (each
+        log.retention.check.interval.ms), which renames segments to ``.deleted``. A log whose
+        lock another thread holds (a cleaner swapping segments in) is skipped and its part of
+        a flusher round or retention check done at the next call (``Log.maintain``), so the
+        append thread never waits for a swap's fsyncs; a retention check logs its completion
+        once every log had its turn. Neither checkpoints nor file removal happen here:
+        ``write_checkpoints`` and ``remove_expired_files`` run on another thread so appends
+        never wait for their fsyncs and unlinks."""
         with self._lock:
-            for log in list(self._logs.values()):
-                log.maintain(now_ms)
+            keys = set(self._logs)
+            if flush_by_time:
+                self._flush_due = set(keys)
+            if check_retention:
+                self._retention_due = set(keys)
+                self._retention_check_running = True
+            for key, log in list(self._logs.items()):
+                deleted = log.maintain(now_ms, flush_by_time=key in self._flush_due,
+                                       check_retention=key in self._retention_due)
+                if deleted is not None:
+                    self._flush_due.discard(key)
+                    self._retention_due.discard(key)
+                    self._retention_deleted_segments += deleted
+            self._retention_due &= keys  # a deleted topic's logs are not waited for
+            self._flush_due &= keys
+            if self._retention_check_running and not self._retention_due:
+                self._retention_check_running = False
+                logger.info("log retention check completed: %d segments deleted",
+                            self._retention_deleted_segments)
+                self._retention_deleted_segments = 0
 
     def remove_expired_files(self, now_ms: int) -> None:
         """Remove the ``.deleted`` segments and deleted partition directories whose
@@ -473,32 +500,38 @@ class LogManager:
                 log.close_without_flush()
             remove_tree(self.fs, path)
 
-    def write_checkpoints(self) -> None:
-        """Write the recovery-point and log-start-offset checkpoints of every data directory
-        whose offsets changed since the last write. Safe from any thread, concurrently with
-        appends and maintenance: the offsets are read under the manager's lock, the files are
-        written (and fsynced) outside it. Checkpoints only shorten recovery; data is durable
-        by the flush policy (flush.messages, flush.ms) alone."""
+    def write_checkpoints(self, recovery_points: bool = True,
+                          log_start_offsets: bool = True) -> None:
+        """Write the recovery-point and/or log-start-offset checkpoints of every data
+        directory whose offsets changed since the last write (the broker writes each on its
+        own Kafka interval: log.flush.offset.checkpoint.interval.ms,
+        log.flush.start.offset.checkpoint.interval.ms). Safe from any thread, concurrently
+        with appends and maintenance: the offsets are read under the manager's lock, the
+        files are written (and fsynced) outside it. Checkpoints only shorten recovery; data
+        is durable by the flush policy (flush.messages, flush.ms) alone."""
+        names = [name for name, wanted in ((RECOVERY_POINT_CHECKPOINT, recovery_points),
+                                           (LOG_START_OFFSET_CHECKPOINT, log_start_offsets))
+                 if wanted]
         with self._checkpoint_lock:
-            self._write_checkpoints(only_if_changed=True)
+            self._write_checkpoints(names, only_if_changed=True)
 
-    def _write_checkpoints(self, only_if_changed: bool) -> None:
+    def _write_checkpoints(self, names: list[str], only_if_changed: bool) -> None:
         """Callers hold ``_checkpoint_lock``, so snapshots reach the files in the order they
         were taken."""
         with self._lock:
-            snapshots = [self._checkpoint_snapshot(log_dir) for log_dir in self.log_dirs]
-        for log_dir, (recovery, starts) in zip(self.log_dirs, snapshots, strict=True):
-            if only_if_changed and self._last_checkpoints.get(log_dir) == (recovery, starts):
+            snapshots = [(log_dir / name, self._checkpoint_snapshot(log_dir, name))
+                         for log_dir in self.log_dirs for name in names]
+        for path, offsets in snapshots:
+            if only_if_changed and self._last_checkpoints.get(path) == offsets:
                 continue
-            write_checkpoint(self.fs, log_dir / RECOVERY_POINT_CHECKPOINT, recovery)
-            write_checkpoint(self.fs, log_dir / LOG_START_OFFSET_CHECKPOINT, starts)
-            self._last_checkpoints[log_dir] = (recovery, starts)
+            write_checkpoint(self.fs, path, offsets)
+            self._last_checkpoints[path] = offsets
 
-    def _checkpoint_snapshot(self, log_dir: Path) -> tuple[dict, dict]:
+    def _checkpoint_snapshot(self, log_dir: Path, name: str) -> dict:
         keys = [k for k, d in self._log_dir_of.items() if d == log_dir]
-        recovery = {k: self._logs[k].recovery_point for k in keys}
-        starts = {k: self._logs[k].log_start_offset for k in keys}
-        return recovery, starts
+        if name == RECOVERY_POINT_CHECKPOINT:
+            return {k: self._logs[k].recovery_point for k in keys}
+        return {k: self._logs[k].log_start_offset for k in keys}
 
     def shutdown(self) -> None:
         """Flush and close every log, write the checkpoints, then the clean-shutdown
@@ -507,6 +540,7 @@ class LogManager:
             for log in self._logs.values():
                 log.close()
             self._remove_dirs(self._take_due_dir_deletions(0, force=True))
-            self._write_checkpoints(only_if_changed=False)
+            self._write_checkpoints([RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT],
+                                    only_if_changed=False)
             for log_dir in self.log_dirs:
                 write_file_atomically(self.fs, log_dir / CLEAN_SHUTDOWN_MARKER, b"")

@@ -10,11 +10,17 @@ Owns: appending batches and maintaining the indexes (one entry per ``index.inter
 locating the batch that holds an offset (index lookup, then a short scan of 27-byte header
 prefixes), carving ``FileSlice`` ranges of whole batches for sendfile, recovery (a CRC scan
 from a known-good position that truncates at the first bad byte and rebuilds the index entries
-after it), and renaming/removing its files.
+after it), renaming/removing its files, and its times as Kafka's ``LogSegment`` defines them:
+the largest timestamp (the largest valid batch max timestamp, else the log file's
+last-modified time, read through the injected file system: -1 is never read as 1970), the
+first batch's timestamp (Kafka's rolling base) and the creation time.
 
 Thread-safety: mutations (append, recover, truncate, flush, close) come from the owning log's
 writer; ``find_batch``/``slice`` are safe from any thread because they are bounded by a size
 the caller read from an immutable log snapshot, and indexes only ever grow between restarts.
+``largest_timestamp_ms`` and ``first_batch_timestamp`` may be called from any thread (the
+cleaner's): the first reads an fstat of the open descriptor, the second caches an idempotent
+read of the first batch header.
 """
 
 from __future__ import annotations
@@ -92,7 +98,7 @@ class LogSegment:
     __slots__ = ("fs", "directory", "base_offset", "index_interval_bytes", "log_path", "fd",
                  "size_bytes", "offset_index", "time_index", "bytes_since_last_index_entry",
                  "max_timestamp_ms", "offset_of_max_timestamp", "first_batch_timestamp_ms",
-                 "created_ms", "last_modified_ms", "closed")
+                 "created_ms", "closed")
 
     def __init__(self, fs: FileSystem, directory: Path, base_offset: int, index_max_bytes: int,
                  index_interval_bytes: int, created_ms: int) -> None:
@@ -113,7 +119,6 @@ class LogSegment:
         self.offset_of_max_timestamp = base_offset
         self.first_batch_timestamp_ms: int | None = None
         self.created_ms = created_ms
-        self.last_modified_ms = created_ms
         self.closed = False
 
     # ---- writing -------------------------------------------------------------------------
@@ -126,7 +131,6 @@ class LogSegment:
         self.fs.write(self.fd, data)
         self._index_batches(start, batches)
         self.size_bytes = start + len(data)
-        self.last_modified_ms = now_ms
 
     def append_batch(self, data: bytes | bytearray | memoryview, last_offset: int,
                      max_timestamp_ms: int, now_ms: int) -> None:
@@ -143,7 +147,6 @@ class LogSegment:
         filled an index, so the segment must roll before the next append."""
         start = self.size_bytes
         self.size_bytes = start + size_bytes
-        self.last_modified_ms = now_ms
         if self.first_batch_timestamp_ms is None:
             self.first_batch_timestamp_ms = max_timestamp_ms
         if max_timestamp_ms > self.max_timestamp_ms:
@@ -257,26 +260,33 @@ class LogSegment:
             yield position, header
             position += header.size_bytes
 
-    def offset_at_or_after_timestamp(self, timestamp_ms: int, max_position: int
-                                      ) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record whose timestamp is >= ``timestamp_ms``:
-        the time index and batch headers find the batch, the compiled kernel decodes just
-        that batch to find the record, as Kafka's ListOffsets answers."""
-        start_offset = self.time_index.lookup(timestamp_ms)
+    def offset_at_or_after_timestamp(self, timestamp_ms: int, starting_offset: int,
+                                     max_position: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``starting_offset`` whose
+        timestamp is >= ``timestamp_ms``, or None (Kafka's ``findOffsetByTimestamp``): the
+        time index and batch headers find the batch, the compiled kernel decodes just that
+        batch to find the record. Records without a timestamp (-1) never match."""
+        start_offset = max(self.time_index.lookup(timestamp_ms), starting_offset)
         location = self.find_batch(start_offset, max_position)
         if location is None:
             return None
         for position, header in self.iter_batches(location.position, max_position):
-            if header.max_timestamp >= timestamp_ms:
-                return self._first_record_at_or_after(position, header, timestamp_ms)
+            if header.max_timestamp >= timestamp_ms and header.last_offset >= starting_offset:
+                found = self._first_record_at_or_after(position, header, timestamp_ms,
+                                                       starting_offset)
+                if found is not None:
+                    return found
         return None
 
-    def _first_record_at_or_after(self, position: int, header: BatchHeader, timestamp_ms: int
-                                  ) -> tuple[int, int]:
+    def _first_record_at_or_after(self, position: int, header: BatchHeader, timestamp_ms: int,
+                                  starting_offset: int) -> tuple[int, int] | None:
         columns = decode_columns(os.pread(self.fd, header.size_bytes, position), skip_control=True)
-        later = np.flatnonzero(columns.timestamps_ms >= timestamp_ms)
-        if later.size == 0:  # a control batch or a batch emptied by compaction
-            return header.base_offset, header.max_timestamp
+        if columns.offsets.size == 0:  # a control batch or a batch emptied by compaction
+            return max(header.base_offset, starting_offset), header.max_timestamp
+        later = np.flatnonzero((columns.timestamps_ms >= timestamp_ms)
+                               & (columns.offsets >= starting_offset))
+        if later.size == 0:
+            return None
         first = int(later[0])
         return int(columns.offsets[first]), int(columns.timestamps_ms[first])
 
@@ -288,7 +298,9 @@ class LogSegment:
         if location is None:
             return offset, timestamp_ms
         header = parse_header(os.pread(self.fd, BATCH_HEADER_BYTES, location.position))
-        return self._first_record_at_or_after(location.position, header, timestamp_ms)
+        found = self._first_record_at_or_after(location.position, header, timestamp_ms,
+                                               header.base_offset)
+        return (offset, timestamp_ms) if found is None else found
 
     # ---- loading and recovery ------------------------------------------------------------
 
@@ -459,7 +471,25 @@ class LogSegment:
                 renamed.append(target)
         return renamed
 
-    @property
+    # ---- time -----------------------------------------------------------------------------
+
+    def last_modified_ms(self) -> int:
+        """The log file's last-modified time (Kafka's ``lastModified``), read through the
+        injected file system from the open descriptor, so a concurrent rename to
+        ``.deleted`` cannot make it fail."""
+        return self.fs.fd_mtime_ms(self.fd)
+
     def largest_timestamp_ms(self) -> int:
-        """Kafka's ``largestTimestamp``: the max batch timestamp, else last-modified time."""
-        return self.max_timestamp_ms if self.max_timestamp_ms >= 0 else self.last_modified_ms
+        """Kafka's ``largestTimestamp``: the largest batch timestamp if any batch has a valid
+        one (>= 0), else the file's last-modified time -- never -1 read as 1970, so records
+        without timestamps age from when they were written."""
+        if self.max_timestamp_ms >= 0:
+            return self.max_timestamp_ms
+        return self.last_modified_ms()
+
+    def first_batch_timestamp(self) -> int | None:
+        """The first batch's max timestamp (Kafka's ``rollingBasedTimestamp``), read from the
+        file once and remembered; None while the segment is empty. May be -1."""
+        if self.first_batch_timestamp_ms is None and self.size_bytes:
+            self.first_batch_timestamp_ms = self._first_batch_timestamp()
+        return self.first_batch_timestamp_ms

@@ -26,7 +26,12 @@ differs from the target is rebuilt by ``records.recompress_batch`` -- same heade
 (offsets, timestamps, producer id/epoch/sequence, transactional bit), the records section
 byte-for-byte as the producer encoded it (offset deltas, timestamp deltas, keys, values,
 headers), compressed with the target codec, with a new length and CRC. Control batches
-(transaction markers) are stored as written, as Kafka writes them uncompressed.
+(transaction markers) are stored as written, as Kafka writes them uncompressed. The rebuild
+streams (``recompress_batch``): the section is inflated a chunk at a time, at most
+``compression.MAX_RECORDS_SECTION_BYTES``, and the rebuilt batch is refused with
+``MessageTooLarge`` the moment it passes ``max.message.bytes`` -- Kafka's re-validation of
+sizes after recompression, checked while writing rather than after -- so a decompression
+bomb costs one chunk of memory, not its inflated size.
 
 Pure functions over the caller's buffer; thread-safe.
 """
@@ -117,7 +122,7 @@ def recompress_for_topic(records: bytearray, summaries: tuple[Summary, ...], cod
         if attributes & COMPRESSION_MASK == codec or attributes & CONTROL_BIT:
             rebuilt += view[position : position + size_bytes]
         else:
-            rebuilt += recompress_batch(view, position, codec)
+            rebuilt += recompress_batch(view, position, codec, max_message_bytes)
     view.release()
     new_summaries = kernel_validate_batches(rebuilt)
     for summary in new_summaries:

@@ -402,7 +402,8 @@ def test_alter_configs_broker_replaces_dynamic_set(admin):
     assert admin.state.config.get("log.retention.ms") is None
     assert admin.state.config.get("log.segment.bytes") == "4096"
     read_only = alter({"num.partitions": "9"})
-    assert read_only.error_code == INVALID_CONFIG
+    assert (read_only.error_code, read_only.error_message) == (
+        INVALID_REQUEST, "Cannot update these configs dynamically: Set(num.partitions)")
 
 
 # --- IncrementalAlterConfigs ----------------------------------------------------------------
@@ -444,15 +445,32 @@ def test_incremental_alter_broker_configs_apply_to_topics_and_persist(admin):
     cluster_default = {"resources": [{"resource_type": BROKER, "resource_name": "",
                                       "configuration_keys": None}]}
     dynamic_only = admin.call(DESCRIBE_CONFIGS, 4, cluster_default).results[0]
-    assert _values(dynamic_only) == {"log.retention.ms": ("12345", 3)}
+    assert _values(dynamic_only) == {}  # set for this broker, not as the cluster default
     admin.restart()
     assert admin.state.config.get("log.retention.ms") == "12345"
     assert admin.state.log_manager.topic("follows").config.retention_ms == 12345
     appended = admin.incremental(BROKER, "", [("log.cleanup.policy", APPEND, "compact")])
     assert appended.error_code == NONE
     assert admin.state.config.get("log.cleanup.policy") == "delete,compact"
-    assert admin.incremental(BROKER, "", [("log.retention.ms", DELETE, None)]).error_code == NONE
+    assert admin.incremental(BROKER, str(NODE_ID), [("log.retention.ms", DELETE, None)]
+                             ).error_code == NONE
     assert admin.state.config.get("log.retention.ms") is None
-    assert admin.incremental(BROKER, "", [("node.id", SET, "5")]).error_code == INVALID_CONFIG
+    assert admin.incremental(BROKER, "", [("node.id", SET, "5")]).error_code == INVALID_REQUEST
     assert admin.incremental(BROKER, "abc", [("log.retention.ms", SET, "1")]).error_code == \
         INVALID_REQUEST
+
+
+def test_stored_dynamic_configs_no_longer_allowed_are_ignored_at_start(admin):
+    """Kafka's fromPersistentProps: a stored read-only config (log.retention.hours is not
+    dynamic, only log.retention.ms is) or a per-broker config stored as a cluster default is
+    dropped at start; the rest of the file applies."""
+    (admin.data_dir / "dynamic-broker.properties").write_text(
+        "log.retention.hours=1\nlog.segment.bytes=2048\n")
+    (admin.data_dir / "dynamic-default-broker.properties").write_text(
+        "sasl.kerberos.min.time.before.relogin=5\nlog.retention.bytes=4096\n")
+    admin.restart()
+    config = admin.state.config
+    assert config.dynamic_configs(per_broker=True) == {"log.segment.bytes": "2048"}
+    assert config.dynamic_configs(per_broker=False) == {"log.retention.bytes": "4096"}
+    assert (config.get("log.retention.hours"), config.get("log.segment.bytes")) == ("168", "2048")
+    assert config.get("sasl.kerberos.min.time.before.relogin") == "60000"

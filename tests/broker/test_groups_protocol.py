@@ -11,17 +11,19 @@ import uuid
 from headrace import errors
 from tests.broker.raw_client import RawClient
 
-METADATA, OFFSET_COMMIT, OFFSET_FETCH, API_VERSIONS = 3, 8, 9, 18
+METADATA, OFFSET_COMMIT, OFFSET_FETCH, API_VERSIONS, CREATE_TOPICS = 3, 8, 9, 18, 19
 OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's default offset.metadata.max.bytes
 OFFSETS_TOPIC_MAX_MESSAGE_BYTES = 1048588  # Kafka's default max.message.bytes
 
 
-def _new_topic(client: RawClient) -> tuple[str, uuid.UUID]:
+def _new_topic(client: RawClient, partitions: int = 2) -> tuple[str, uuid.UUID]:
+    """A topic with ``partitions`` partitions: a commit to a partition it lacks is refused."""
     topic = f"commits-{uuid.uuid4().hex[:8]}"
-    body = client.request(METADATA, 12, {"topics": [{"name": topic}],
-                                         "allow_auto_topic_creation": True})
-    assert body.topics[0].error_code == 0, body
-    return topic, body.topics[0].topic_id
+    created = client.request(CREATE_TOPICS, 7, {"topics": [{
+        "name": topic, "num_partitions": partitions, "replication_factor": 1,
+        "assignments": [], "configs": []}], "timeout_ms": 10_000})
+    assert created.topics[0].error_code == 0, created
+    return topic, created.topics[0].topic_id
 
 
 def _commit(client: RawClient, version: int, group: str, topics: list[dict]):
@@ -103,7 +105,7 @@ def test_commit_larger_than_the_offsets_topic_batch_limit_is_invalid_commit_offs
     partitions = OFFSETS_TOPIC_MAX_MESSAGE_BYTES // OFFSET_METADATA_MAX_BYTES + 10
     metadata = "x" * OFFSET_METADATA_MAX_BYTES
     with RawClient(broker.bootstrap) as client:
-        topic, _ = _new_topic(client)
+        topic, _ = _new_topic(client, partitions)
         first = _commit(client, 9, group, [{"name": topic, "partitions": [
             {"partition_index": 0, "committed_offset": 5, "committed_metadata": "small"}]}])
         assert first.topics[0].partitions[0].error_code == 0

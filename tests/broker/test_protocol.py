@@ -315,7 +315,8 @@ class _InProcessBroker:
     def __init__(self, data_dir, fs) -> None:
         config = BrokerConfig.load(None, overrides=[
             f"listeners=PLAINTEXT://127.0.0.1:{free_port()}", f"log.dirs={data_dir}",
-            "offsets.topic.num.partitions=1"])
+            "offsets.topic.num.partitions=1", "log.initial.task.delay.ms=0",
+            "log.flush.offset.checkpoint.interval.ms=100"])
         self.broker = Broker(config, fs=fs)
         self.serving = threading.Event()
         self.thread = threading.Thread(target=asyncio.run, args=(self._serve(),))

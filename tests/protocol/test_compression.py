@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kafka import codec as kafka_codec
 
+from headrace.broker.fetch_response import uvarint
 from headrace.errors import CorruptMessage, UnsupportedCompressionType
 from headrace.protocol import compression
 from headrace.protocol.compression import (
@@ -161,3 +162,64 @@ def test_legacy_lz4_repair_rejects_a_non_frame():
 @given(st.binary(max_size=compression.XXH32_SHORT_INPUT_MAX_BYTES), st.integers(0, 2**32 - 1))
 def test_xxh32_matches_the_reference_library(data, seed):
     assert xxh32(data, seed) == xxhash.xxh32_intdigest(data, seed)
+
+
+# ---------------------------------------------------------------- bounded decompression
+
+BOMB_BYTES = 64 << 20
+BOMB_LIMIT_BYTES = 8 << 20
+CHUNK_BYTES = 1 << 20
+
+
+def _streamed(codec, chunk, count):
+    """``chunk`` repeated ``count`` times, compressed without holding the whole input."""
+    compressor = compression.StreamCompressor(codec)
+    return b"".join([*(compressor.compress(chunk) for _ in range(count)), compressor.finish()])
+
+
+@pytest.mark.parametrize("codec", COMPRESSED_CODECS)
+def test_stream_compressor_writes_what_decompress_reads(codec):
+    assert decompress(codec, _streamed(codec, SAMPLE[:70_000], 5)) == SAMPLE[:70_000] * 5
+
+
+@pytest.mark.parametrize("codec", [GZIP, LZ4, ZSTD])
+def test_a_bomb_is_inflated_a_chunk_at_a_time_and_refused_past_the_limit(codec):
+    bomb = _streamed(codec, bytes(CHUNK_BYTES), BOMB_BYTES // CHUNK_BYTES)
+    seen_bytes, largest_chunk_bytes = 0, 0
+    with pytest.raises(compression.MessageTooLarge):
+        for chunk in compression.iter_decompressed(codec, bomb, BOMB_LIMIT_BYTES,
+                                                   chunk_bytes=CHUNK_BYTES):
+            seen_bytes += len(chunk)
+            largest_chunk_bytes = max(largest_chunk_bytes, len(chunk))
+    assert largest_chunk_bytes <= CHUNK_BYTES
+    assert seen_bytes <= BOMB_LIMIT_BYTES
+
+
+def _snappy_with_declared_length(data, declared_bytes):
+    block = bytes(cramjam.snappy.compress_raw(data))
+    true_preamble_bytes = len(uvarint(cramjam.snappy.decompress_raw_len(block)))
+    return uvarint(declared_bytes) + block[true_preamble_bytes:]
+
+
+@pytest.mark.parametrize("framing", ["raw", "xerial"])
+def test_a_snappy_block_declaring_more_than_the_limit_is_refused_before_decoding(framing):
+    block = _snappy_with_declared_length(bytes(CHUNK_BYTES), 1 << 31)
+    payload = block if framing == "raw" else _xerial_frame([]) + struct.pack(">i", len(block)) + block
+    with pytest.raises(compression.MessageTooLarge):
+        compression.decompress_bounded(SNAPPY, payload, BOMB_LIMIT_BYTES)
+
+
+def test_a_zstd_frame_asking_for_a_window_above_the_cap_is_corrupt():
+    params = zstandard.ZstdCompressionParameters.from_level(  # a 32 MiB window
+        3, window_log=25, write_content_size=False)
+    streaming = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    frame = streaming.compress(b"window " * 1000) + streaming.flush()  # size unknown: no shrink
+    assert zstandard.get_frame_parameters(frame).window_size > compression.ZSTD_MAX_WINDOW_BYTES
+    with pytest.raises(CorruptMessage):
+        decompress(ZSTD, frame)
+
+
+@pytest.mark.parametrize("codec", COMPRESSED_CODECS)
+def test_bytes_after_the_last_frame_are_corrupt(codec):
+    with pytest.raises(CorruptMessage):
+        decompress(codec, compress(codec, SAMPLE) + b"\x01\x02\x03\x04\x05")

@@ -2,6 +2,7 @@
 legacy message sets, and cross-checks against kafka-python's own encoders and decoders."""
 
 import gzip
+import random
 import struct
 import zlib
 
@@ -12,20 +13,29 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
-from headrace.errors import CorruptMessage, KafkaError, UnsupportedCompressionType
+from headrace.errors import (
+    CorruptMessage,
+    InvalidRecord,
+    KafkaError,
+    MessageTooLarge,
+    UnsupportedCompressionType,
+)
 from headrace.protocol.batch import parse_header
 from headrace.protocol.compression import GZIP, LZ4, NONE, SNAPPY, ZSTD
 from headrace.protocol.records import (
     Header,
     Record,
     build_batch,
+    check_batch_records,
     decode_batch,
     decode_legacy,
     first_keyless_record,
     is_legacy,
     iter_records,
     read_varint,
+    recompress_batch,
     upconvert_legacy,
+    walk_records_section,
     write_varint,
 )
 
@@ -487,3 +497,86 @@ def test_upconverted_batch_header_is_a_plain_produce_batch():
     header = parse_header(upconvert_legacy(_legacy_entry(9, GOLDEN_V0_BODY)))
     assert (header.base_offset, header.records_count, header.producer_id) == (0, 1, -1)
     assert header.max_timestamp == -1
+
+
+# ---------------------------------------------------------------- streaming record walk
+
+WALK_CHUNK_BYTES = 1 << 20
+
+
+class _CountingChunks:
+    """A section's chunks, counting how many the walk pulled."""
+
+    def __init__(self, chunks):
+        self._chunks = iter(chunks)
+        self.pulled = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        chunk = next(self._chunks)
+        self.pulled += 1
+        return chunk
+
+
+def _one_record_section():
+    batch = build_batch([(b"k", b"v", [], 1_000)])
+    return parse_header(batch), batch[61:]
+
+
+def test_the_walk_reads_no_further_than_the_declared_records_and_one_chunk():
+    header, section = _one_record_section()
+    trailing = (bytes(WALK_CHUNK_BYTES) for _ in range(1_000))  # a 1 GiB tail, never built
+    chunks = _CountingChunks(_chain(section, trailing))
+    with pytest.raises(InvalidRecord, match="bytes remain"):
+        walk_records_section(header, chunks)
+    assert chunks.pulled <= 2
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def test_a_section_ending_before_its_declared_records_is_an_invalid_record():
+    header, section = _one_record_section()
+    with pytest.raises(InvalidRecord):
+        walk_records_section(header, iter([section[:-1]]))
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS)
+def test_recompression_stops_as_soon_as_the_output_passes_max_batch_bytes(codec):
+    values = [bytes(random.Random(seed).randbytes(100_000)) for seed in range(40)]
+    batch = build_batch([(b"k", value, [], 1_000) for value in values], compression=codec)
+    with pytest.raises(MessageTooLarge):
+        recompress_batch(batch, 0, GZIP if codec != GZIP else ZSTD, max_batch_bytes=1 << 20)
+    assert len(recompress_batch(batch, 0, LZ4 if codec != LZ4 else NONE)) > 1 << 20
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS)
+def test_produce_walk_finds_keyless_records_only_when_keys_are_required(codec):
+    batch = build_batch([(b"k", b"v", [], 1_000), (None, b"v", [], 1_001)], compression=codec)
+    check_batch_records(batch, require_keys=False)
+    with pytest.raises(InvalidRecord, match="offset 1 has no key"):
+        check_batch_records(batch, require_keys=True)
+
+
+@pytest.mark.parametrize("decode_fields", [False, True], ids=["kernel", "python"])
+def test_the_walk_rejects_offset_deltas_past_the_last_offset_delta(decode_fields):
+    batch = build_batch([(b"k", b"v", [], 1_000), (b"k", b"v", [], 1_001)])
+    header = parse_header(_sealed((0, 0, 0, 0, -1, -1, -1, 2), batch[61:]))  # delta 1 > 0
+    with pytest.raises(InvalidRecord):
+        walk_records_section(header, iter([batch[61:]]), decode_fields=decode_fields)
+
+
+@pytest.mark.parametrize("split", [0, 3, 9, 14])
+@pytest.mark.parametrize(("position", "damage"), [(13, 0x7F), (17, 0x02)],
+                         ids=["key-length", "header-count"])
+def test_the_walk_finds_a_malformed_record_wherever_the_chunks_split(split, position, damage):
+    section = bytearray(build_batch([(b"k", b"v", [], 1_000)] * 3)[61:])  # 9-byte records
+    section[position] = damage  # record 2's key length -64, or 1 header that is not there
+    header = parse_header(build_batch([(b"k", b"v", [], 1_000)] * 3))
+    with pytest.raises(InvalidRecord):
+        walk_records_section(header, iter([bytes(section[:split]), bytes(section[split:])]))
+    assert walk_records_section(header, iter([build_batch([(b"k", b"v", [], 1)] * 3)[61:]])) == -1

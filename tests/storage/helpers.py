@@ -3,7 +3,30 @@
 from __future__ import annotations
 
 from headrace.protocol.batch import iter_headers
+from headrace.storage.config import LogConfig
+from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
+
+NOW_MS = 1_700_000_000_000
+
+
+def open_log(path, now_ms=NOW_MS, **config) -> Log:
+    """A fresh log "t-0" under ``path`` on the real file system, with ``config``."""
+    return Log("t", 0, path / "t-0", LogConfig(**config), RealFileSystem(), now_ms,
+               clean_shutdown=True)
+
+
+def reopen(log: Log, clean: bool = True, recovery_point: int | None = None) -> Log:
+    """Close ``log`` (flushed when ``clean``, else as after a crash) and open it again,
+    recovering from ``recovery_point`` (default: the log's) after an unclean close."""
+    if recovery_point is None:
+        recovery_point = log.recovery_point
+    if clean:
+        log.close()
+    else:
+        log.close_without_flush()
+    return Log("t", 0, log.dir, log.config, RealFileSystem(), NOW_MS,
+               recovery_point=recovery_point, clean_shutdown=clean)
 
 
 def read_all(log: Log, start: int | None = None, max_bytes: int = 1 << 20) -> list[tuple[int, bytes]]:

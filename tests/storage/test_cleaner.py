@@ -4,6 +4,8 @@ unchanged and reads from any offset agree."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from headrace.protocol.batch import iter_headers
@@ -149,6 +151,27 @@ def test_cleaned_log_reopens_with_the_same_records(scratch):
     assert read_records(reopened) == records
     names = sorted(p.name for p in (scratch / "t-0").iterdir())
     assert not [n for n in names if n.endswith((".cleaned", ".swap"))]
+
+
+def test_a_cleaned_segment_keeps_the_last_modified_time_of_those_it_replaces(scratch):
+    """Kafka's cleanSegments: the cleaned segment gets the replaced group's last segment's
+    last-modified time, so retention and min.compaction.lag.ms of records without a
+    timestamp (which read it) are not reset by a cleaning -- also after a restart."""
+    config = compact_config(segment_bytes=1 << 20)
+    log = open_log(scratch / "t-0", config)
+    for _ in range(3):
+        append_workload(log, 12, keys=20, batches=20, delete_fraction=0.0, now_ms=-1)
+        log.roll(NOW_MS)
+    closed = log.segments[:-1]
+    for age_ms, segment in zip((9000, 8000, 7000), closed, strict=True):
+        os.utime(segment.log_path, ns=((NOW_MS - age_ms) * 1_000_000,) * 2)
+    _clean(log)
+    assert len(log.segments) == 2  # one cleaned segment and the active one
+    cleaned = log.segments[0]
+    assert cleaned.max_timestamp_ms == -1
+    assert cleaned.largest_timestamp_ms() == NOW_MS - 7000
+    log.close()
+    assert open_log(scratch / "t-0", config).segments[0].largest_timestamp_ms() == NOW_MS - 7000
 
 
 def _index_state(segment):

@@ -3,8 +3,14 @@ Kafka's cleaner metrics (recopy percent, compaction delay, uncleanable bytes per
 
 from __future__ import annotations
 
+import os
+import struct
+
+import crc32c
+
+from headrace.protocol.records import build_batch
 from headrace.storage.checkpoint import read_checkpoint
-from headrace.storage.cleaner import Cleaner
+from headrace.storage.cleaner import Cleaner, cleanable_end_offset
 from headrace.storage.cleaner_manager import CLEANER_OFFSET_CHECKPOINT, CleanerManager
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.offset_map import OffsetMap
@@ -100,3 +106,50 @@ def test_corrupt_segment_marks_only_that_partition_uncleanable(scratch, clock):
     manager.clean_filthiest(logs)
     assert manager.uncleanable_partitions == {}
     assert manager.metrics()["uncleanable-partitions-count"] == 0
+
+
+def _keyed_batch(timestamp_ms: int, header_max_timestamp_ms: int | None = None) -> bytearray:
+    """Keyed records all stamped ``timestamp_ms`` (-1: none); the header's max timestamp may
+    be overridden, as librdkafka writes 0 there for records without a timestamp."""
+    batch = bytearray(build_batch([(b"k%d" % i, b"v", [], timestamp_ms) for i in range(4)]))
+    if header_max_timestamp_ms is not None:
+        struct.pack_into(">q", batch, 35, header_max_timestamp_ms)
+        struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    return batch
+
+
+def _segments_of(log, batches: list[bytearray]) -> None:
+    for batch in batches:
+        log.append(batch, NOW_MS)
+        log.roll(NOW_MS)
+
+
+def test_max_compaction_lag_ignores_first_batches_without_a_timestamp(scratch, clock):
+    """Kafka's maxCompactionDelay: the earliest first-batch timestamp > 0 of the dirty closed
+    segments counts; -1 and 0 (librdkafka's header for untimed records) never force a
+    cleaning, and an untimed first segment does not hide an old timed one after it."""
+    manager = _manager(clock)
+    untimed = open_log(scratch / "u-0", compact_config(min_cleanable_dirty_ratio=0.99,
+                                                      max_compaction_lag_ms=500))
+    _segments_of(untimed, [_keyed_batch(-1, header_max_timestamp_ms=0), _keyed_batch(-1)])
+    state = manager.log_to_clean(("u", 0), scratch, untimed, clock.now_ms())
+    assert state.compaction_delay_ms == 0 and not state.must_clean
+    _segments_of(untimed, [_keyed_batch(NOW_MS)])
+    state = manager.log_to_clean(("u", 0), scratch, untimed, clock.now_ms())
+    assert state.compaction_delay_ms == clock.now_ms() - 500 - NOW_MS > 0
+
+
+def test_min_compaction_lag_ages_untimed_dirty_segments_by_their_file_mtime(scratch, clock):
+    """Kafka's firstUncleanableDirtyOffset: the first *dirty* closed segment whose
+    largestTimestamp (mtime when untimed) is newer than min.compaction.lag.ms; clean
+    segments before the first dirty offset do not count."""
+    log = open_log(scratch / "m-0", compact_config(min_compaction_lag_ms=1000))
+    _segments_of(log, [_keyed_batch(-1), _keyed_batch(-1), _keyed_batch(-1)])
+    first, second, third = log.segments[:3]
+    now_ms = clock.now_ms()
+    for segment, mtime_ms in ((first, now_ms), (second, now_ms - 5000), (third, now_ms - 100)):
+        os.utime(segment.log_path, ns=(mtime_ms * 1_000_000,) * 2)
+    assert cleanable_end_offset(log, now_ms, 0) == 0
+    assert cleanable_end_offset(log, now_ms, second.base_offset) == third.base_offset
+    os.utime(third.log_path, ns=((now_ms - 1001) * 1_000_000,) * 2)
+    assert cleanable_end_offset(log, now_ms, second.base_offset) == log.segments[-1].base_offset

@@ -20,29 +20,10 @@ from headrace.errors import (
 )
 from headrace.protocol.batch import parse_header
 from headrace.protocol.records import build_batch as records_build_batch
-from headrace.storage.config import LogConfig
-from headrace.storage.fs import RealFileSystem
-from headrace.storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, Log
+from headrace.storage.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP
 
 from .batches import build_batch
-from .helpers import assert_indexes_match_scan, read_all
-
-NOW_MS = 1_700_000_000_000
-
-
-def open_log(path, now_ms=NOW_MS, **config) -> Log:
-    return Log("t", 0, path / "t-0", LogConfig(**config), RealFileSystem(), now_ms,
-               clean_shutdown=True)
-
-
-def reopen(log: Log, clean: bool = True) -> Log:
-    recovery_point = log.recovery_point
-    if clean:
-        log.close()
-    else:
-        log.close_without_flush()
-    return Log("t", 0, log.dir, log.config, RealFileSystem(), NOW_MS,
-               recovery_point=recovery_point, clean_shutdown=clean)
+from .helpers import NOW_MS, assert_indexes_match_scan, open_log, read_all, reopen
 
 
 def test_offsets_are_assigned_and_batches_read_back_byte_for_byte(scratch):
@@ -171,8 +152,14 @@ def test_segments_roll_on_size_time_and_full_index(scratch):
     assert len(timed.segments) == 1
     timed.append(build_batch([b"a"], timestamp_ms=NOW_MS + 1001), NOW_MS + 1001)
     assert len(timed.segments) == 2
-    timed.maybe_roll_by_time(NOW_MS + 5000)
-    assert [s.base_offset for s in timed.segments] == [0, 2, 3]
+    timed.maybe_roll_by_time(NOW_MS + 5000)  # rolls by its batches' timestamps: not idle
+    assert [s.base_offset for s in timed.segments] == [0, 2]
+    untimed = open_log(scratch / "untimed", segment_ms=1000)
+    untimed.append(build_batch([b"a"], timestamps=[-1]), NOW_MS)
+    untimed.maybe_roll_by_time(NOW_MS + 1000)
+    assert len(untimed.segments) == 1
+    untimed.maybe_roll_by_time(NOW_MS + 1001)  # by its creation time, as at an append
+    assert [s.base_offset for s in untimed.segments] == [0, 1]
     full = open_log(scratch / "full", segment_index_bytes=16, index_interval_bytes=0)
     for _ in range(6):
         full.append(build_batch([b"a"]), NOW_MS)
@@ -285,13 +272,15 @@ def test_maintain_skips_a_log_whose_lock_is_held_and_catches_up_after(scratch):
     holder.start()
     assert held.wait(10)
     try:
-        assert log.maintain(NOW_MS + 1500) is False
+        assert log.maintain(NOW_MS + 1500, check_retention=True) is None
         assert len(log.segments) == segments
     finally:
         release.set()
         holder.join()
-    assert log.maintain(NOW_MS + 1500) is True
-    assert 1 <= len(log.segments) < segments
+    assert log.maintain(NOW_MS + 1500) == 0  # rolls and flushes; retention only when asked
+    assert len(log.segments) == segments
+    assert log.maintain(NOW_MS + 1500, check_retention=True) == segments - len(log.segments) > 0
+    assert len(log.segments) >= 1
 
 
 def test_retention_never_deletes_the_active_segment(scratch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -129,10 +130,12 @@ def test_maintenance_applies_retention_and_broker_defaults_live(scratch, clock):
         log.append(build_batch([b"x" * 60]), clock.now_ms())
     segments = len(log.segments)
     assert segments > 3
-    manager.maintenance(clock.now_ms())
+    manager.maintenance(clock.now_ms(), check_retention=True)
     assert len(log.segments) == segments
     manager.set_broker_defaults({"log.segment.bytes": "300", "log.retention.bytes": "1"})
-    manager.maintenance(clock.now_ms())
+    manager.maintenance(clock.now_ms())  # retention waits for a retention check
+    assert len(log.segments) == segments
+    manager.maintenance(clock.now_ms(), check_retention=True)
     assert len(log.segments) == 1 and log.log_start_offset == log.segments[0].base_offset
     manager.write_checkpoints()
     starts = read_checkpoint(manager.fs, scratch / "log-start-offset-checkpoint")
@@ -216,7 +219,7 @@ def test_retention_renames_in_maintenance_and_unlinks_in_remove_expired_files(sc
     for _ in range(6):
         log.append(build_batch([b"x" * 60]), clock.now_ms())
     log_dir = scratch / "r-0"
-    manager.maintenance(clock.now_ms())
+    manager.maintenance(clock.now_ms(), check_retention=True)
     deleted = [p for p in log_dir.iterdir() if p.name.endswith(".deleted")]
     assert deleted and len(log.segments) == 1
     manager.maintenance(clock.now_ms() + 500)
@@ -226,6 +229,57 @@ def test_retention_renames_in_maintenance_and_unlinks_in_remove_expired_files(sc
     manager.remove_expired_files(clock.now_ms() + 500)
     assert not any(p.exists() for p in deleted)
     assert log.read(log.log_start_offset, 1000).slices
+
+
+def test_a_retention_check_reaches_a_log_skipped_for_its_held_lock_at_the_next_round(
+        scratch, clock, caplog):
+    """A log whose lock a cleaner's swap holds is skipped by the retention check and checked
+    at the next maintenance round; the check logs its completion only then."""
+    manager = start([scratch], clock, log_segment_bytes="300", log_retention_bytes="1")
+    manager.create_topic("r", 2, {})
+    held, free = manager.get_log("r", 0), manager.get_log("r", 1)
+    for log in (held, free):
+        for _ in range(6):
+            log.append(build_batch([b"x" * 60]), clock.now_ms())
+    segments = len(held.segments)
+    caplog.set_level(logging.INFO, logger="headrace.storage.manager")
+    with held._lock:  # what replace_segments holds across its renames and fsyncs
+        manager.maintenance(clock.now_ms(), check_retention=True)
+    assert len(free.segments) == 1 and len(held.segments) == segments
+    assert "log retention check completed" not in caplog.text
+    manager.maintenance(clock.now_ms())
+    assert len(held.segments) == 1
+    assert f"log retention check completed: {2 * (segments - 1)} segments deleted" in caplog.text
+    manager.shutdown()
+
+
+def test_flush_by_time_waits_for_a_flusher_round(scratch, clock):
+    """flush.ms is applied by Kafka's log flusher (the broker's
+    log.flush.scheduler.interval.ms rounds), not by every maintenance round."""
+    manager = start([scratch], clock)
+    manager.create_topic("f", 1, {"flush.ms": "100"})
+    log = manager.get_log("f", 0)
+    log.append(build_batch([b"v"]), clock.now_ms())
+    manager.maintenance(clock.now_ms() + 100)
+    assert log.recovery_point == 0
+    manager.maintenance(clock.now_ms() + 100, flush_by_time=True)
+    assert log.recovery_point == 1
+    manager.shutdown()
+
+
+def test_checkpoints_are_written_each_on_its_own_call(scratch, clock):
+    manager = start([scratch], clock)
+    manager.create_topic("t", 1, {"flush.messages": "1"})
+    log = manager.get_log("t", 0)
+    log.append(build_batch([b"v"] * 3), clock.now_ms())
+    log.delete_records_before(2)
+    manager.write_checkpoints(log_start_offsets=False)
+    assert read_checkpoint(manager.fs, scratch / "recovery-point-offset-checkpoint") == {
+        ("t", 0): 3}
+    assert read_checkpoint(manager.fs, scratch / "log-start-offset-checkpoint") == {}
+    manager.write_checkpoints(recovery_points=False)
+    assert read_checkpoint(manager.fs, scratch / "log-start-offset-checkpoint") == {("t", 0): 2}
+    manager.shutdown()
 
 
 class ConfigSyncHoldingFileSystem(RealFileSystem):

@@ -3,8 +3,9 @@
 For a topic (resource type 2) the given configs become the topic's overrides, every other
 override is removed; they are validated as a whole (INVALID_CONFIG naming key and value) and
 applied live and persisted by ``LogManager.alter_topic_config``. For the broker (resource type
-4, name "" or this node's id) the given configs become the dynamic broker configs through
-``BrokerConfig.alter_dynamic``, removing the dynamic ones not given. A config named twice is
+4) the given configs become the cluster-wide defaults (name "") or this broker's dynamic
+configs (its id) through ``BrokerConfig.alter_dynamic``, removing the ones of that level not
+given. A config named twice is
 INVALID_REQUEST, a null value INVALID_REQUEST, an unknown topic UNKNOWN_TOPIC_OR_PARTITION, as
 in Kafka. ``validate_only`` checks without changing anything.
 
@@ -27,7 +28,6 @@ from typing import Any
 from headrace.broker.handlers.describe_configs import (
     BROKER_RESOURCE_TYPE,
     TOPIC_RESOURCE_TYPE,
-    broker_entries,
     check_broker_resource,
 )
 from headrace.errors import InvalidRequest, KafkaError, UnknownTopicOrPartition
@@ -36,9 +36,6 @@ from headrace.storage.config import validate_topic_overrides
 API_KEY = 33
 MIN_VERSION = 0
 MAX_VERSION = 2
-
-_STATIC_SOURCES = (4, 5)  # STATIC_BROKER_CONFIG, DEFAULT_CONFIG
-
 
 def check_unique_names(configs: tuple[Any, ...]) -> None:
     duplicated = sorted(name for name, count in Counter(c.name for c in configs).items()
@@ -62,18 +59,12 @@ async def apply_topic_overrides(broker: Any, topic: str, overrides: Mapping[str,
         await asyncio.to_thread(broker.log_manager.alter_topic_config, topic, normalised)
 
 
-def dynamic_broker_configs(broker: Any) -> dict[str, str]:
-    """The broker configs currently set dynamically."""
-    return {name: entry.value for name, entry in broker_entries(broker).items()
-            if entry.source not in _STATIC_SOURCES}
-
-
 async def apply_broker_changes(broker: Any, changes: dict[str, str | None],
-                               validate_only: bool) -> None:
-    """Set (value) or remove (None) dynamic broker configs; InvalidConfig for read-only or
-    unknown names. Its change listeners push the new defaults to the log manager and the
-    cleaner."""
-    await asyncio.to_thread(broker.config.alter_dynamic, changes, validate_only)
+                               validate_only: bool, per_broker: bool) -> None:
+    """Set (value) or remove (None) this broker's dynamic configs or the cluster-wide
+    defaults; InvalidRequest for read-only names or bad values. Its change listeners push the
+    new defaults to the log manager and the cleaner."""
+    await asyncio.to_thread(broker.config.alter_dynamic, changes, validate_only, per_broker)
 
 
 def _require_values(configs: tuple[Any, ...]) -> dict[str, str]:
@@ -93,10 +84,11 @@ async def _alter_topic(broker: Any, resource: Any, validate_only: bool) -> None:
 
 async def _alter_broker(broker: Any, resource: Any, validate_only: bool) -> None:
     check_broker_resource(broker, resource.resource_name)
+    per_broker = resource.resource_name != ""
     values: dict[str, str | None] = dict(_require_values(resource.configs))
-    for name in dynamic_broker_configs(broker):
+    for name in broker.config.dynamic_configs(per_broker):
         values.setdefault(name, None)
-    await apply_broker_changes(broker, values, validate_only)
+    await apply_broker_changes(broker, values, validate_only, per_broker)
 
 
 async def alter_resource(broker: Any, resource: Any, validate_only: bool,

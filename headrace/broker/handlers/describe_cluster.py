@@ -4,13 +4,20 @@ headrace is a single node that is its own controller: the answer lists this brok
 advertised host and port, ``broker.rack`` if set) and names it as controller. v1+ asks for an
 endpoint type: brokers (1) is answered; controllers (2) is MISMATCHED_ENDPOINT_TYPE (this is a
 broker endpoint) and anything else UNSUPPORTED_ENDPOINT_TYPE, as Kafka's brokers do. Cluster
-authorized operations, when asked for, are every operation on the cluster resource (no
-authorizer). Stateless; runs on the event loop thread.
+authorized operations, when asked for, come from ``headrace.broker.authorization`` (every
+operation on the cluster resource: there is no authorizer). Stateless; runs on the event loop thread.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from headrace.broker.authorization import (
+    AUTHORIZED_OPERATIONS_OMITTED,
+    CLUSTER_NAME,
+    ResourceType,
+    authorized_operations,
+)
 
 API_KEY = 60
 MIN_VERSION = 0
@@ -20,10 +27,6 @@ BROKER_ENDPOINT_TYPE = 1
 CONTROLLER_ENDPOINT_TYPE = 2
 UNSUPPORTED_ENDPOINT_TYPE = 111
 MISMATCHED_ENDPOINT_TYPE = 114
-AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
-# AclOperation codes Kafka supports on the CLUSTER resource: CREATE, ALTER, DESCRIBE,
-# CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE.
-CLUSTER_OPERATIONS = (5, 7, 8, 9, 10, 11, 12)
 
 
 def _endpoint_error(endpoint_type: int) -> tuple[int, str | None]:
@@ -49,7 +52,7 @@ async def handle(ctx, request):
     error_code, error_message = _endpoint_error(endpoint_type)
     operations = AUTHORIZED_OPERATIONS_OMITTED
     if request.include_cluster_authorized_operations:
-        operations = sum(1 << operation for operation in CLUSTER_OPERATIONS)
+        operations = authorized_operations(ResourceType.CLUSTER, CLUSTER_NAME)
     return ctx.respond({
         "throttle_time": 0,
         "error_code": error_code,

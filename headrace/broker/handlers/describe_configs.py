@@ -4,8 +4,9 @@ Owns the description of configs for the admin APIs: for a topic (resource type 2
 config of ``headrace.storage.config.TOPIC_CONFIGS`` with its effective value and where it
 came from (topic override, dynamic or static broker synonym, or Kafka's default); for the
 broker (resource type 4) the entries of ``BrokerConfig.describe()``. Resource name "" is the
-cluster-wide default, which describes only the dynamic broker configs, as in Kafka; this
-node's id describes every broker config.
+cluster-wide default, which describes only the configs set at that level, as in Kafka; this
+node's id describes every broker config with its synonyms (per-broker, cluster-default, static
+and default values, in that order).
 
 ``topic_config_descriptions`` is shared with CreateTopics (v5+ returns configs) and the alter
 handlers use ``check_broker_resource``. Stateless; runs on the event loop thread.
@@ -75,15 +76,6 @@ class ConfigDescription:
         }
 
 
-def _is_dynamic(source: int) -> bool:
-    return source not in (STATIC_BROKER_CONFIG, DEFAULT_CONFIG)
-
-
-def _broker_source(source: int) -> int:
-    """BrokerConfig's source as Kafka's code for a broker-level value."""
-    return DYNAMIC_BROKER_CONFIG if _is_dynamic(source) else source
-
-
 def broker_entries(broker: Any) -> dict[str, Any]:
     """BrokerConfig.describe() by name."""
     return {entry.name: entry for entry in broker.config.describe()}
@@ -98,7 +90,7 @@ def _broker_synonyms(definition: ConfigDef, entries: Mapping[str, Any]) -> list[
         entry = entries.get(key)
         if entry is None or entry.value is None or str(entry.value) == "":
             continue
-        synonym = ConfigSynonym(key, str(entry.value), _broker_source(entry.source))
+        synonym = ConfigSynonym(key, str(entry.value), entry.source)
         (defaults if synonym.source == DEFAULT_CONFIG else explicit).append(synonym)
     return explicit + defaults
 
@@ -157,18 +149,15 @@ def _broker_config_type(name: str) -> int:
 
 def _broker_descriptions(broker: Any, resource_name: str) -> list[ConfigDescription]:
     check_broker_resource(broker, resource_name)
-    cluster_default = resource_name == ""
     descriptions = []
-    for entry in broker.config.describe():
-        if cluster_default and not _is_dynamic(entry.source):
-            continue
-        source = DYNAMIC_DEFAULT_BROKER_CONFIG if cluster_default else _broker_source(entry.source)
+    for entry in broker.config.describe(per_broker=resource_name != ""):
         value = None if entry.sensitive else entry.value
+        synonyms = tuple(ConfigSynonym(s.name, None if entry.sensitive else s.value, s.source)
+                         for s in entry.synonyms)
         descriptions.append(ConfigDescription(
-            name=entry.name, value=value, source=source, read_only=entry.read_only,
-            sensitive=entry.sensitive, synonyms=(ConfigSynonym(entry.name, value, source),),
-            config_type=_broker_config_type(entry.name),
-            documentation=getattr(entry, "documentation", None),
+            name=entry.name, value=value, source=entry.source, read_only=entry.read_only,
+            sensitive=entry.sensitive, synonyms=synonyms,
+            config_type=_broker_config_type(entry.name), documentation=None,
         ))
     return descriptions
 

@@ -5,8 +5,10 @@ Operations, as in Kafka (AlterConfigOp.OpType): SET (0) a value, DELETE (1) an o
 such as cleanup.policy, starting from the effective value. APPEND/SUBTRACT on a non-list config
 is INVALID_CONFIG; an unknown operation, a config named twice, or a null value for SET/APPEND/
 SUBTRACT is INVALID_REQUEST. Topic changes are validated as a whole and applied live and
-persisted through ``LogManager.alter_topic_config``; broker changes (resource "" or this
-node's id) through ``BrokerConfig.alter_dynamic``, both on a worker thread, not the append
+persisted through ``LogManager.alter_topic_config``; broker changes (resource "", the
+cluster-wide defaults, or this node's id) through ``BrokerConfig.alter_dynamic``, APPEND and
+SUBTRACT starting from that level's value or else the config's default, as Kafka's
+``prepareIncrementalConfigs``, both on a worker thread, not the append
 thread (see ``alter_configs``). Runs on the event loop thread.
 """
 
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from headrace.broker.config import BROKER_CONFIGS
 from headrace.broker.handlers.alter_configs import (
     alter_resource,
     apply_broker_changes,
     apply_topic_overrides,
     current_topic_overrides,
 )
-from headrace.broker.handlers.describe_configs import broker_entries, check_broker_resource
+from headrace.broker.handlers.describe_configs import check_broker_resource
 from headrace.errors import InvalidConfig, InvalidRequest
 from headrace.storage.config import TOPIC_CONFIGS
 
@@ -93,11 +96,13 @@ async def _alter_topic(broker: Any, resource: Any, validate_only: bool) -> None:
 
 async def _alter_broker(broker: Any, resource: Any, validate_only: bool) -> None:
     check_broker_resource(broker, resource.resource_name)
-    effective = {name: entry.value for name, entry in broker_entries(broker).items()}
+    per_broker = resource.resource_name != ""
+    current = {name: d.default for name, d in BROKER_CONFIGS.items() if d.default is not None}
+    current.update(broker.config.dynamic_configs(per_broker))
     changes: dict[str, str | None] = {}
     for config in resource.configs:
-        _apply(changes, effective, config)
-    await apply_broker_changes(broker, changes, validate_only)
+        _apply(changes, current, config)
+    await apply_broker_changes(broker, changes, validate_only, per_broker)
 
 
 async def handle(ctx, request):

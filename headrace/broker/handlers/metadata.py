@@ -6,7 +6,11 @@ request (v4+) allow it, answered at once with the new topic; otherwise
 UNKNOWN_TOPIC_OR_PARTITION (UNKNOWN_TOPIC_ID for an unknown id, v10+). Names breaking Kafka's
 rules get INVALID_TOPIC_EXCEPTION. A null topic list (or an empty one at v0) means all topics.
 ``is_internal`` is true for Kafka's internal topics only (``__consumer_offsets``,
-``__transaction_state``), not for every name starting with ``__``.
+``__transaction_state``), not for every name starting with ``__``. Authorized operations, as
+Kafka's ``KafkaApis``: v8-10 answer the cluster's when ``include_cluster_authorized_operations``
+(v11 dropped the field for DescribeCluster); v8+ answer each topic's, named ones including
+those with an error, when ``include_topic_authorized_operations``; else Kafka's "omitted"
+value. The bit sets come from ``headrace.broker.authorization``.
 Event loop thread; topic creation runs on the append thread.
 """
 
@@ -15,6 +19,12 @@ from __future__ import annotations
 import re
 import uuid
 
+from headrace.broker.authorization import (
+    AUTHORIZED_OPERATIONS_OMITTED,
+    CLUSTER_NAME,
+    ResourceType,
+    authorized_operations,
+)
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME
 from headrace.errors import (
     InvalidTopic,
@@ -28,7 +38,8 @@ API_KEY = 3
 MIN_VERSION = 0
 MAX_VERSION = 13
 
-AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+AUTHORIZED_OPERATIONS_MIN_VERSION = 8
+CLUSTER_AUTHORIZED_OPERATIONS_MAX_VERSION = 10
 MAX_TOPIC_NAME_CHARS = 249
 _LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 _ZERO_UUID = uuid.UUID(int=0)
@@ -113,9 +124,26 @@ async def _requested_topics(ctx, request) -> list[dict]:
     return answers
 
 
+def _with_topic_operations(ctx, request, topics: list[dict]) -> list[dict]:
+    if ctx.api_version < AUTHORIZED_OPERATIONS_MIN_VERSION or not getattr(
+            request, "include_topic_authorized_operations", False):
+        return topics
+    return [{**topic, "topic_authorized_operations": authorized_operations(
+        ResourceType.TOPIC, topic["name"])} if topic["name"] is not None else topic
+        for topic in topics]
+
+
+def _cluster_operations(ctx, request) -> int:
+    if (AUTHORIZED_OPERATIONS_MIN_VERSION <= ctx.api_version
+            <= CLUSTER_AUTHORIZED_OPERATIONS_MAX_VERSION
+            and getattr(request, "include_cluster_authorized_operations", False)):
+        return authorized_operations(ResourceType.CLUSTER, CLUSTER_NAME)
+    return AUTHORIZED_OPERATIONS_OMITTED
+
+
 async def handle(ctx, request):
     broker = ctx.broker
-    topics = await _requested_topics(ctx, request)
+    topics = _with_topic_operations(ctx, request, await _requested_topics(ctx, request))
     return ctx.respond({
         "throttle_time": 0,
         "brokers": [{"node_id": broker.node_id, "host": broker.advertised_host,
@@ -123,6 +151,6 @@ async def handle(ctx, request):
         "cluster_id": broker.cluster_id,
         "controller_id": broker.node_id,
         "topics": topics,
-        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        "cluster_authorized_operations": _cluster_operations(ctx, request),
         "error_code": 0,
     })

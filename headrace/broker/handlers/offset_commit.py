@@ -9,13 +9,17 @@ COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR...). v2-4's retention_time is ignored
 Kafka 2.1+ (offsets.retention.minutes applies). v6+ leader epochs; v7+ group.instance.id;
 v9+ names the generation ``generation_id_or_member_epoch`` (KIP-848; a classic group reads it
 as the generation); v10+ names topics by id: an id this broker does not know answers
-UNKNOWN_TOPIC_ID for its partitions. Event loop thread.
+UNKNOWN_TOPIC_ID for its partitions. As Kafka's ``KafkaApis.handleOffsetCommitRequest``, a topic
+that does not exist, or a partition index beyond its partition count, answers
+UNKNOWN_TOPIC_OR_PARTITION and is not stored (admin clients' AlterConsumerGroupOffsets is this
+request too); only the existing partitions reach the coordinator, and when none does the
+coordinator is not asked at all. Event loop thread.
 """
 
 from __future__ import annotations
 
 from headrace.coordinator.messages import OffsetAndMetadata, OffsetCommitRequest
-from headrace.errors import UnknownTopicId
+from headrace.errors import UnknownTopicId, UnknownTopicOrPartition
 
 API_KEY = 8
 MIN_VERSION = 2
@@ -32,12 +36,22 @@ def _topic_names(ctx, request) -> list[str | None]:
     return [names_by_id.get(topic.topic_id) for topic in request.topics]
 
 
-def _to_coordinator(request, names: list[str | None]) -> OffsetCommitRequest:
+def _partition_error(partition_counts: dict[str, int], name: str | None, index: int) -> int:
+    """The error answered without asking the coordinator; 0 when the partition exists."""
+    if name is None:
+        return UnknownTopicId.code
+    if not 0 <= index < partition_counts.get(name, 0):
+        return UnknownTopicOrPartition.code
+    return 0
+
+
+def _to_coordinator(request, names: list[str | None],
+                    partition_counts: dict[str, int]) -> OffsetCommitRequest:
     offsets = {}
     for topic, name in zip(request.topics, names, strict=True):
-        if name is None:
-            continue
         for p in topic.partitions:
+            if _partition_error(partition_counts, name, p.partition_index):
+                continue
             offsets[(name, p.partition_index)] = OffsetAndMetadata(
                 offset=p.committed_offset,
                 leader_epoch=getattr(p, "committed_leader_epoch", -1),
@@ -54,14 +68,18 @@ def _to_coordinator(request, names: list[str | None]) -> OffsetCommitRequest:
 
 async def handle(ctx, request):
     names = _topic_names(ctx, request)
-    response = await ctx.broker.groups.call(_to_coordinator(request, names))
-    errors = response.partition_errors
+    partition_counts = {name: info.partitions
+                        for name, info in ctx.broker.log_manager.topics().items()}
+    commit = _to_coordinator(request, names, partition_counts)
+    errors = {}
+    if commit.offsets:
+        errors = (await ctx.broker.groups.call(commit)).partition_errors
     topics = []
     for topic, name in zip(request.topics, names, strict=True):
         partitions = [
             {"partition_index": p.partition_index,
-             "error_code": UnknownTopicId.code if name is None
-             else errors.get((name, p.partition_index), 0)}
+             "error_code": _partition_error(partition_counts, name, p.partition_index)
+             or errors.get((name, p.partition_index), 0)}
             for p in topic.partitions
         ]
         named = {"topic_id": topic.topic_id} if ctx.api_version >= TOPIC_ID_VERSION else {

@@ -6,7 +6,10 @@ in-sync replicas); any other acks value gets INVALID_REQUIRED_ACKS for every par
 Legacy magic 0/1 message sets are up-converted to one v2 batch. Records reach the log as
 read-only views of the request frame (``wire.decode_request``), never copied on the way. On a
 compacted topic a record without a key is INVALID_RECORD (found by the compiled kernel's
-``first_keyless_offset``). Validation of sizes, CRCs, timestamps and producer sequences is the
+``first_keyless_offset``). The records of compressed batches are walked as Kafka's LogValidator
+walks them (``records.check_batch_records``: inflated a chunk at a time, bounded by the
+declared records and ``compression.MAX_RECORDS_SECTION_BYTES``), which also finds keyless
+records in them; a decompression bomb is refused without being inflated in memory. Validation of sizes, CRCs, timestamps and producer sequences is the
 log's (``Log.append``); its errors become per-partition error codes, and an I/O error from the
 log (``OSError``: disk full, EIO...) answers KAFKA_STORAGE_ERROR for that partition only.
 Unknown topics are not created here (Kafka creates them on Metadata): UNKNOWN_TOPIC_OR_PARTITION.
@@ -54,6 +57,7 @@ from headrace.errors import (
 )
 from headrace.protocol import records as record_codec
 from headrace.protocol.kernel import first_keyless_offset
+from headrace.storage.validation import target_codec
 
 API_KEY = 0
 MIN_VERSION = 3
@@ -95,9 +99,13 @@ def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int
                 f"min.insync.replicas={log_.config.min_insync_replicas} but 1 replica"
             )
         data = _prepare(records)
-        if log_.config.compact_enabled:
+        compacted = log_.config.compact_enabled
+        if compacted and not record_codec.has_compressed_batch(data):
             if first_keyless_offset(data) >= 0:
                 raise InvalidRecord("compacted topic records must have keys")
+        else:
+            record_codec.check_batch_records(data, require_keys=compacted,
+                                             recompress_to=target_codec(log_.config))
         result = log_.append(data, now_ms)
     except KafkaError as error:
         return _partition_error(index, error)
@@ -138,7 +146,7 @@ def _appends_cannot_sync(manager, topic_data, now_ms: int) -> bool:
                 log_ = manager.get_log(topic.name, partition.index)
             except KafkaError:
                 return False
-            if not log_.append_needs_no_io_wait(size_bytes, now_ms):
+            if not log_.append_needs_no_io_wait(size_bytes, now_ms, partition.records or b""):
                 return False
     return True
 
