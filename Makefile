@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install system-deps lint bench clean
+.PHONY: run test install system-deps lint bench clean kernel-asan
 
 $(STAMP): pyproject.toml setup.py headrace/protocol/_kernel.c headrace/protocol/_prepass.c
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ run: install
 test: install system-deps
 	$(BIN)/ruff check headrace tests bench
 	$(BIN)/pytest
+	./scripts/kernel-asan.sh $(BIN)/python
+
+# The C extensions built with AddressSanitizer + UBSan (build/kernel-asan/), their tests run on them.
+kernel-asan: install
+	./scripts/kernel-asan.sh $(BIN)/python
 
 lint: install
 	$(BIN)/ruff check headrace tests bench

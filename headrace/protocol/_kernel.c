@@ -3407,8 +3407,11 @@ typedef struct {
 } HeaderCol;
 
 /* The Python buffers a call holds while its GIL is released. */
+#ifndef HELD_VIEWS_MAX /* a test build may shrink it to reach the bounds check */
+#define HELD_VIEWS_MAX (4 * ENCODE_SPEC_BUFFERS)
+#endif
 typedef struct {
-    Py_buffer views[4 * ENCODE_SPEC_BUFFERS];
+    Py_buffer views[HELD_VIEWS_MAX];
     int count;
 } HeldViews;
 
@@ -3426,6 +3429,10 @@ static int hold_view(HeldViews *h, PyObject *obj, int optional, const void **dat
     *len = 0;
     if (obj == Py_None && optional)
         return 0;
+    if (h->count >= HELD_VIEWS_MAX) {
+        PyErr_Format(PyExc_ValueError, "more than %d buffers in one call", HELD_VIEWS_MAX);
+        return -1;
+    }
     Py_buffer *view = &h->views[h->count];
     if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE))
         return -1;
@@ -3433,6 +3440,12 @@ static int hold_view(HeldViews *h, PyObject *obj, int optional, const void **dat
     *data = view->buf;
     *len = (size_t)view->len;
     return 0;
+}
+
+/* Whether a buffer of `len` bytes holds `count` int32 values (no overflow for any count). */
+static int holds_int32s(size_t len, int64_t count)
+{
+    return count >= 0 && (uint64_t)count <= len / sizeof(int32_t);
 }
 
 /* A (offsets, data, valid or None) tuple, or None for a column of nulls, checked for
@@ -3456,7 +3469,8 @@ static int hold_binary(HeldViews *h, PyObject *spec, int64_t rows, BinaryCol *co
     if (hold_view(h, valid, 1, &p, &valid_len))
         return -1;
     col->valid = p;
-    if (len < (size_t)(rows + 1) * sizeof(int32_t) || (col->valid && valid_len < (size_t)rows)) {
+    if (rows == INT64_MAX || !holds_int32s(len, rows + 1) ||
+        (col->valid && valid_len < (uint64_t)rows)) {
         PyErr_SetString(PyExc_ValueError, "a binary column is shorter than its row count");
         return -1;
     }
@@ -3488,8 +3502,8 @@ static int hold_headers(HeldViews *h, PyObject *spec, int64_t rows, HeaderCol *c
         return -1;
     col->list_valid = p;
     col->entry_count = entries;
-    if (len < (size_t)(rows + 1) * sizeof(int32_t) ||
-        (col->list_valid && valid_len < (size_t)rows) || entries < 0) {
+    if (rows == INT64_MAX || !holds_int32s(len, rows + 1) ||
+        (col->list_valid && valid_len < (uint64_t)rows) || entries < 0) {
         PyErr_SetString(PyExc_ValueError, "the headers column is shorter than its row count");
         return -1;
     }
@@ -3580,7 +3594,7 @@ static PyObject *py_partition_rows(PyObject *self, PyObject *args)
     if (hold_binary(&held, keys, rows, &j.keys) || hold_binary(&held, values, rows, &j.values) ||
         hold_view(&held, explicit_obj, 1, &p, &len))
         goto done;
-    if (p && len < (size_t)rows * sizeof(int32_t)) {
+    if (p && !holds_int32s(len, rows)) {
         PyErr_SetString(PyExc_ValueError, "the partition column is shorter than its row count");
         goto done;
     }
@@ -3590,7 +3604,8 @@ static PyObject *py_partition_rows(PyObject *self, PyObject *args)
     j.sticky_partition = sticky_partition;
     j.sticky_bytes = sticky_bytes;
     j.batch_bytes = batch_bytes;
-    if (buf_reserve(&out, (size_t)rows * sizeof(int32_t) + 1)) {
+    if ((uint64_t)rows > (SIZE_MAX - 1) / sizeof(int32_t) ||
+        buf_reserve(&out, (size_t)rows * sizeof(int32_t) + 1)) {
         PyErr_NoMemory();
         goto done;
     }
@@ -4000,7 +4015,9 @@ PyMODINIT_FUNC PyInit__kernel(void)
     if (corrupt_message_error == NULL)
         return NULL;
     PyObject *module = PyModule_Create(&kernel_module);
-    if (module != NULL && PyModule_AddStringConstant(module, "CRC32C_VARIANT", crc32c_variant) < 0) {
+    if (module != NULL &&
+        (PyModule_AddStringConstant(module, "CRC32C_VARIANT", crc32c_variant) < 0 ||
+         PyModule_AddIntConstant(module, "HELD_VIEWS_MAX", HELD_VIEWS_MAX) < 0)) {
         Py_DECREF(module);
         return NULL;
     }

@@ -142,6 +142,9 @@ def decode_columns(
 
 ARROW_ALIGNMENT_BYTES = 64  # where each of ArrowBuffers' buffers starts in a region
 _ARROW_ROW_BYTES = (8, 8, 4)  # offsets, timestamps_us, timestamp_types: bytes per record
+# The smallest v2 record: length, attributes, timestamp delta, offset delta, key length,
+# value length and header count, one byte each.
+MIN_RECORD_BYTES = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +192,10 @@ def plan_arrow_decode(buf: BufferLike, *, skip_control: bool = True) -> ArrowDec
     with _byte_view(buf) as view:
         scan = _scan(view, skip_control, False, decompress_sections=True)
         data_bytes = len(view) + sum(len(section) for section in scan.sections)
-    return ArrowDecodePlan(scan.record_count, data_bytes, scan.sections, skip_control,
+    # A batch header's record count is not checked here: a corrupt one must not size the
+    # output past what the bytes can hold (decoding such a batch raises CorruptMessage).
+    max_records = min(scan.record_count, data_bytes // MIN_RECORD_BYTES)
+    return ArrowDecodePlan(max_records, data_bytes, scan.sections, skip_control,
                            scan.next_offset, scan.bytes_consumed)
 
 
