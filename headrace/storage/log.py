@@ -95,10 +95,13 @@ from headrace.errors import (
 )
 from headrace.protocol.batch import (
     BATCH_HEADER_BYTES,
+    COMPRESSION_MASK,
     CONTROL_BIT,
+    MAX_TIMESTAMP_OFFSET,
     BatchHeader,
     parse_header,
     set_log_append_time,
+    set_max_timestamp,
 )
 from headrace.protocol.kernel import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.config import LogConfig
@@ -120,8 +123,10 @@ from headrace.storage.segment import (
 )
 from headrace.storage.validation import (
     Summary,
+    check_compressed_batch,
     needs_recompression,
     recompress_for_topic,
+    record_checks,
     target_codec,
     validate_request,
 )
@@ -289,9 +294,12 @@ class Log:
         self._roll_deadline: tuple[LogSegment | None, int] = (None, 0)
         self._segment_bytes = config.segment_bytes
         self._flush_messages = config.flush_messages
-        self._plain_limits = (config.max_message_bytes, config.message_timestamp_before_max_ms,
-                              config.message_timestamp_after_max_ms,
-                              -1 if self._target_codec is None else self._target_codec)
+        limits = (config.max_message_bytes, config.message_timestamp_before_max_ms,
+                  config.message_timestamp_after_max_ms,
+                  -1 if self._target_codec is None else self._target_codec,
+                  config.compact_enabled)
+        # by from_client: a client's batches may not be control batches (LogValidator)
+        self._plain_limits = (limits + (False,), limits + (True,))
         self._plain_gate: _PlainGate | None = None
 
     def _pick_jitter(self, config: LogConfig) -> int:
@@ -470,11 +478,13 @@ class Log:
 
     # ---- appending -----------------------------------------------------------------------
 
-    def append(self, records: bytes | bytearray | memoryview, now_ms: int) -> AppendResult:
+    def append(self, records: bytes | bytearray | memoryview, now_ms: int,
+               from_client: bool = False) -> AppendResult:
         """Validate, assign offsets to and write one or more whole v2 batches; a topic whose
         compression.type names a codec gets batches of other codecs recompressed first.
         ``records`` (any contiguous buffer) is only read: the plain path writes it with its
-        new base offset in one writev, the general path works on a copy.
+        new base offset in one writev, the general path works on a copy. ``from_client``:
+        a producer's request (Produce), held to Kafka's client rules (no control batches).
 
         The hot path of every produce request. Its common case -- one batch in the topic's
         codec, on a CreateTime topic, fitting the active segment -- is one kernel call
@@ -489,9 +499,9 @@ class Log:
             gate = self._plain_gate
             result = None
             if gate is not None and now_ms <= gate[1]:
-                result = self._append_plain(records, gate, now_ms)
+                result = self._append_plain(records, gate, now_ms, from_client)
             if result is None:
-                result = self._append_general(records, now_ms)
+                result = self._append_general(records, now_ms, from_client)
         finally:
             lock.release()
         if self._listeners and not result.duplicate:
@@ -500,18 +510,21 @@ class Log:
         return result
 
     def _append_plain(self, records: bytes | bytearray | memoryview, gate: _PlainGate,
-                      now_ms: int) -> AppendResult | None:
-        """The common case in one kernel call (two with a producer id); None (nothing
-        written) when the kernel declines the request and the general path must decide."""
+                      now_ms: int, from_client: bool) -> AppendResult | None:
+        """The common case in one kernel call (two with a producer id, compressed records
+        or a max timestamp to rewrite); None (nothing written) when the kernel declines the
+        request and the general path must decide."""
         active = gate[0]
         first_offset = self._view.log_end_offset
         written = append_plain_batch(records, active.fd, first_offset,
                                      self._segment_bytes - active.size_bytes, gate[2], now_ms,
-                                     self._plain_limits)
+                                     self._plain_limits[from_client])
         if written is None:
             return None
         last_offset, max_timestamp_ms, was_written = written
         if not was_written:
+            records, max_timestamp_ms = self._finish_plain_batch(records, max_timestamp_ms,
+                                                                 now_ms, from_client)
             duplicate = self._write_producer_batch(records, active.fd, first_offset)
             if duplicate is not None:
                 return duplicate
@@ -523,26 +536,44 @@ class Log:
             self._flush_locked(now_ms)
         return _new_append_result((first_offset, last_offset, -1, view.log_start_offset, False))
 
+    def _finish_plain_batch(self, records: bytes | bytearray | memoryview, max_timestamp_ms: int,
+                            now_ms: int, from_client: bool
+                            ) -> tuple[bytes | bytearray | memoryview, int]:
+        """A batch the kernel validated but did not write: a compressed batch's records
+        checked (raising as the general path does), and the batch with its header's max
+        timestamp set to its records' largest (in a copy when it differs) and that maximum."""
+        if records[22] & COMPRESSION_MASK:
+            max_timestamp_ms = check_compressed_batch(
+                records, 0, record_checks(self.config, now_ms, from_client),
+                f"{self.topic}-{self.partition}")
+        if int.from_bytes(records[MAX_TIMESTAMP_OFFSET : MAX_TIMESTAMP_OFFSET + 8], "big",
+                          signed=True) != max_timestamp_ms:
+            records = bytearray(records)
+            set_max_timestamp(records, 0, len(records), max_timestamp_ms)
+        return records, max_timestamp_ms
+
     def _write_producer_batch(self, records: bytes | bytearray | memoryview, fd: int,
                               first_offset: int) -> AppendResult | None:
-        """A validated batch with a producer id: the original result if it is a duplicate,
-        else written at ``first_offset`` and recorded (None); raises for a bad epoch or
-        sequence, as the general path does."""
+        """A validated batch, written at ``first_offset``; with a producer id, the original
+        result instead if it is a duplicate (else the batch is recorded); raises for a bad
+        epoch or sequence, as the general path does."""
         header = parse_header(records)
-        duplicate = self._duplicate_of(header)
+        duplicate = self._duplicate_of(header) if header.producer_id >= 0 else None
         if duplicate is None:
             write_batch(records, fd, first_offset)
-            self.producer_state.update(header, first_offset)
+            if header.producer_id >= 0 and not header.is_control:
+                self.producer_state.update(header, first_offset)
         return duplicate
 
-    def _append_general(self, request: bytes | bytearray | memoryview, now_ms: int
-                        ) -> AppendResult:
+    def _append_general(self, request: bytes | bytearray | memoryview, now_ms: int,
+                        from_client: bool) -> AppendResult:
         """Every append the plain path declines: several batches, LogAppendTime,
         recompression, a roll, or a request to reject (the precise error is raised here).
         Base offsets and LogAppendTime are written into a copy of ``request``."""
         records = bytearray(request)
         config = self.config
-        summaries = validate_request(records, config, now_ms)
+        summaries = validate_request(records, config, now_ms, from_client=from_client,
+                                     topic_partition=f"{self.topic}-{self.partition}")
         producer_headers = None
         if len(summaries) > 1 or summaries[0][6] >= 0:  # else: one plain batch
             producer_headers = self._producer_headers(records, summaries)
