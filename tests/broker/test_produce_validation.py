@@ -15,7 +15,10 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
+from headrace.errors import CorruptMessage
 from headrace.protocol import compression as codecs
 from headrace.protocol import records as record_codec
 from headrace.protocol.batch import parse_header
@@ -82,9 +85,13 @@ def _records(count: int) -> bytes:
 
 
 def _assert_refused(client: RawClient, topic: str, batch: bytes, error_code: int):
+    """``batch`` is refused with ``error_code`` and nothing of it is stored. A valid batch
+    goes first, so the refused one meets the log's plain path (open after an append)."""
+    valid = _sealed(_records(1), 1)
+    assert _produce(client, topic, valid).error_code == 0
     answer = _produce(client, topic, batch)
     assert answer.error_code == error_code, answer
-    assert _fetch_records(client, topic) == b""  # nothing of it stored
+    assert _fetch_records(client, topic) == valid
     return answer
 
 
@@ -271,3 +278,137 @@ def test_librdkafka_fails_exactly_the_keyless_records_by_their_record_errors(bro
     assert set(resent.values()) == {None} and len(resent) == 90
     values = _consume_values(broker.bootstrap, topic, 90)
     assert sorted(values) == sorted(value for _, value in keyed.values())
+
+
+# ---- every batch the broker accepts decodes alike in librdkafka and kafka-python
+
+KAFKA_CODES_FOR_REFUSALS = {CORRUPT_MESSAGE, INVALID_TIMESTAMP, INVALID_RECORD,
+                            TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+MUTATIONS = ["none", "none", "length", "negative_length", "offset_delta", "count",
+             "unknown_codec", "codec_lie", "control", "transactional", "byte"]
+_keys = st.one_of(st.none(), st.binary(max_size=8))
+_values = st.one_of(st.none(), st.binary(max_size=40))
+_headers = st.lists(st.tuples(st.text(max_size=4), st.one_of(st.none(), st.binary(max_size=4))),
+                    max_size=2)
+_record_specs = st.lists(st.tuples(_keys, _values, _headers, st.integers(-5000, 5000)),
+                         min_size=1, max_size=6)
+
+
+@st.composite
+def _batches(draw) -> bytes:
+    """A v2 batch of a few records, then (maybe) one mutation of its records, header or codec;
+    the CRC is always valid, so the checks behind it are what decides."""
+    specs = draw(_record_specs)
+    codec = draw(st.sampled_from([codecs.NONE, codecs.GZIP, codecs.SNAPPY, codecs.LZ4,
+                                  codecs.ZSTD]))
+    mutation = draw(st.sampled_from(MUTATIONS))
+    now_ms = int(time.time() * 1000)
+    records = []
+    for delta, (key, value, headers, timestamp_delta) in enumerate(specs):
+        out = bytearray()
+        record_codec._encode_record(out, delta, timestamp_delta, key, value, headers)
+        records.append(bytearray(out))
+    victim = draw(st.integers(0, len(records) - 1))
+    count, attributes, options = len(records), codec, {}
+    if mutation == "length":  # the length varint (1 byte: bodies stay under 64 bytes) off by some
+        records[victim][0] = (records[victim][0] + 2 * draw(st.sampled_from([-2, -1, 1, 3]))) % 128
+    elif mutation == "negative_length":
+        records[victim][0] = 2 * draw(st.integers(1, 5)) - 1
+    elif mutation == "offset_delta":
+        out = bytearray()
+        key, value, headers, timestamp_delta = specs[victim]
+        record_codec._encode_record(out, victim + draw(st.sampled_from([-1, 1, 7])),
+                                    timestamp_delta, key, value, headers)
+        records[victim] = out
+    elif mutation == "count":
+        count += draw(st.sampled_from([-1, 1]))
+        options["last_offset_delta"] = draw(st.sampled_from([count - 1, len(records) - 1]))
+    elif mutation == "control":
+        attributes |= 0x20
+    elif mutation == "transactional":
+        attributes |= 0x10
+        options |= {"producer_id": 9, "base_sequence": 0}
+    section = b"".join(records)
+    if mutation == "byte":
+        position = draw(st.integers(0, len(section) - 1))
+        section = section[:position] + bytes([draw(st.integers(0, 255))]) + section[position + 1:]
+    compressed = codecs.compress(codec, section)
+    if mutation == "unknown_codec":
+        attributes = attributes & ~0x07 | draw(st.integers(5, 7))
+    elif mutation == "codec_lie":
+        attributes = attributes & ~0x07 | draw(st.sampled_from(
+            [c for c in (codecs.GZIP, codecs.SNAPPY, codecs.LZ4, codecs.ZSTD) if c != codec]))
+    base_ms = now_ms - 1000
+    max_ms = draw(st.sampled_from([0, -1, base_ms, base_ms + 5000]))  # not always the truth
+    batch = _sealed(compressed, count, attributes=attributes, base_timestamp=base_ms,
+                    max_timestamp=max_ms, **options)
+    if mutation == "byte" and _header_key_not_utf8(batch):
+        # Kafka reads such a key with replacement characters; clients differ: not compared
+        return _sealed(codecs.compress(codec, b"".join(records)), count,
+                       attributes=attributes, base_timestamp=base_ms, max_timestamp=max_ms)
+    return batch
+
+
+def _header_key_not_utf8(batch: bytes) -> bool:
+    try:
+        record_codec.decode_batch(batch)
+    except CorruptMessage as error:
+        return "not UTF-8" in str(error)
+    return False
+
+
+def _consume_all(bootstrap: str, topic: str, count: int):
+    """(key, value, headers, timestamp) of the first ``count`` records of the topic, read by
+    confluent-kafka and by kafka-python."""
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTopicPartition
+
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    by_librdkafka = []
+    try:
+        while len(by_librdkafka) < count and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None:
+                assert message.error() is None, message.error()
+                by_librdkafka.append((message.key(), message.value(),
+                                      [(k, v) for k, v in message.headers() or []],
+                                      message.timestamp()[1]))
+    finally:
+        consumer.close()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    partition = KTopicPartition(topic, 0)
+    consumer.assign([partition])
+    consumer.seek_to_beginning(partition)
+    by_kafka_python = []
+    try:
+        while len(by_kafka_python) < count and time.monotonic() < deadline:
+            for messages in consumer.poll(timeout_ms=1000).values():
+                by_kafka_python += [(m.key, m.value, list(m.headers), m.timestamp)
+                                    for m in messages]
+    finally:
+        consumer.close()
+    return by_librdkafka, by_kafka_python
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(_batches(), min_size=30, max_size=30))
+def test_every_accepted_batch_decodes_alike_in_librdkafka_and_kafka_python(broker, batches):
+    topic = _topic(broker)
+    expected = []
+    with RawClient(broker.bootstrap) as client:
+        for batch in batches:
+            answer = _produce(client, topic, batch)
+            if answer.error_code:
+                assert answer.error_code in KAFKA_CODES_FOR_REFUSALS, answer
+                continue
+            decoded = record_codec.decode_batch(batch)  # strict: raises on anything malformed
+            expected += [(r.key, r.value, [(h.key, h.value) for h in r.headers], r.timestamp_ms)
+                         for r in decoded.records]
+    by_librdkafka, by_kafka_python = _consume_all(broker.bootstrap, topic, len(expected))
+    assert by_librdkafka == expected
+    assert by_kafka_python == expected
+    assert "Traceback" not in broker.log_text()
