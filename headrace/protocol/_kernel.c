@@ -3,8 +3,9 @@
  *
  * Owns the hot per-record loops over Kafka v2 record batches: walking batch headers,
  * checking CRC-32C, parsing records (bounds-checked zigzag varints), decoding them into
- * Arrow-layout columns, hashing keys with MurmurHash3 x64 128 and finding keyless
- * records; the log's two hot I/O paths -- a plain produce batch validated, its base offset
+ * Arrow-layout columns, hashing keys with MurmurHash3 x64 128, and validating produced
+ * batches as Kafka's LogValidator does (every record parsed in the CRC pass, per-record
+ * errors, the max timestamp from the records); the log's two hot I/O paths -- a plain produce batch validated, its base offset
  * patched and written to the segment descriptor in one call (append_plain_batch,
  * write_batch), and the cleaner's passes over a span of a segment, reading it with pread and
  * writing pass 2's output to the .cleaned descriptor (map_span, filter_span).
@@ -27,7 +28,9 @@
  * every read or write runs with the GIL released over a buffer the caller holds;
  * output is collected in malloc'd buffers handed to Python as read-only OwnedBuffers
  * (decode_arrow alone writes into writable buffers the caller holds for the call).
- * Malformed input is reported as headrace.errors.CorruptMessage, never read past.
+ * Malformed input is reported as headrace.errors.CorruptMessage (produce validation: Kafka's
+ * InvalidRecord where Kafka's LogValidator answers INVALID_RECORD, and RecordsRejected for
+ * per-record errors), never read past.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -701,15 +704,6 @@ static int visit_key_hash(void *state, const Batch *b, const Record *r, Failure 
     return 0;
 }
 
-static int visit_keyless(void *state, const Batch *b, const Record *r, Failure *f)
-{
-    (void)f;
-    if (r->key.len >= 0)
-        return 0;
-    *(int64_t *)state = record_offset(b, r);
-    return 1;
-}
-
 /* ------------------------------------------------------------------ Python glue */
 
 /* Holds the input buffer and the decompressed sections for the length of one call. */
@@ -1021,15 +1015,6 @@ static PyObject *py_hash_keys(PyObject *self, PyObject *args)
     if (run_walk(args, visit_key_hash, &hashes, bufs, buf_count))
         return NULL;
     return bufs_to_tuple(bufs, buf_count);
-}
-
-static PyObject *py_first_keyless_offset(PyObject *self, PyObject *args)
-{
-    (void)self;
-    int64_t offset = NO_OFFSET;
-    if (run_walk(args, visit_keyless, &offset, NULL, 0))
-        return NULL;
-    return PyLong_FromLongLong(offset);
 }
 
 static PyObject *py_murmur3_x64_128(PyObject *self, PyObject *args)
@@ -4134,8 +4119,6 @@ static PyMethodDef kernel_methods[] = {
     {"hash_keys", py_hash_keys, METH_VARARGS,
      "hash_keys(buf, sections, skip_control) -> (offsets, hash_hi, hash_lo, is_tombstone, "
      "has_key) buffers."},
-    {"first_keyless_offset", py_first_keyless_offset, METH_VARARGS,
-     "first_keyless_offset(buf, sections, skip_control) -> offset of the first null key or -1."},
     {"murmur3_x64_128", py_murmur3_x64_128, METH_VARARGS,
      "murmur3_x64_128(data, seed) -> (h1, h2) as unsigned 64-bit integers."},
     {"offset_map_put", py_offset_map_put, METH_VARARGS,

@@ -3,7 +3,8 @@
 Owns the per-record work shared by the log cleaner (key hashes, both passes: ``map_batches``
 fills the offset map, ``filter_batches`` writes the kept records, and ``map_span`` /
 ``filter_span`` run them over a span of a segment file -- reads and writes included -- in
-one call), produce validation (keyless records on compacted topics; ``append_plain_batch`` /
+one call), produce validation (``validate_batches`` and ``check_compressed_records``: Kafka's
+LogValidator checks of every record, in the CRC pass; ``append_plain_batch`` /
 ``write_batch`` check a plain produce batch and write it to the segment descriptor with its
 base offset replaced, in one call, never changing the caller's buffer), dump-log and the Spark
 data source (columns; ``decode_arrow`` writes the source's Arrow buffers in place). The loops
@@ -248,15 +249,6 @@ def hash_keys(buf: BufferLike, *, verify_crc: bool = True) -> KeyHashes:
         raw = _kernel.hash_keys(view, scan.sections, True)
     arrays = [np.frombuffer(data, dtype) for data, dtype in zip(raw, _KEY_HASH_DTYPES, strict=True)]
     return KeyHashes(*arrays, next_offset=scan.next_offset, bytes_consumed=scan.bytes_consumed)
-
-
-def first_keyless_offset(buf: BufferLike, *, verify_crc: bool = True) -> int:
-    """Offset of the first record with a null key in the non-control batches of ``buf``,
-    or -1 if every record has a key (Kafka rejects keyless records on compacted topics;
-    an empty key is a key)."""
-    with _byte_view(buf) as view:
-        scan = _scan(view, True, verify_crc, decompress_sections=True)
-        return _kernel.first_keyless_offset(view, scan.sections, True)
 
 
 def count_records(buf: BufferLike, *, skip_control: bool = True) -> int:

@@ -10,9 +10,11 @@ load, Kafka's rules: ``.cleaned`` files are deleted; a ``.swap`` file is complet
 whose base offset lies in its offset range are deleted, it becomes ``.log``, and its indexes
 are rebuilt); a segment whose ``.index`` file is missing gets its indexes rebuilt.
 
-Appends are serialized by one lock and do no per-record work: one compiled-kernel call checks
-every batch of the request (whole batches, magic, CRC-32C) and summarises its header as a tuple,
-``validation`` checks sizes, record counts and timestamps on those tuples, producer state is
+Appends are serialized by one lock and do no per-record work in Python: one compiled-kernel call
+checks every batch of the request (whole batches, magic, CRC-32C, and Kafka's LogValidator
+checks of every record, parsed right after the CRC; see ``validation``) and summarises its
+header as a tuple, with the max timestamp taken from the records, ``validation`` checks sizes
+on those tuples (and walks the decompressed records of compressed batches), producer state is
 consulted only for batches carrying a producer id, each base offset is rewritten and
 LogAppendTime stamped if configured (in a copy: the caller's buffer is never changed), and the
 request's batches are written with one ``write``
@@ -21,8 +23,10 @@ request -- one batch in the topic's codec, on a CreateTime topic, fitting the ac
 takes the plain path: one kernel call (``kernel.append_plain_batch``) makes the same checks
 and writes the batch with its new base offset to the segment's descriptor with the GIL
 released, reading the caller's buffer in place -- a read-only view of the request frame needs
-no copy (a batch with a producer id: validated by that call, sequence-checked in Python,
-written by ``kernel.write_batch``); it is gated per active segment (``_plain_gate``: set after a general-path
+no copy (a batch with a producer id, compressed records or a header max timestamp that is not
+its records' largest: validated by that call, then sequence-checked, its records checked
+after decompression, its max timestamp rewritten in a copy, in Python, and written by
+``kernel.write_batch``); it is gated per active segment (``_plain_gate``: set after a general-path
 append, cleared by a roll, a config change or a full index) and used only when the log's file
 system is exactly ``RealFileSystem`` (decided once per log), so a wrapping file system still
 sees every write. Whatever the kernel declines goes the general way, which raises the precise
@@ -37,8 +41,10 @@ list, as in Kafka).
 Offsets by time are batch-granular: records are not decoded, so a time lookup answers the base
 offset and max timestamp of the first batch whose max timestamp is >= the target, and the
 max-timestamp lookup answers the last offset of the batch holding the largest timestamp (Kafka's
-"shallow" offset). CreateTime bounds (message.timestamp.before/after.max.ms) are checked on the
-batch's base and max timestamps.
+"shallow" offset). A batch's max timestamp is its records' largest (-1 when none has one),
+written into the stored header where the producer's differs, as Kafka's setMaxTimestamp does.
+CreateTime bounds (message.timestamp.before/after.max.ms) are checked on every record's
+timestamp.
 
 Recovery: after a clean shutdown the index files are sanity-checked and only the tail after the
 last index entry of the active segment is walked. After an unclean shutdown every batch after the
@@ -542,10 +548,11 @@ class Log:
         """A batch the kernel validated but did not write: a compressed batch's records
         checked (raising as the general path does), and the batch with its header's max
         timestamp set to its records' largest (in a copy when it differs) and that maximum."""
-        if records[22] & COMPRESSION_MASK:
-            max_timestamp_ms = check_compressed_batch(
-                records, 0, record_checks(self.config, now_ms, from_client),
-                f"{self.topic}-{self.partition}")
+        if records[22] & COMPRESSION_MASK:  # read-only: the caller's buffer stays as it is
+            with memoryview(records) as view, view.toreadonly() as unchanged:
+                max_timestamp_ms = check_compressed_batch(
+                    unchanged, 0, record_checks(self.config, now_ms, from_client),
+                    f"{self.topic}-{self.partition}")
         if int.from_bytes(records[MAX_TIMESTAMP_OFFSET : MAX_TIMESTAMP_OFFSET + 8], "big",
                           signed=True) != max_timestamp_ms:
             records = bytearray(records)
