@@ -1485,7 +1485,8 @@ static void set_batch_max_timestamp(uint8_t *p, size_t size_bytes, int64_t max_t
 }
 
 /* Kafka's validateBatch: offset range and record count agree, a known codec, and from a
- * client no control batch and no producer id without a base sequence. */
+ * client base offset 0 (analyzeAndValidateRecords), no control batch and no producer id
+ * without a base sequence. */
 static int check_batch_fields(const uint8_t *p, size_t pos, const RecordChecks *c, Failure *f)
 {
     long long base_offset = (long long)be64(p);
@@ -1507,6 +1508,9 @@ static int check_batch_fields(const uint8_t *p, size_t pos, const RecordChecks *
                     "id %d", (long long)pos, codec);
     if (!c->from_client)
         return 0;
+    if (base_offset != 0)
+        return fail(f, FAIL_INVALID_RECORD, "The baseOffset of the record batch should be 0, "
+                    "but it is %lld", base_offset);
     if (p[22] & ATTR_CONTROL)
         return fail(f, FAIL_INVALID_RECORD, "Clients are not allowed to write control records");
     long long producer_id = (long long)be64(p + 43);

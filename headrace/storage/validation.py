@@ -8,7 +8,8 @@ topic's ``compression.type`` asks for:
   attributes..end, a known codec id (0-4) -- ``CorruptMessage``;
 * Kafka's LogValidator checks, in the same kernel pass (each uncompressed batch's records are
   parsed right after its CRC): ``records_count == last_offset_delta + 1 >= 1``, from clients
-  no control batch and no producer id without a base sequence, every record well formed
+  base offset 0, no control batch and no producer id without a base sequence, every record
+  well formed
   (length, varints, key, value, headers, nothing left over) with offset deltas 0..n-1 --
   ``InvalidRecord``. A compressed batch's records are decompressed (``_decompressed_records``;
   data that does not decode is ``CorruptMessage``) and checked by
@@ -25,7 +26,7 @@ Each batch's max timestamp is its largest record timestamp (-1: none has one), c
 that pass and written into the header (with a new CRC) where the producer's differs, as
 Kafka's ``setMaxTimestamp`` does; the summaries carry it to the segment's indexes.
 
-The per-batch limits run in the kernel too (``kernel.first_batch_outside_limits``, one call);
+The size limit runs in the kernel too (``kernel.first_batch_outside_limits``, one call);
 Python only names the error of the batch it points at. The log's plain path
 (``kernel.append_plain_batch``) applies the same checks to a single batch and declines
 whatever fails a limit, so these functions raise every error.
@@ -41,7 +42,9 @@ byte-for-byte as the producer encoded it (offset deltas, timestamp deltas, keys,
 headers), compressed with the target codec, with a new length and CRC. Control batches
 (transaction markers) are stored as written, as Kafka writes them uncompressed.
 
-Pure functions over the caller's buffer; thread-safe.
+Functions over the caller's buffer, which they only read except for the max timestamps
+``validate_request`` and ``check_compressed_batch`` rewrite in a writable one (the log passes
+its own copy); thread-safe for buffers not shared between threads.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def validate_request(records: bytearray, config: LogConfig, now_ms: int, *,
     try:
         summaries = kernel_validate_batches(records, checks)
     except RecordsRejected as rejected:
-        raise _record_errors(*rejected.args, checks, topic_partition) from None
+        raise _record_errors(rejected.args[1], checks, topic_partition) from None
     if not summaries:
         raise CorruptMessage("produce request carries no record batch")
     if len(records) > config.segment_bytes:
@@ -131,7 +134,7 @@ def check_compressed_batch(records: bytes | bytearray | memoryview, position: in
     try:
         return check_compressed_records(records, position, section, checks)
     except RecordsRejected as rejected:
-        raise _record_errors(*rejected.args, checks, topic_partition) from None
+        raise _record_errors(rejected.args[1], checks, topic_partition) from None
 
 
 def _decompressed_records(records: bytes | bytearray | memoryview, position: int) -> bytes:
@@ -143,8 +146,8 @@ def _decompressed_records(records: bytes | bytearray | memoryview, position: int
         return decompress(codec, view[position + BATCH_HEADER_BYTES : position + size_bytes])
 
 
-def _record_errors(batch_position: int, errors: tuple[tuple[int, int, int, int], ...],
-                   checks: RecordChecks, topic_partition: str) -> KafkaError:
+def _record_errors(errors: tuple[tuple[int, int, int, int], ...], checks: RecordChecks,
+                   topic_partition: str) -> KafkaError:
     """Kafka's RecordValidationException for the refused records of one batch: every record
     error with Kafka's message; InvalidTimestamp if any is a timestamp, else InvalidRecord."""
     now_ms, before_max_ms, after_max_ms = checks[3:]

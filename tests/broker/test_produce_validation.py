@@ -152,6 +152,15 @@ def test_a_transactional_batch_without_a_transactional_id_is_refused(broker):
                         TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
 
 
+def test_a_base_offset_other_than_zero_is_invalid_record(broker):
+    batch = bytearray(_sealed(_records(2), 2))
+    batch[7] = 5  # the base offset lies outside the CRC
+    topic = _topic(broker)
+    with RawClient(broker.bootstrap) as client:
+        answer = _assert_refused(client, topic, bytes(batch), INVALID_RECORD)
+    assert answer.error_message == "The baseOffset of the record batch should be 0, but it is 5"
+
+
 def test_a_producer_id_without_a_base_sequence_is_invalid_record(broker):
     topic = _topic(broker)
     with RawClient(broker.bootstrap) as client:
