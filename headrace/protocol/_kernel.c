@@ -1450,7 +1450,7 @@ typedef struct {
     long long earliest_ms, latest_ms;
 } RecordChecks;
 
-enum { RECORD_ERROR_NO_KEY = 1, RECORD_ERROR_TIMESTAMP = 2 };
+enum { RECORD_ERROR_NO_KEY = 1, RECORD_ERROR_TIMESTAMP = 2, RECORD_ERROR_TIMESTAMP_TYPE = 3 };
 
 /* One refused record (KIP-467): its index in its batch, why, its timestamp and offset delta. */
 typedef struct {
@@ -1476,10 +1476,12 @@ static void store_be32(uint8_t *p, uint32_t value)
         p[i] = (uint8_t)value;
 }
 
-/* Kafka's setMaxTimestamp on the batch at p: the header field and the CRC over it. */
+/* Kafka's setMaxTimestamp(CREATE_TIME, max) on the batch at p: the header field, the
+ * timestamp type bit cleared, and the CRC over them. */
 static void set_batch_max_timestamp(uint8_t *p, size_t size_bytes, int64_t max_timestamp)
 {
     store_be64(p + 35, (uint64_t)max_timestamp);
+    p[22] &= (uint8_t)~ATTR_LOG_APPEND_TIME;
     store_be32(p + 17, ~crc32c_fast_update(~0u, p + CRC_COVERED_FROM,
                                            size_bytes - CRC_COVERED_FROM));
 }
@@ -1521,14 +1523,25 @@ static int check_batch_fields(const uint8_t *p, size_t pos, const RecordChecks *
     return 0;
 }
 
-/* The check of one parsed record: 0, or the RECORD_ERROR_* kind Kafka answers for it. */
-static int record_error_kind(const RecordChecks *c, const Record *r, int64_t timestamp)
+/* The check of one parsed record: 0, or the RECORD_ERROR_* kind Kafka answers for it. A
+ * producer may not set LogAppendTime: Kafka refuses it where the timestamp is not checked
+ * as a CreateTime (a LogAppendTime topic, or no timestamp). */
+static int record_error_kind(const RecordChecks *c, const Record *r, int64_t timestamp,
+                             int log_append_time)
 {
     if (c->compacted && r->key.len < 0)
         return RECORD_ERROR_NO_KEY;
-    if (c->check_timestamps && timestamp_outside(timestamp, c->earliest_ms, c->latest_ms))
-        return RECORD_ERROR_TIMESTAMP;
-    return 0;
+    if (c->check_timestamps && timestamp != NO_TIMESTAMP)
+        return timestamp_outside(timestamp, c->earliest_ms, c->latest_ms)
+                   ? RECORD_ERROR_TIMESTAMP : 0;
+    return log_append_time ? RECORD_ERROR_TIMESTAMP_TYPE : 0;
+}
+
+/* Whether the header of a checked batch needs Kafka's setMaxTimestamp: its max timestamp is
+ * not its records' largest, or a producer set the LogAppendTime bit. */
+static int needs_max_timestamp_rewrite(const uint8_t *header, int64_t max_timestamp)
+{
+    return (int64_t)be64(header + 35) != max_timestamp || (header[22] & ATTR_LOG_APPEND_TIME);
 }
 
 /* Parse every record of a batch (header at `header`, records in `records`: the bytes after
@@ -1542,6 +1555,7 @@ static int check_records(Cursor records, const uint8_t *header, size_t pos,
 {
     uint64_t base_timestamp = be64(header + 27);
     int32_t count = (int32_t)be32(header + 57);
+    int log_append_time = (header[22] & ATTR_LOG_APPEND_TIME) != 0;
     int64_t max = NO_TIMESTAMP;
     for (int32_t i = 0; i < count; i++) {
         Record r;
@@ -1552,10 +1566,12 @@ static int check_records(Cursor records, const uint8_t *header, size_t pos,
             return fail(f, FAIL_INVALID_RECORD, "Record %d of the batch at byte %lld has offset "
                         "delta %d, expected %d", (int)i, (long long)pos, (int)r.offset_delta,
                         (int)i);
-        int64_t timestamp = (int64_t)(base_timestamp + (uint64_t)r.timestamp_delta);
+        /* as Kafka reads them: a LogAppendTime batch's records all carry its max timestamp */
+        int64_t timestamp = log_append_time ? (int64_t)be64(header + 35)
+                                            : (int64_t)(base_timestamp + (uint64_t)r.timestamp_delta);
         if (timestamp > max)
             max = timestamp;
-        int kind = record_error_kind(c, &r, timestamp);
+        int kind = record_error_kind(c, &r, timestamp, log_append_time);
         RecordError error = {timestamp, i, kind, r.offset_delta};
         if (kind && buf_put(&errs->errors, &error, sizeof error))
             return fail_no_memory(f);
@@ -1608,8 +1624,10 @@ static int validate_one(uint8_t *writable, const uint8_t *buf, size_t len, size_
     int64_t max_timestamp;
     if (check_records(records, p, pos, checks, &max_timestamp, errs, f))
         return -1;
-    if (max_timestamp != s->max_timestamp && writable != NULL)
+    if (writable != NULL && needs_max_timestamp_rewrite(p, max_timestamp)) {
         set_batch_max_timestamp(writable + pos, size_bytes, max_timestamp);
+        s->attributes &= ~ATTR_LOG_APPEND_TIME;
+    }
     s->max_timestamp = max_timestamp;
     return 0;
 }
@@ -1810,7 +1828,7 @@ static PyObject *py_check_compressed_records(PyObject *self, PyObject *const *ar
                                    &failure);
         Py_END_ALLOW_THREADS
         if (status == 0 && writable != NULL && size_bytes <= (size_t)(view.len - position) &&
-            (int64_t)be64(p + 35) != max_timestamp)
+            needs_max_timestamp_rewrite(p, max_timestamp))
             set_batch_max_timestamp(writable + position, size_bytes, max_timestamp);
     }
     PyBuffer_Release(&section);
@@ -2059,7 +2077,7 @@ static int plain_validate(const uint8_t *buf, size_t len, const PlainAppendLimit
         return f->kind == FAIL_CORRUPT ? PLAIN_CORRUPT : PLAIN_DECLINED;
     /* Compressed records, a max timestamp to rewrite: the caller finishes the batch. */
     if (scope == PLAIN_WRITE && ((s->attributes & ATTR_COMPRESSION_MASK) ||
-                                 s->max_timestamp != (int64_t)be64(buf + 35)))
+                                 needs_max_timestamp_rewrite(buf, s->max_timestamp)))
         return PLAIN_PRODUCER;
     return scope;
 }

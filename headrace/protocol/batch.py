@@ -168,8 +168,10 @@ def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> 
 
 def set_max_timestamp(buf: bytearray | memoryview, pos: int, size_bytes: int,
                       timestamp_ms: int) -> None:
-    """Write ``max_timestamp`` of the batch at ``pos`` and recompute its CRC (Kafka's
-    ``setMaxTimestamp`` for CreateTime)."""
+    """Write ``max_timestamp`` of the batch at ``pos``, clear the LogAppendTime bit and
+    recompute the CRC (Kafka's ``setMaxTimestamp`` for CreateTime)."""
+    attributes = struct.unpack_from(">h", buf, pos + ATTRIBUTES_OFFSET)[0]
+    struct.pack_into(">h", buf, pos + ATTRIBUTES_OFFSET, attributes & ~TIMESTAMP_TYPE_BIT)
     struct.pack_into(">q", buf, pos + MAX_TIMESTAMP_OFFSET, timestamp_ms)
     struct.pack_into(">I", buf, pos + CRC_OFFSET, compute_crc(buf, pos, size_bytes))
 

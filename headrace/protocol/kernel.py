@@ -604,6 +604,7 @@ check_compressed_records = _kernel.check_compressed_records
 RecordsRejected = _kernel.RecordsRejected
 RECORD_ERROR_NO_KEY = 1  # a record without a key on a compacted topic
 RECORD_ERROR_TIMESTAMP = 2  # a CreateTime timestamp outside message.timestamp.*.max.ms
+RECORD_ERROR_TIMESTAMP_TYPE = 3  # LogAppendTime set by a producer where Kafka refuses it
 
 
 # first_batch_outside_limits(summaries, max_message_bytes, now_ms, before_max_ms, after_max_ms,

@@ -100,10 +100,12 @@ from headrace.errors import (
     OutOfOrderSequenceNumber,
 )
 from headrace.protocol.batch import (
+    ATTRIBUTES_OFFSET,
     BATCH_HEADER_BYTES,
     COMPRESSION_MASK,
     CONTROL_BIT,
     MAX_TIMESTAMP_OFFSET,
+    TIMESTAMP_TYPE_BIT,
     BatchHeader,
     parse_header,
     set_log_append_time,
@@ -547,14 +549,16 @@ class Log:
                             ) -> tuple[bytes | bytearray | memoryview, int]:
         """A batch the kernel validated but did not write: a compressed batch's records
         checked (raising as the general path does), and the batch with its header's max
-        timestamp set to its records' largest (in a copy when it differs) and that maximum."""
+        timestamp set to its records' largest and its LogAppendTime bit cleared (in a copy
+        when either differs: Kafka's setMaxTimestamp) and that maximum."""
         if records[22] & COMPRESSION_MASK:  # read-only: the caller's buffer stays as it is
             with memoryview(records) as view, view.toreadonly() as unchanged:
                 max_timestamp_ms = check_compressed_batch(
                     unchanged, 0, record_checks(self.config, now_ms, from_client),
                     f"{self.topic}-{self.partition}")
-        if int.from_bytes(records[MAX_TIMESTAMP_OFFSET : MAX_TIMESTAMP_OFFSET + 8], "big",
-                          signed=True) != max_timestamp_ms:
+        if (int.from_bytes(records[MAX_TIMESTAMP_OFFSET : MAX_TIMESTAMP_OFFSET + 8], "big",
+                           signed=True) != max_timestamp_ms
+                or records[ATTRIBUTES_OFFSET + 1] & TIMESTAMP_TYPE_BIT):
             records = bytearray(records)
             set_max_timestamp(records, 0, len(records), max_timestamp_ms)
         return records, max_timestamp_ms

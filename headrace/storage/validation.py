@@ -16,15 +16,17 @@ topic's ``compression.type`` asks for:
   ``kernel.check_compressed_records``;
 * per record (KIP-467): a key on a compacted topic -- ``InvalidRecord``; a CreateTime
   timestamp (other than -1) within ``message.timestamp.before.max.ms`` /
-  ``message.timestamp.after.max.ms`` of broker time -- ``InvalidTimestamp``; the error
+  ``message.timestamp.after.max.ms`` of broker time, and no LogAppendTime bit from the
+  producer unless the timestamp is so checked -- ``InvalidTimestamp``; the error
   carries ``record_errors`` (index in the batch, Kafka's message) of every refused record
   of the batch, and Kafka's summary message;
 * the request is at most ``segment.bytes`` -- ``RecordListTooLarge``; each batch at most
   ``max.message.bytes`` (before and after recompression) -- ``MessageTooLarge``.
 
-Each batch's max timestamp is its largest record timestamp (-1: none has one), computed in
-that pass and written into the header (with a new CRC) where the producer's differs, as
-Kafka's ``setMaxTimestamp`` does; the summaries carry it to the segment's indexes.
+Each batch's max timestamp is its largest record timestamp (-1: none has one; a producer's
+LogAppendTime batch: its header's, as Kafka reads its records), computed in that pass and
+written into the header (with a new CRC, the LogAppendTime bit cleared) where the producer's
+differs, as Kafka's ``setMaxTimestamp`` does; the summaries carry it to the segment's indexes.
 
 The size limit runs in the kernel too (``kernel.first_batch_outside_limits``, one call);
 Python only names the error of the batch it points at. The log's plain path
@@ -61,6 +63,7 @@ from headrace.protocol.batch import BATCH_HEADER_BYTES, COMPRESSION_MASK, CONTRO
 from headrace.protocol.compression import codec_by_name, decompress
 from headrace.protocol.kernel import (
     RECORD_ERROR_NO_KEY,
+    RECORD_ERROR_TIMESTAMP_TYPE,
     RecordsRejected,
     check_compressed_records,
     first_batch_outside_limits,
@@ -156,6 +159,10 @@ def _record_errors(errors: tuple[tuple[int, int, int, int], ...], checks: Record
         if kind == RECORD_ERROR_NO_KEY:
             message = ("Compacted topic cannot accept message without key in topic partition "
                        f"{topic_partition}")
+        elif kind == RECORD_ERROR_TIMESTAMP_TYPE:
+            message = (f"Invalid timestamp type in message DefaultRecord(offset={offset_delta}, "
+                       f"timestamp={timestamp}). Producer should not set timestamp type to "
+                       "LogAppendTime.")
         else:
             message = (f"Timestamp {timestamp} of message with offset {offset_delta} is out of "
                        f"range. The timestamp should be within [{now_ms - before_max_ms}, "

@@ -91,7 +91,8 @@ def _assert_refused(client: RawClient, topic: str, batch: bytes, error_code: int
     assert _produce(client, topic, valid).error_code == 0
     answer = _produce(client, topic, batch)
     assert answer.error_code == error_code, answer
-    assert _fetch_records(client, topic) == valid
+    stored = record_codec.iter_records(_fetch_records(client, topic))
+    assert [(r.offset, r.key, r.value) for r in stored] == [(0, b"k", b"v")]  # the valid one
     return answer
 
 
@@ -198,6 +199,38 @@ def test_record_timestamps_outside_the_window_are_listed_in_record_errors(broker
     assert answer.record_errors[0].batch_index_error_message.startswith(
         f"Timestamp {now_ms - 48 * hour_ms} of message with offset 1 is out of range.")
     assert answer.error_message == "One or more records have been rejected due to invalid timestamp"
+
+
+@pytest.mark.parametrize("codec", [codecs.NONE, codecs.GZIP])
+def test_a_producers_log_append_time_bit_is_cleared_on_a_create_time_topic(broker, codec):
+    """Kafka reads the records of a batch with the LogAppendTime bit as carrying its max
+    timestamp, checks that, and stores the batch as CreateTime (setMaxTimestamp)."""
+    now_ms = int(time.time() * 1000)
+    topic = _topic(broker)
+    section = codecs.compress(codec, _records(3))
+    with RawClient(broker.bootstrap) as client:
+        for _ in range(2):  # general path, then plain path
+            answer = _produce(client, topic, _sealed(section, 3, attributes=codec | 0x08,
+                                                     base_timestamp=now_ms,
+                                                     max_timestamp=now_ms + 50))
+            assert answer.error_code == 0, answer
+        stored = _fetch_records(client, topic)
+    first = parse_header(stored, 0)
+    second = parse_header(stored, first.size_bytes)
+    for header in (first, second):
+        assert (header.attributes & 0x08, header.max_timestamp) == (0, now_ms + 50)
+
+
+def test_a_producers_log_append_time_bit_on_a_log_append_time_topic_is_invalid_timestamp(broker):
+    now_ms = int(time.time() * 1000)
+    topic = _topic(broker, **{"message.timestamp.type": "LogAppendTime"})
+    with RawClient(broker.bootstrap) as client:
+        answer = _assert_refused(client, topic, _sealed(_records(2), 2, attributes=0x08,
+                                                        base_timestamp=now_ms),
+                                 INVALID_TIMESTAMP)
+    assert [error.batch_index for error in answer.record_errors] == [0, 1]
+    assert answer.record_errors[0].batch_index_error_message.endswith(
+        "Producer should not set timestamp type to LogAppendTime.")
 
 
 @pytest.mark.parametrize("codec", [codecs.NONE, codecs.ZSTD])

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from headrace.errors import CorruptMessage, InvalidRecord
 from headrace.protocol import kernel
-from headrace.protocol.batch import COMPRESSION_MASK, CONTROL_BIT
+from headrace.protocol.batch import COMPRESSION_MASK, CONTROL_BIT, TIMESTAMP_TYPE_BIT
 from headrace.protocol.compression import GZIP, NONE
 from headrace.protocol.records import build_batch
 
@@ -47,6 +47,7 @@ def _reference(buf: bytearray, max_size_bytes: int, base_offset: int, max_last_o
     max_message_bytes, before_max_ms, after_max_ms, required_codec, compacted, from_client = limits
     checks = (compacted, True, from_client, now_ms, before_max_ms, after_max_ms)
     header_max_timestamp = struct.unpack_from(">q", buf, 35)[0] if len(buf) >= 43 else None
+    header_log_append_time = len(buf) >= 23 and buf[22] & TIMESTAMP_TYPE_BIT
     try:
         summaries = kernel.validate_batches(buf, checks)
     except (InvalidRecord, kernel.RecordsRejected):
@@ -62,7 +63,7 @@ def _reference(buf: bytearray, max_size_bytes: int, base_offset: int, max_last_o
         return None
     # else the caller checks the sequence, the compressed records or the max timestamp first
     written = ((producer_id < 0 or bool(control)) and not attributes & COMPRESSION_MASK
-               and max_timestamp == header_max_timestamp)
+               and max_timestamp == header_max_timestamp and not header_log_append_time)
     return base_offset + last_offset_delta, max_timestamp, written
 
 
@@ -89,7 +90,8 @@ def requests(draw):
         return bytearray()
     options = {"compression": draw(st.sampled_from([NONE, GZIP])),
                "producer_id": draw(st.sampled_from([-1, -1, 7])),
-               "control": draw(st.booleans())}
+               "control": draw(st.booleans()),
+               "log_append_time": draw(st.sampled_from([False, False, True]))}
     if options["producer_id"] >= 0:
         options |= {"producer_epoch": 1, "base_sequence": 0}
     timestamp_ms = draw(st.sampled_from([NOW_MS, NOW_MS - 10_000, NOW_MS + 10_000, -1]))
