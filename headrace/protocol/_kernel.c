@@ -1458,10 +1458,13 @@ typedef struct {
     int32_t index, kind, offset_delta;
 } RecordError;
 
-/* The refused records of the first batch that has any (Kafka refuses the request there). */
+/* The refused records of the first batch that has any (Kafka refuses the request there):
+ * all are counted, the first RECORD_ERRORS_LISTED_MAX listed, so a batch of tiny refused
+ * records costs bounded memory here and in the response (Kafka lists every one). */
+#define RECORD_ERRORS_LISTED_MAX 1000
 typedef struct {
     Buf errors; /* RecordError */
-    int64_t batch_position;
+    int64_t batch_position, total;
 } RecordErrors;
 
 static void store_be64(uint8_t *p, uint64_t value)
@@ -1573,13 +1576,14 @@ static int check_records(Cursor records, const uint8_t *header, size_t pos,
             max = timestamp;
         int kind = record_error_kind(c, &r, timestamp, log_append_time);
         RecordError error = {timestamp, i, kind, r.offset_delta};
-        if (kind && buf_put(&errs->errors, &error, sizeof error))
+        if (kind && errs->total++ < RECORD_ERRORS_LISTED_MAX &&
+            buf_put(&errs->errors, &error, sizeof error))
             return fail_no_memory(f);
     }
     if (records.p != records.end)
         return fail(f, FAIL_INVALID_RECORD, "Incorrect declared batch size, records still "
                     "remaining in file (batch at byte %lld)", (long long)pos);
-    if (errs->errors.len) {
+    if (errs->total) {
         errs->batch_position = (int64_t)pos;
         return fail(f, FAIL_RECORD_ERRORS, "records refused");
     }
@@ -1655,7 +1659,7 @@ static int validate_all(uint8_t *writable, const uint8_t *buf, size_t len,
     return 0;
 }
 
-/* Raise RecordsRejected(batch_position, ((index, kind, timestamp, offset_delta), ...)). */
+/* Raise RecordsRejected(batch_position, ((index, kind, timestamp, offset_delta), ...), total). */
 static PyObject *raise_record_errors(const RecordErrors *errs)
 {
     const RecordError *errors = (const RecordError *)errs->errors.data;
@@ -1672,7 +1676,8 @@ static PyObject *raise_record_errors(const RecordErrors *errs)
     }
     if (items == NULL)
         return NULL;
-    PyObject *args = Py_BuildValue("(LN)", (long long)errs->batch_position, items);
+    PyObject *args = Py_BuildValue("(LNL)", (long long)errs->batch_position, items,
+                                   (long long)errs->total);
     if (args != NULL)
         PyErr_SetObject(records_rejected_error, args);
     Py_XDECREF(args);
@@ -1765,7 +1770,7 @@ static PyObject *py_validate_batches(PyObject *self, PyObject *const *args, Py_s
     BatchSummary *summaries = NULL;
     size_t count = 0;
     Failure failure = {FAIL_NONE, ""};
-    RecordErrors errs = {{NULL, 0, 0}, -1};
+    RecordErrors errs = {{NULL, 0, 0}, -1, 0};
     if (get_buffer_maybe_writable(args[0], &view, &writable) < 0)
         return NULL;
     int status;
@@ -1812,7 +1817,7 @@ static PyObject *py_check_compressed_records(PyObject *self, PyObject *const *ar
         return NULL;
     }
     Failure failure = {FAIL_NONE, ""};
-    RecordErrors errs = {{NULL, 0, 0}, -1};
+    RecordErrors errs = {{NULL, 0, 0}, -1, 0};
     int64_t max_timestamp = NO_TIMESTAMP;
     int status = -1;
     if (position < 0 || view.len - position < BATCH_HEADER_BYTES) {
@@ -2070,7 +2075,7 @@ static int plain_validate(const uint8_t *buf, size_t len, const PlainAppendLimit
     int scope = plain_batch_scope(s, len, l);
     if (scope == PLAIN_DECLINED)
         return PLAIN_DECLINED;
-    RecordErrors errs = {{NULL, 0, 0}, -1};
+    RecordErrors errs = {{NULL, 0, 0}, -1, 0};
     int status = validate_one(NULL, buf, len, 0, &l->checks, &errs, s, f);
     free(errs.errors.data);
     if (status < 0) /* a record-level refusal: the general path names it */

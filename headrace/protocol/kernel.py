@@ -587,7 +587,7 @@ def _decompress_records(view: memoryview, start: int, end: int, codec: int) -> b
 # batch every record parsed right after the CRC (well formed, offset deltas 0..n-1, nothing
 # left over) -- InvalidRecord; per record a key on a compacted topic and a CreateTime timestamp
 # within the window -- RecordsRejected(batch_position, ((index, kind, timestamp,
-# offset_delta), ...)) for the first batch with any. An uncompressed batch's max_timestamp is
+# offset_delta), ...), total) for the first batch with any (its first 1000 listed). An uncompressed batch's max_timestamp is
 # then its largest record timestamp (-1 if none), written into the header with a new CRC
 # when ``buf`` is writable and its header differs. One C call per request: the storage append
 # path's check, bound without a Python wrapper. It releases the GIL only for buffers of 256 KiB

@@ -18,8 +18,9 @@ topic's ``compression.type`` asks for:
   timestamp (other than -1) within ``message.timestamp.before.max.ms`` /
   ``message.timestamp.after.max.ms`` of broker time, and no LogAppendTime bit from the
   producer unless the timestamp is so checked -- ``InvalidTimestamp``; the error
-  carries ``record_errors`` (index in the batch, Kafka's message) of every refused record
-  of the batch, and Kafka's summary message;
+  carries ``record_errors`` (index in the batch, Kafka's message) of the refused records of
+  the batch -- the first 1000: Kafka lists all, but a batch of tiny refused records would
+  cost the broker some hundred bytes per record -- and Kafka's summary message;
 * the request is at most ``segment.bytes`` -- ``RecordListTooLarge``; each batch at most
   ``max.message.bytes`` (before and after recompression) -- ``MessageTooLarge``.
 
@@ -100,7 +101,7 @@ def validate_request(records: bytearray, config: LogConfig, now_ms: int, *,
     try:
         summaries = kernel_validate_batches(records, checks)
     except RecordsRejected as rejected:
-        raise _record_errors(rejected.args[1], checks, topic_partition) from None
+        raise _record_errors(*rejected.args[1:], checks, topic_partition) from None
     if not summaries:
         raise CorruptMessage("produce request carries no record batch")
     if len(records) > config.segment_bytes:
@@ -137,7 +138,7 @@ def check_compressed_batch(records: bytes | bytearray | memoryview, position: in
     try:
         return check_compressed_records(records, position, section, checks)
     except RecordsRejected as rejected:
-        raise _record_errors(rejected.args[1], checks, topic_partition) from None
+        raise _record_errors(*rejected.args[1:], checks, topic_partition) from None
 
 
 def _decompressed_records(records: bytes | bytearray | memoryview, position: int) -> bytes:
@@ -149,25 +150,15 @@ def _decompressed_records(records: bytes | bytearray | memoryview, position: int
         return decompress(codec, view[position + BATCH_HEADER_BYTES : position + size_bytes])
 
 
-def _record_errors(errors: tuple[tuple[int, int, int, int], ...], checks: RecordChecks,
-                   topic_partition: str) -> KafkaError:
-    """Kafka's RecordValidationException for the refused records of one batch: every record
-    error with Kafka's message; InvalidTimestamp if any is a timestamp, else InvalidRecord."""
-    now_ms, before_max_ms, after_max_ms = checks[3:]
-    listed = []
-    for index, kind, timestamp, offset_delta in errors:
-        if kind == RECORD_ERROR_NO_KEY:
-            message = ("Compacted topic cannot accept message without key in topic partition "
-                       f"{topic_partition}")
-        elif kind == RECORD_ERROR_TIMESTAMP_TYPE:
-            message = (f"Invalid timestamp type in message DefaultRecord(offset={offset_delta}, "
-                       f"timestamp={timestamp}). Producer should not set timestamp type to "
-                       "LogAppendTime.")
-        else:
-            message = (f"Timestamp {timestamp} of message with offset {offset_delta} is out of "
-                       f"range. The timestamp should be within [{now_ms - before_max_ms}, "
-                       f"{now_ms + after_max_ms}]")
-        listed.append((index, message))
+def _record_errors(errors: tuple[tuple[int, int, int, int], ...], total: int,
+                   checks: RecordChecks, topic_partition: str) -> KafkaError:
+    """Kafka's RecordValidationException for the refused records of one batch (``total`` of
+    them, the first ``errors`` listed by the kernel): each record error with Kafka's message;
+    InvalidTimestamp if any is a timestamp, else InvalidRecord."""
+    no_key = f"Compacted topic cannot accept message without key in topic partition {topic_partition}"
+    listed = tuple((index, no_key if kind == RECORD_ERROR_NO_KEY
+                    else _timestamp_error(kind, timestamp, offset_delta, checks))
+                   for index, kind, timestamp, offset_delta in errors)
     if any(kind != RECORD_ERROR_NO_KEY for _, kind, _, _ in errors):
         error: KafkaError = InvalidTimestamp(
             "One or more records have been rejected due to invalid timestamp")
@@ -175,10 +166,20 @@ def _record_errors(errors: tuple[tuple[int, int, int, int], ...], checks: Record
         shown = ", ".join(f"RecordError(batchIndex={index}, message='{message}')"
                           for index, message in listed[:RECORD_ERRORS_SHOWN])
         error = InvalidRecord(
-            f"One or more records have been rejected due to {len(listed)} record errors in "
+            f"One or more records have been rejected due to {total} record errors in "
             f"total, and only showing the first three errors at most: [{shown}]")
-    error.record_errors = tuple(listed)
+    error.record_errors = listed
     return error
+
+
+def _timestamp_error(kind: int, timestamp: int, offset_delta: int, checks: RecordChecks) -> str:
+    if kind == RECORD_ERROR_TIMESTAMP_TYPE:
+        return (f"Invalid timestamp type in message DefaultRecord(offset={offset_delta}, "
+                f"timestamp={timestamp}). Producer should not set timestamp type to "
+                "LogAppendTime.")
+    now_ms, before_max_ms, after_max_ms = checks[3:]
+    return (f"Timestamp {timestamp} of message with offset {offset_delta} is out of range. The "
+            f"timestamp should be within [{now_ms - before_max_ms}, {now_ms + after_max_ms}]")
 
 
 def target_codec(config: LogConfig) -> int | None:

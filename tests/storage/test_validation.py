@@ -268,3 +268,15 @@ def test_the_callers_buffer_is_never_changed(scratch, codec):
         log.append(sent, NOW_MS)
         assert sent == original
     log.close()
+
+
+def test_record_errors_list_the_first_thousand_and_count_all(scratch):
+    """Every record of a batch of 1500 keyless records is refused on a compacted topic; the
+    error counts all 1500 and lists the first 1000 (bounded memory per batch)."""
+    log = _open(scratch, cleanup_policy="compact")
+    with pytest.raises(InvalidRecord) as refused:
+        log.append(build_batch([(None, b"v", [], NOW_MS)] * 1500), NOW_MS)
+    assert [index for index, _ in refused.value.record_errors] == list(range(1000))
+    assert "due to 1500 record errors in total" in refused.value.message
+    assert read_all(log) == []
+    log.close()
