@@ -5,10 +5,11 @@
  * checking CRC-32C, parsing records (bounds-checked zigzag varints), decoding them into
  * Arrow-layout columns, hashing keys with MurmurHash3 x64 128, and validating produced
  * batches as Kafka's LogValidator does (every record parsed in the CRC pass, per-record
- * errors, the max timestamp from the records); the log's two hot I/O paths -- a plain produce batch validated, its base offset
- * patched and written to the segment descriptor in one call (append_plain_batch,
- * write_batch), and the cleaner's passes over a span of a segment, reading it with pread and
- * writing pass 2's output to the .cleaned descriptor (map_span, filter_span).
+ * errors, the max timestamp from the records); the log's two hot I/O paths -- a plain
+ * produce batch validated, its base offset patched and written to the segment descriptor in
+ * one call (append_plain_batch, write_batch), and the cleaner's passes over a span of a
+ * segment, reading it with pread and writing pass 2's output to the .cleaned descriptor
+ * (map_span, filter_span).
  * The Python face is headrace/protocol/kernel.py: it decompresses compressed
  * record sections (one call per batch) and hands them here as `sections`, in the order
  * the walk meets the compressed batches it does not skip.
@@ -1496,7 +1497,8 @@ static int check_batch_fields(const uint8_t *p, size_t pos, const RecordChecks *
 {
     long long base_offset = (long long)be64(p);
     int32_t last_offset_delta = (int32_t)be32(p + 23), count = (int32_t)be32(p + 57);
-    long long last_offset = (long long)((uint64_t)base_offset + (uint64_t)(int64_t)last_offset_delta);
+    long long last_offset =
+        (long long)((uint64_t)base_offset + (uint64_t)(int64_t)last_offset_delta);
     int codec = p[22] & ATTR_COMPRESSION_MASK;
     if (last_offset_delta < 0)
         return fail(f, FAIL_INVALID_RECORD, "Batch has an invalid offset range: [%lld, %lld]",
@@ -1570,8 +1572,9 @@ static int check_records(Cursor records, const uint8_t *header, size_t pos,
                         "delta %d, expected %d", (int)i, (long long)pos, (int)r.offset_delta,
                         (int)i);
         /* as Kafka reads them: a LogAppendTime batch's records all carry its max timestamp */
-        int64_t timestamp = log_append_time ? (int64_t)be64(header + 35)
-                                            : (int64_t)(base_timestamp + (uint64_t)r.timestamp_delta);
+        int64_t timestamp = log_append_time
+                                ? (int64_t)be64(header + 35)
+                                : (int64_t)(base_timestamp + (uint64_t)r.timestamp_delta);
         if (timestamp > max)
             max = timestamp;
         int kind = record_error_kind(c, &r, timestamp, log_append_time);
