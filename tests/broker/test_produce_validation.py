@@ -284,23 +284,27 @@ def _produce_with_reports(bootstrap: str, topic: str, keys_values: dict[int, tup
     return outcomes
 
 
-def _consume_values(bootstrap: str, topic: str, expected_count: int) -> list[bytes]:
+def _librdkafka_records(bootstrap: str, topic: str, count: int) -> tuple[list[tuple], int]:
+    """(key, value, headers, timestamp) of the first ``count`` records of partition 0 as
+    confluent-kafka reads them (an error fails the test), and its high watermark."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic,
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([topic])
-    values = []
+    records = []
     try:
         deadline = time.monotonic() + CLIENT_TIMEOUT_S
-        while len(values) < expected_count and time.monotonic() < deadline:
+        while len(records) < count and time.monotonic() < deadline:
             message = consumer.poll(1.0)
-            if message is not None and message.error() is None:
-                values.append(message.value())
+            if message is not None:
+                assert message.error() is None, message.error()
+                records.append((message.key(), message.value(),
+                                [(k, v) for k, v in message.headers() or []],
+                                message.timestamp()[1]))
         _, high_watermark = consumer.get_watermark_offsets(TopicPartition(topic, 0),
                                                            CLIENT_TIMEOUT_S)
     finally:
         consumer.close()
-    assert high_watermark == expected_count  # nothing else was stored
-    return values
+    return records, high_watermark
 
 
 def test_librdkafka_fails_exactly_the_keyless_records_by_their_record_errors(broker):
@@ -319,8 +323,9 @@ def test_librdkafka_fails_exactly_the_keyless_records_by_their_record_errors(bro
     keyed = {i: record for i, record in records.items() if record[0] is not None}
     resent = _produce_with_reports(broker.bootstrap, topic, keyed)
     assert set(resent.values()) == {None} and len(resent) == 90
-    values = _consume_values(broker.bootstrap, topic, 90)
-    assert sorted(values) == sorted(value for _, value in keyed.values())
+    records, high_watermark = _librdkafka_records(broker.bootstrap, topic, 90)
+    assert high_watermark == 90  # nothing else was stored
+    assert sorted(value for _, value, _, _ in records) == sorted(v for _, v in keyed.values())
 
 
 # ---- every batch the broker accepts decodes alike in librdkafka and kafka-python
@@ -400,40 +405,25 @@ def _header_key_not_utf8(batch: bytes) -> bool:
     return False
 
 
-def _consume_all(bootstrap: str, topic: str, count: int):
-    """(key, value, headers, timestamp) of the first ``count`` records of the topic, read by
-    confluent-kafka and by kafka-python."""
+def _kafka_python_records(bootstrap: str, topic: str, count: int) -> list[tuple]:
+    """(key, value, headers, timestamp) of the first ``count`` records of partition 0 as
+    kafka-python reads them."""
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KTopicPartition
 
-    deadline = time.monotonic() + CLIENT_TIMEOUT_S
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    by_librdkafka = []
-    try:
-        while len(by_librdkafka) < count and time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is not None:
-                assert message.error() is None, message.error()
-                by_librdkafka.append((message.key(), message.value(),
-                                      [(k, v) for k, v in message.headers() or []],
-                                      message.timestamp()[1]))
-    finally:
-        consumer.close()
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     partition = KTopicPartition(topic, 0)
     consumer.assign([partition])
     consumer.seek_to_beginning(partition)
-    by_kafka_python = []
+    records = []
     try:
-        while len(by_kafka_python) < count and time.monotonic() < deadline:
+        deadline = time.monotonic() + CLIENT_TIMEOUT_S
+        while len(records) < count and time.monotonic() < deadline:
             for messages in consumer.poll(timeout_ms=1000).values():
-                by_kafka_python += [(m.key, m.value, list(m.headers), m.timestamp)
-                                    for m in messages]
+                records += [(m.key, m.value, list(m.headers), m.timestamp) for m in messages]
     finally:
         consumer.close()
-    return by_librdkafka, by_kafka_python
+    return records
 
 
 @settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.generate],
@@ -451,7 +441,7 @@ def test_every_accepted_batch_decodes_alike_in_librdkafka_and_kafka_python(broke
             decoded = record_codec.decode_batch(batch)  # strict: raises on anything malformed
             expected += [(r.key, r.value, [(h.key, h.value) for h in r.headers], r.timestamp_ms)
                          for r in decoded.records]
-    by_librdkafka, by_kafka_python = _consume_all(broker.bootstrap, topic, len(expected))
-    assert by_librdkafka == expected
-    assert by_kafka_python == expected
+    by_librdkafka, high_watermark = _librdkafka_records(broker.bootstrap, topic, len(expected))
+    assert by_librdkafka == expected and high_watermark == len(expected)
+    assert _kafka_python_records(broker.bootstrap, topic, len(expected)) == expected
     assert "Traceback" not in broker.log_text()
