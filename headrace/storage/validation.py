@@ -24,6 +24,12 @@ topic's ``compression.type`` asks for:
 * the request is at most ``segment.bytes`` -- ``RecordListTooLarge``; each batch at most
   ``max.message.bytes`` (before and after recompression) -- ``MessageTooLarge``.
 
+Where headrace departs from Kafka's answers, on input no Kafka client sends: an unknown codec id
+and data that does not decompress are CORRUPT_MESSAGE (Kafka's broker answers
+UNKNOWN_SERVER_ERROR there, from exceptions it does not map); offset deltas other than
+0..n-1 are INVALID_RECORD (Kafka stores an uncompressed batch's as sent, whose consumers then
+read wrong offsets, and rebuilds a compressed batch with new ones).
+
 Each batch's max timestamp is its largest record timestamp (-1: none has one; a producer's
 LogAppendTime batch: its header's, as Kafka reads its records), computed in that pass and
 written into the header (with a new CRC, the LogAppendTime bit cleared) where the producer's
