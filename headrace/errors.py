@@ -14,6 +14,8 @@ class KafkaError(Exception):
 
     code: int = -1
     retriable: bool = False
+    # KIP-467: (batch_index, message) of each refused record, for Produce v8+ responses.
+    record_errors: tuple[tuple[int, str], ...] = ()
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or type(self).__name__)

@@ -3,11 +3,13 @@
  *
  * Owns the hot per-record loops over Kafka v2 record batches: walking batch headers,
  * checking CRC-32C, parsing records (bounds-checked zigzag varints), decoding them into
- * Arrow-layout columns, hashing keys with MurmurHash3 x64 128 and finding keyless
- * records; the log's two hot I/O paths -- a plain produce batch validated, its base offset
- * patched and written to the segment descriptor in one call (append_plain_batch,
- * write_batch), and the cleaner's passes over a span of a segment, reading it with pread and
- * writing pass 2's output to the .cleaned descriptor (map_span, filter_span).
+ * Arrow-layout columns, hashing keys with MurmurHash3 x64 128, and validating produced
+ * batches as Kafka's LogValidator does (every record parsed in the CRC pass, per-record
+ * errors, the max timestamp from the records); the log's two hot I/O paths -- a plain
+ * produce batch validated, its base offset patched and written to the segment descriptor in
+ * one call (append_plain_batch, write_batch), and the cleaner's passes over a span of a
+ * segment, reading it with pread and writing pass 2's output to the .cleaned descriptor
+ * (map_span, filter_span).
  * The Python face is headrace/protocol/kernel.py: it decompresses compressed
  * record sections (one call per batch) and hands them here as `sections`, in the order
  * the walk meets the compressed batches it does not skip.
@@ -27,7 +29,9 @@
  * every read or write runs with the GIL released over a buffer the caller holds;
  * output is collected in malloc'd buffers handed to Python as read-only OwnedBuffers
  * (decode_arrow alone writes into writable buffers the caller holds for the call).
- * Malformed input is reported as headrace.errors.CorruptMessage, never read past.
+ * Malformed input is reported as headrace.errors.CorruptMessage (produce validation: Kafka's
+ * InvalidRecord where Kafka's LogValidator answers INVALID_RECORD, and RecordsRejected for
+ * per-record errors), never read past.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -62,10 +66,20 @@
 #define NO_TIMESTAMP (-1) /* a batch or record without a timestamp */
 
 static PyObject *corrupt_message_error; /* headrace.errors.CorruptMessage */
+static PyObject *invalid_record_error;  /* headrace.errors.InvalidRecord */
+static PyObject *records_rejected_error; /* _kernel.RecordsRejected: per-record errors */
 
 /* ------------------------------------------------------------------ failures */
 
-typedef enum { FAIL_NONE, FAIL_CORRUPT, FAIL_NO_MEMORY, FAIL_TOO_LARGE, FAIL_USAGE } FailKind;
+typedef enum {
+    FAIL_NONE,
+    FAIL_CORRUPT,
+    FAIL_NO_MEMORY,
+    FAIL_TOO_LARGE,
+    FAIL_USAGE,
+    FAIL_INVALID_RECORD, /* a batch Kafka's LogValidator refuses as a whole: INVALID_RECORD */
+    FAIL_RECORD_ERRORS,  /* records refused one by one: the RecordErrors the caller holds */
+} FailKind;
 
 typedef struct {
     FailKind kind;
@@ -96,6 +110,9 @@ static PyObject *raise_failure(const Failure *f)
         return NULL;
     case FAIL_USAGE:
         PyErr_SetString(PyExc_ValueError, f->message);
+        return NULL;
+    case FAIL_INVALID_RECORD:
+        PyErr_SetString(invalid_record_error, f->message);
         return NULL;
     default:
         PyErr_SetString(corrupt_message_error, f->message);
@@ -689,15 +706,6 @@ static int visit_key_hash(void *state, const Batch *b, const Record *r, Failure 
     return 0;
 }
 
-static int visit_keyless(void *state, const Batch *b, const Record *r, Failure *f)
-{
-    (void)f;
-    if (r->key.len >= 0)
-        return 0;
-    *(int64_t *)state = record_offset(b, r);
-    return 1;
-}
-
 /* ------------------------------------------------------------------ Python glue */
 
 /* Holds the input buffer and the decompressed sections for the length of one call. */
@@ -1009,15 +1017,6 @@ static PyObject *py_hash_keys(PyObject *self, PyObject *args)
     if (run_walk(args, visit_key_hash, &hashes, bufs, buf_count))
         return NULL;
     return bufs_to_tuple(bufs, buf_count);
-}
-
-static PyObject *py_first_keyless_offset(PyObject *self, PyObject *args)
-{
-    (void)self;
-    int64_t offset = NO_OFFSET;
-    if (run_walk(args, visit_keyless, &offset, NULL, 0))
-        return NULL;
-    return PyLong_FromLongLong(offset);
 }
 
 /* walk_records(chunk, pos, records_left, previous_delta, last_offset_delta) -> (pos,
@@ -1493,8 +1492,174 @@ static void summarize_header(const uint8_t *buf, size_t pos, BatchSummary *s)
     s->records_count = (int32_t)be32(p + 57);
 }
 
-/* Check the batch at pos (whole, magic 2, plausible length, CRC-32C) and summarise it. */
-static int validate_one(const uint8_t *buf, size_t len, size_t pos, BatchSummary *s, Failure *f)
+/* ---- the produce path's record checks (Kafka's LogValidator) */
+
+static long long saturating_add(long long a, long long b);
+static int timestamp_outside(long long timestamp_ms, long long earliest_ms, long long latest_ms);
+
+#define MAX_CODEC_ID 4 /* zstd; ids 5-7 name no codec */
+#define NO_TIMESTAMP (-1)
+
+/* What produce validation checks beyond structure and CRC, as Kafka's LogValidator does: a key
+ * on every record of a compacted topic; CreateTime record timestamps (other than -1) within
+ * [earliest_ms, latest_ms]; for batches from clients, no control batch and a base sequence
+ * wherever a producer id is set. */
+typedef struct {
+    int compacted, check_timestamps, from_client;
+    long long earliest_ms, latest_ms;
+} RecordChecks;
+
+enum { RECORD_ERROR_NO_KEY = 1, RECORD_ERROR_TIMESTAMP = 2, RECORD_ERROR_TIMESTAMP_TYPE = 3 };
+
+/* One refused record (KIP-467): its index in its batch, why, its timestamp and offset delta. */
+typedef struct {
+    int64_t timestamp;
+    int32_t index, kind, offset_delta;
+} RecordError;
+
+/* The refused records of the first batch that has any (Kafka refuses the request there):
+ * all are counted, the first RECORD_ERRORS_LISTED_MAX listed, so a batch of tiny refused
+ * records costs bounded memory here and in the response (Kafka lists every one). */
+#define RECORD_ERRORS_LISTED_MAX 1000
+typedef struct {
+    Buf errors; /* RecordError */
+    int64_t batch_position, total;
+} RecordErrors;
+
+static void store_be64(uint8_t *p, uint64_t value)
+{
+    for (int i = 7; i >= 0; i--, value >>= 8)
+        p[i] = (uint8_t)value;
+}
+
+static void store_be32(uint8_t *p, uint32_t value)
+{
+    for (int i = 3; i >= 0; i--, value >>= 8)
+        p[i] = (uint8_t)value;
+}
+
+/* Kafka's setMaxTimestamp(CREATE_TIME, max) on the batch at p: the header field, the
+ * timestamp type bit cleared, and the CRC over them. */
+static void set_batch_max_timestamp(uint8_t *p, size_t size_bytes, int64_t max_timestamp)
+{
+    store_be64(p + 35, (uint64_t)max_timestamp);
+    p[22] &= (uint8_t)~ATTR_LOG_APPEND_TIME;
+    store_be32(p + 17, ~crc32c_fast_update(~0u, p + CRC_COVERED_FROM,
+                                           size_bytes - CRC_COVERED_FROM));
+}
+
+/* Kafka's validateBatch: offset range and record count agree, a known codec, and from a
+ * client base offset 0 (analyzeAndValidateRecords), no control batch and no producer id
+ * without a base sequence. */
+static int check_batch_fields(const uint8_t *p, size_t pos, const RecordChecks *c, Failure *f)
+{
+    long long base_offset = (long long)be64(p);
+    int32_t last_offset_delta = (int32_t)be32(p + 23), count = (int32_t)be32(p + 57);
+    long long last_offset =
+        (long long)((uint64_t)base_offset + (uint64_t)(int64_t)last_offset_delta);
+    int codec = p[22] & ATTR_COMPRESSION_MASK;
+    if (last_offset_delta < 0)
+        return fail(f, FAIL_INVALID_RECORD, "Batch has an invalid offset range: [%lld, %lld]",
+                    base_offset, last_offset);
+    if (count <= 0)
+        return fail(f, FAIL_INVALID_RECORD, "Invalid reported count for record batch: %d",
+                    (int)count);
+    if (count != last_offset_delta + 1)
+        return fail(f, FAIL_INVALID_RECORD,
+                    "Inconsistent batch offset range [%lld, %lld] and count of records %d",
+                    base_offset, last_offset, (int)count);
+    if (codec > MAX_CODEC_ID)
+        return fail(f, FAIL_CORRUPT, "record batch at byte %lld has unknown compression type "
+                    "id %d", (long long)pos, codec);
+    if (!c->from_client)
+        return 0;
+    if (base_offset != 0)
+        return fail(f, FAIL_INVALID_RECORD, "The baseOffset of the record batch should be 0, "
+                    "but it is %lld", base_offset);
+    if (p[22] & ATTR_CONTROL)
+        return fail(f, FAIL_INVALID_RECORD, "Clients are not allowed to write control records");
+    long long producer_id = (long long)be64(p + 43);
+    int32_t base_sequence = (int32_t)be32(p + 53);
+    if (producer_id >= 0 && base_sequence < 0)
+        return fail(f, FAIL_INVALID_RECORD, "Invalid sequence number %d in record batch with "
+                    "producerId %lld", (int)base_sequence, producer_id);
+    return 0;
+}
+
+/* The check of one parsed record: 0, or the RECORD_ERROR_* kind Kafka answers for it. A
+ * producer may not set LogAppendTime: Kafka refuses it where the timestamp is not checked
+ * as a CreateTime (a LogAppendTime topic, or no timestamp). */
+static int record_error_kind(const RecordChecks *c, const Record *r, int64_t timestamp,
+                             int log_append_time)
+{
+    if (c->compacted && r->key.len < 0)
+        return RECORD_ERROR_NO_KEY;
+    if (c->check_timestamps && timestamp != NO_TIMESTAMP)
+        return timestamp_outside(timestamp, c->earliest_ms, c->latest_ms)
+                   ? RECORD_ERROR_TIMESTAMP : 0;
+    return log_append_time ? RECORD_ERROR_TIMESTAMP_TYPE : 0;
+}
+
+/* Whether the header of a checked batch needs Kafka's setMaxTimestamp: its max timestamp is
+ * not its records' largest, or a producer set the LogAppendTime bit. */
+static int needs_max_timestamp_rewrite(const uint8_t *header, int64_t max_timestamp)
+{
+    return (int64_t)be64(header + 35) != max_timestamp || (header[22] & ATTR_LOG_APPEND_TIME);
+}
+
+/* Parse every record of a batch (header at `header`, records in `records`: the bytes after
+ * the header, or the decompressed section): each record whole and well formed, offset deltas
+ * 0..count-1, no bytes left over; then each record's key and timestamp. *max_timestamp gets
+ * the largest record timestamp (-1 if none has one). Per-record refusals collect in `errs`
+ * (FAIL_RECORD_ERRORS); a malformed batch is FAIL_INVALID_RECORD. */
+static int check_records(Cursor records, const uint8_t *header, size_t pos,
+                         const RecordChecks *c, int64_t *max_timestamp, RecordErrors *errs,
+                         Failure *f)
+{
+    uint64_t base_timestamp = be64(header + 27);
+    int32_t count = (int32_t)be32(header + 57);
+    int log_append_time = (header[22] & ATTR_LOG_APPEND_TIME) != 0;
+    int64_t max = NO_TIMESTAMP;
+    for (int32_t i = 0; i < count; i++) {
+        Record r;
+        if (read_record(&records, &r))
+            return fail(f, FAIL_INVALID_RECORD, "Found invalid record structure: record %d of "
+                        "the batch at byte %lld", (int)i, (long long)pos);
+        if (r.offset_delta != i)
+            return fail(f, FAIL_INVALID_RECORD, "Record %d of the batch at byte %lld has offset "
+                        "delta %d, expected %d", (int)i, (long long)pos, (int)r.offset_delta,
+                        (int)i);
+        /* as Kafka reads them: a LogAppendTime batch's records all carry its max timestamp */
+        int64_t timestamp = log_append_time
+                                ? (int64_t)be64(header + 35)
+                                : (int64_t)(base_timestamp + (uint64_t)r.timestamp_delta);
+        if (timestamp > max)
+            max = timestamp;
+        int kind = record_error_kind(c, &r, timestamp, log_append_time);
+        RecordError error = {timestamp, i, kind, r.offset_delta};
+        if (kind && errs->total++ < RECORD_ERRORS_LISTED_MAX &&
+            buf_put(&errs->errors, &error, sizeof error))
+            return fail_no_memory(f);
+    }
+    if (records.p != records.end)
+        return fail(f, FAIL_INVALID_RECORD, "Incorrect declared batch size, records still "
+                    "remaining in file (batch at byte %lld)", (long long)pos);
+    if (errs->total) {
+        errs->batch_position = (int64_t)pos;
+        return fail(f, FAIL_RECORD_ERRORS, "records refused");
+    }
+    *max_timestamp = max;
+    return 0;
+}
+
+/* Check the batch at pos (whole, magic 2, plausible length, CRC-32C) and summarise it. With
+ * `checks`, also Kafka's batch and record checks; an uncompressed batch's records are walked
+ * right after its CRC, while the batch is in the CPU caches, and its max_timestamp in the
+ * summary is the largest record timestamp -- written into the header (with a new CRC) when
+ * `writable` is the buffer and the header says otherwise, as Kafka's setMaxTimestamp does. */
+static int validate_one(uint8_t *writable, const uint8_t *buf, size_t len, size_t pos,
+                        const RecordChecks *checks, RecordErrors *errs, BatchSummary *s,
+                        Failure *f)
 {
     const uint8_t *p = buf + pos;
     if (len - pos < BATCH_HEADER_BYTES)
@@ -1514,17 +1679,33 @@ static int validate_one(const uint8_t *buf, size_t len, size_t pos, BatchSummary
     if (check_batch_crc(buf, pos, size_bytes, be32(p + 17), f))
         return -1;
     summarize_header(buf, pos, s);
+    if (checks == NULL)
+        return 0;
+    if (check_batch_fields(p, pos, checks, f))
+        return -1;
+    if (s->attributes & ATTR_COMPRESSION_MASK)
+        return 0; /* the caller decompresses and calls check_compressed_records */
+    Cursor records = {p + BATCH_HEADER_BYTES, p + size_bytes};
+    int64_t max_timestamp;
+    if (check_records(records, p, pos, checks, &max_timestamp, errs, f))
+        return -1;
+    if (writable != NULL && needs_max_timestamp_rewrite(p, max_timestamp)) {
+        set_batch_max_timestamp(writable + pos, size_bytes, max_timestamp);
+        s->attributes &= ~ATTR_LOG_APPEND_TIME;
+    }
+    s->max_timestamp = max_timestamp;
     return 0;
 }
 
 /* Validate every batch of buf into summaries (malloc'd, *count of them). */
-static int validate_all(const uint8_t *buf, size_t len, BatchSummary **out, size_t *count,
-                        Failure *f)
+static int validate_all(uint8_t *writable, const uint8_t *buf, size_t len,
+                        const RecordChecks *checks, RecordErrors *errs, BatchSummary **out,
+                        size_t *count, Failure *f)
 {
     Buf summaries = {NULL, 0, 0};
     for (size_t pos = 0; pos < len;) {
         BatchSummary s;
-        if (validate_one(buf, len, pos, &s, f) < 0) {
+        if (validate_one(writable, buf, len, pos, checks, errs, &s, f) < 0) {
             free(summaries.data);
             return -1;
         }
@@ -1537,6 +1718,74 @@ static int validate_all(const uint8_t *buf, size_t len, BatchSummary **out, size
     *out = (BatchSummary *)summaries.data;
     *count = summaries.len / sizeof(BatchSummary);
     return 0;
+}
+
+/* Raise RecordsRejected(batch_position, ((index, kind, timestamp, offset_delta), ...), total). */
+static PyObject *raise_record_errors(const RecordErrors *errs)
+{
+    const RecordError *errors = (const RecordError *)errs->errors.data;
+    Py_ssize_t count = (Py_ssize_t)(errs->errors.len / sizeof(RecordError));
+    PyObject *items = PyTuple_New(count);
+    for (Py_ssize_t i = 0; items != NULL && i < count; i++) {
+        PyObject *item = Py_BuildValue("(iiLi)", (int)errors[i].index, (int)errors[i].kind,
+                                       (long long)errors[i].timestamp,
+                                       (int)errors[i].offset_delta);
+        if (item == NULL)
+            Py_CLEAR(items);
+        else
+            PyTuple_SET_ITEM(items, i, item);
+    }
+    if (items == NULL)
+        return NULL;
+    PyObject *args = Py_BuildValue("(LNL)", (long long)errs->batch_position, items,
+                                   (long long)errs->total);
+    if (args != NULL)
+        PyErr_SetObject(records_rejected_error, args);
+    Py_XDECREF(args);
+    return NULL;
+}
+
+static PyObject *raise_validation_failure(const Failure *f, RecordErrors *errs)
+{
+    PyObject *result = f->kind == FAIL_RECORD_ERRORS ? raise_record_errors(errs)
+                                                      : raise_failure(f);
+    free(errs->errors.data);
+    errs->errors = (Buf){0};
+    return result;
+}
+
+/* checks tuple (compacted, check_timestamps, from_client, now_ms, before_max_ms,
+ * after_max_ms) -> RecordChecks; 0 or -1 with a TypeError. */
+static int record_checks_from(PyObject *arg, RecordChecks *c)
+{
+    if (!PyTuple_Check(arg) || PyTuple_GET_SIZE(arg) != 6) {
+        PyErr_SetString(PyExc_TypeError, "checks is (compacted, check_timestamps, from_client, "
+                        "now_ms, before_max_ms, after_max_ms)");
+        return -1;
+    }
+    long long v[6];
+    for (Py_ssize_t i = 0; i < 6; i++)
+        v[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(arg, i));
+    if (PyErr_Occurred())
+        return -1;
+    c->compacted = v[0] != 0;
+    c->check_timestamps = v[1] != 0;
+    c->from_client = v[2] != 0;
+    c->earliest_ms = saturating_add(v[3], v[4] == LLONG_MIN ? LLONG_MAX : -v[4]);
+    c->latest_ms = saturating_add(v[3], v[5]);
+    return 0;
+}
+
+/* The caller's buffer, writable if it allows (then *writable points at it), else read-only. */
+static int get_buffer_maybe_writable(PyObject *obj, Py_buffer *view, uint8_t **writable)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE) == 0) {
+        *writable = view->buf;
+        return 0;
+    }
+    PyErr_Clear();
+    *writable = NULL;
+    return PyObject_GetBuffer(obj, view, PyBUF_SIMPLE);
 }
 
 static PyObject *summaries_to_tuple(const BatchSummary *summaries, size_t count)
@@ -1563,29 +1812,96 @@ static PyObject *summaries_to_tuple(const BatchSummary *summaries, size_t count)
     return result;
 }
 
-static PyObject *py_validate_batches(PyObject *self, PyObject *arg)
+static PyObject *py_validate_batches(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
+    RecordChecks checks;
+    const RecordChecks *checks_used = NULL;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "validate_batches(buf, checks=None)");
+        return NULL;
+    }
+    if (nargs == 2 && args[1] != Py_None) {
+        if (record_checks_from(args[1], &checks) < 0)
+            return NULL;
+        checks_used = &checks;
+    }
     Py_buffer view;
+    uint8_t *writable;
     BatchSummary *summaries = NULL;
     size_t count = 0;
     Failure failure = {FAIL_NONE, ""};
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+    RecordErrors errs = {{NULL, 0, 0}, -1, 0};
+    if (get_buffer_maybe_writable(args[0], &view, &writable) < 0)
         return NULL;
     int status;
     if (view.len >= VALIDATE_GIL_RELEASE_MIN_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        status = validate_all(view.buf, (size_t)view.len, &summaries, &count, &failure);
+        status = validate_all(writable, view.buf, (size_t)view.len, checks_used, &errs,
+                              &summaries, &count, &failure);
         Py_END_ALLOW_THREADS
     } else {
-        status = validate_all(view.buf, (size_t)view.len, &summaries, &count, &failure);
+        status = validate_all(writable, view.buf, (size_t)view.len, checks_used, &errs,
+                              &summaries, &count, &failure);
     }
     PyBuffer_Release(&view);
     if (status < 0)
-        return raise_failure(&failure);
+        return raise_validation_failure(&failure, &errs);
     PyObject *result = summaries_to_tuple(summaries, count);
     free(summaries);
     return result;
+}
+
+/* check_compressed_records(buf, position, records, checks) -> max_timestamp: Kafka's batch and
+ * record checks of the compressed batch at `position` of buf (already CRC-checked by
+ * validate_batches), whose decompressed records are `records`. The header's max_timestamp is
+ * rewritten (with its CRC) when it differs and buf is writable. */
+static PyObject *py_check_compressed_records(PyObject *self, PyObject *const *args,
+                                             Py_ssize_t nargs)
+{
+    (void)self;
+    RecordChecks checks;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "check_compressed_records(buf, position, records, "
+                        "checks)");
+        return NULL;
+    }
+    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
+    if ((position == -1 && PyErr_Occurred()) || record_checks_from(args[3], &checks) < 0)
+        return NULL;
+    Py_buffer view, section;
+    uint8_t *writable;
+    if (get_buffer_maybe_writable(args[0], &view, &writable) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[2], &section, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Failure failure = {FAIL_NONE, ""};
+    RecordErrors errs = {{NULL, 0, 0}, -1, 0};
+    int64_t max_timestamp = NO_TIMESTAMP;
+    int status = -1;
+    if (position < 0 || view.len - position < BATCH_HEADER_BYTES) {
+        fail(&failure, FAIL_USAGE, "no batch header at %lld", (long long)position);
+    } else {
+        const uint8_t *p = (const uint8_t *)view.buf + position;
+        size_t size_bytes = (size_t)(int32_t)be32(p + 8) + LOG_OVERHEAD_BYTES;
+        Cursor records = {section.buf, (const uint8_t *)section.buf + section.len};
+        Py_BEGIN_ALLOW_THREADS
+        status = check_batch_fields(p, (size_t)position, &checks, &failure);
+        if (status == 0)
+            status = check_records(records, p, (size_t)position, &checks, &max_timestamp, &errs,
+                                   &failure);
+        Py_END_ALLOW_THREADS
+        if (status == 0 && writable != NULL && size_bytes <= (size_t)(view.len - position) &&
+            needs_max_timestamp_rewrite(p, max_timestamp))
+            set_batch_max_timestamp(writable + position, size_bytes, max_timestamp);
+    }
+    PyBuffer_Release(&section);
+    PyBuffer_Release(&view);
+    if (status < 0)
+        return raise_validation_failure(&failure, &errs);
+    return PyLong_FromLongLong(max_timestamp);
 }
 
 static PyObject *py_crc32c_interleaved(PyObject *self, PyObject *arg)
@@ -1713,6 +2029,7 @@ static PyObject *py_first_batch_outside_limits(PyObject *self, PyObject *const *
 typedef struct {
     int64_t base_offset, max_size_bytes, max_last_offset, required_codec;
     BatchLimits batch;
+    RecordChecks checks;
 } PlainAppendLimits;
 
 enum { PLAIN_DECLINED, PLAIN_WRITE, PLAIN_PRODUCER, PLAIN_CORRUPT };
@@ -1726,7 +2043,7 @@ static int plain_batch_scope(const BatchSummary *s, size_t len, const PlainAppen
         s->size_bytes == (int64_t)len && s->size_bytes <= l->max_size_bytes &&
         l->base_offset + s->last_offset_delta <= l->max_last_offset &&
         !outside_limits(&l->batch, s->size_bytes, s->last_offset_delta, s->records_count,
-                        s->base_timestamp, s->max_timestamp, 1) &&
+                        s->base_timestamp, s->max_timestamp, 0) &&
         (l->required_codec < 0 || control || codec == l->required_codec);
     if (!in_scope)
         return PLAIN_DECLINED;
@@ -1819,8 +2136,15 @@ static int plain_validate(const uint8_t *buf, size_t len, const PlainAppendLimit
     int scope = plain_batch_scope(s, len, l);
     if (scope == PLAIN_DECLINED)
         return PLAIN_DECLINED;
-    if (validate_one(buf, len, 0, s, f) < 0)
-        return PLAIN_CORRUPT;
+    RecordErrors errs = {{NULL, 0, 0}, -1, 0};
+    int status = validate_one(NULL, buf, len, 0, &l->checks, &errs, s, f);
+    free(errs.errors.data);
+    if (status < 0) /* a record-level refusal: the general path names it */
+        return f->kind == FAIL_CORRUPT ? PLAIN_CORRUPT : PLAIN_DECLINED;
+    /* Compressed records, a max timestamp to rewrite: the caller finishes the batch. */
+    if (scope == PLAIN_WRITE && ((s->attributes & ATTR_COMPRESSION_MASK) ||
+                                 needs_max_timestamp_rewrite(buf, s->max_timestamp)))
+        return PLAIN_PRODUCER;
     return scope;
 }
 
@@ -1840,14 +2164,15 @@ static int fd_argument(PyObject *arg, int *fd)
 static int plain_append_args(PyObject *const *args, Py_ssize_t nargs, PlainAppendLimits *l,
                              int *fd)
 {
-    if (nargs != 7 || !PyTuple_Check(args[6]) || PyTuple_GET_SIZE(args[6]) != 4) {
+    if (nargs != 7 || !PyTuple_Check(args[6]) || PyTuple_GET_SIZE(args[6]) != 6) {
         PyErr_SetString(PyExc_TypeError, "append_plain_batch(buf, fd, base_offset, "
                         "max_size_bytes, max_last_offset, now_ms, (max_message_bytes, "
-                        "before_max_ms, after_max_ms, required_codec))");
+                        "before_max_ms, after_max_ms, required_codec, compacted, "
+                        "from_client))");
         return -1;
     }
-    long long limits[4];
-    for (Py_ssize_t i = 0; i < 4; i++)
+    long long limits[6];
+    for (Py_ssize_t i = 0; i < 6; i++)
         limits[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[6], i));
     l->base_offset = PyLong_AsLongLong(args[2]);
     l->max_size_bytes = PyLong_AsLongLong(args[3]);
@@ -1857,6 +2182,8 @@ static int plain_append_args(PyObject *const *args, Py_ssize_t nargs, PlainAppen
         return -1;
     l->batch = batch_limits(limits[0], now_ms, limits[1], limits[2]);
     l->required_codec = limits[3];
+    l->checks = (RecordChecks){limits[4] != 0, 1, limits[5] != 0, l->batch.earliest_ms,
+                               l->batch.latest_ms};
     return 0;
 }
 
@@ -3900,8 +4227,6 @@ static PyMethodDef kernel_methods[] = {
     {"walk_records", py_walk_records, METH_VARARGS,
      "walk_records(chunk, pos, records_left, previous_delta, last_offset_delta) -> (pos, "
      "records_walked, previous_delta, first_keyless_delta, stop)."},
-    {"first_keyless_offset", py_first_keyless_offset, METH_VARARGS,
-     "first_keyless_offset(buf, sections, skip_control) -> offset of the first null key or -1."},
     {"murmur3_x64_128", py_murmur3_x64_128, METH_VARARGS,
      "murmur3_x64_128(data, seed) -> (h1, h2) as unsigned 64-bit integers."},
     {"offset_map_put", py_offset_map_put, METH_VARARGS,
@@ -3952,10 +4277,17 @@ static PyMethodDef kernel_methods[] = {
     {"note_broker_request", py_note_broker_request, METH_NOARGS,
      "note_broker_request() -> None: the broker received a request now; niced cleaner spans "
      "pause briefly between chunks while requests keep coming (cooperative spans)."},
-    {"validate_batches", py_validate_batches, METH_O,
-     "validate_batches(buf) -> tuple of (position, size_bytes, attributes, last_offset_delta, "
-     "base_timestamp, max_timestamp, producer_id, records_count) per v2 batch; raises "
-     "CorruptMessage unless buf is whole batches with magic 2 and valid CRC-32C."},
+    {"validate_batches", (PyCFunction)(void (*)(void))py_validate_batches, METH_FASTCALL,
+     "validate_batches(buf, checks=None) -> tuple of (position, size_bytes, attributes, "
+     "last_offset_delta, base_timestamp, max_timestamp, producer_id, records_count) per v2 "
+     "batch; raises CorruptMessage unless buf is whole batches with magic 2 and valid "
+     "CRC-32C. With checks (compacted, check_timestamps, from_client, now_ms, before_max_ms, "
+     "after_max_ms) also Kafka's batch and record checks (InvalidRecord, RecordsRejected) "
+     "and each uncompressed batch's max_timestamp from its records."},
+    {"check_compressed_records", (PyCFunction)(void (*)(void))py_check_compressed_records,
+     METH_FASTCALL,
+     "check_compressed_records(buf, position, records, checks) -> max_timestamp: the batch "
+     "and record checks of validate_batches for a compressed batch's decompressed records."},
     {"index_batches", py_index_batches, METH_VARARGS,
      "index_batches(buf, buffer_position, file_size, min_base_offset, next_offset, "
      "interval_bytes, (bytes_since_last_entry, max_timestamp, offset_of_max_timestamp, "
@@ -3971,8 +4303,9 @@ static PyMethodDef kernel_methods[] = {
      "limits, or -1."},
     {"append_plain_batch", (PyCFunction)(void (*)(void))py_append_plain_batch, METH_FASTCALL,
      "append_plain_batch(buf, fd, base_offset, max_size_bytes, max_last_offset, now_ms, "
-     "(max_message_bytes, before_max_ms, after_max_ms, required_codec)) -> (last_offset, "
-     "max_timestamp, written) after validating (and, without a producer id, offsetting and "
+     "(max_message_bytes, before_max_ms, after_max_ms, required_codec, compacted, "
+     "from_client)) -> (last_offset, max_timestamp, written) after validating (and, without "
+     "a producer id, compressed records or a max timestamp to rewrite, offsetting and "
      "writing) one batch, or None (declined, nothing written)."},
     {"write_batch", (PyCFunction)(void (*)(void))py_write_batch, METH_FASTCALL,
      "write_batch(buf, fd, base_offset): rewrite the base offset and write the batch to fd."},
@@ -4011,10 +4344,20 @@ PyMODINIT_FUNC PyInit__kernel(void)
     if (errors == NULL)
         return NULL;
     corrupt_message_error = PyObject_GetAttrString(errors, "CorruptMessage");
+    invalid_record_error = PyObject_GetAttrString(errors, "InvalidRecord");
     Py_DECREF(errors);
-    if (corrupt_message_error == NULL)
+    if (corrupt_message_error == NULL || invalid_record_error == NULL)
+        return NULL;
+    records_rejected_error = PyErr_NewException("headrace.protocol._kernel.RecordsRejected",
+                                                NULL, NULL);
+    if (records_rejected_error == NULL)
         return NULL;
     PyObject *module = PyModule_Create(&kernel_module);
+    if (module != NULL && PyModule_AddObjectRef(module, "RecordsRejected",
+                                                records_rejected_error) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
     if (module != NULL &&
         (PyModule_AddStringConstant(module, "CRC32C_VARIANT", crc32c_variant) < 0 ||
          PyModule_AddIntConstant(module, "HELD_VIEWS_MAX", HELD_VIEWS_MAX) < 0)) {

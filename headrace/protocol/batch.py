@@ -34,6 +34,7 @@ BATCH_HEADER_BYTES = 61
 MAGIC_OFFSET = 16
 CRC_OFFSET = 17
 ATTRIBUTES_OFFSET = 21
+MAX_TIMESTAMP_OFFSET = 35
 CURRENT_MAGIC = 2
 
 COMPRESSION_MASK = 0x07
@@ -165,10 +166,20 @@ def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> 
     _OFFSET.pack_into(buf, pos, base_offset)
 
 
+def set_max_timestamp(buf: bytearray | memoryview, pos: int, size_bytes: int,
+                      timestamp_ms: int) -> None:
+    """Write ``max_timestamp`` of the batch at ``pos``, clear the LogAppendTime bit and
+    recompute the CRC (Kafka's ``setMaxTimestamp`` for CreateTime)."""
+    attributes = struct.unpack_from(">h", buf, pos + ATTRIBUTES_OFFSET)[0]
+    struct.pack_into(">h", buf, pos + ATTRIBUTES_OFFSET, attributes & ~TIMESTAMP_TYPE_BIT)
+    struct.pack_into(">q", buf, pos + MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    struct.pack_into(">I", buf, pos + CRC_OFFSET, compute_crc(buf, pos, size_bytes))
+
+
 def set_log_append_time(buf: bytearray | memoryview, pos: int, timestamp_ms: int) -> None:
     """Stamp LogAppendTime on the batch at ``pos``: set the attribute bit, write
     ``max_timestamp`` and recompute the CRC (both fields lie inside it)."""
     header = parse_header(buf, pos)
     struct.pack_into(">h", buf, pos + ATTRIBUTES_OFFSET, header.attributes | TIMESTAMP_TYPE_BIT)
-    struct.pack_into(">q", buf, pos + 35, timestamp_ms)
+    struct.pack_into(">q", buf, pos + MAX_TIMESTAMP_OFFSET, timestamp_ms)
     struct.pack_into(">I", buf, pos + CRC_OFFSET, compute_crc(buf, pos, header.size_bytes))

@@ -3,7 +3,8 @@
 Owns the per-record work shared by the log cleaner (key hashes, both passes: ``map_batches``
 fills the offset map, ``filter_batches`` writes the kept records, and ``map_span`` /
 ``filter_span`` run them over a span of a segment file -- reads and writes included -- in
-one call), produce validation (keyless records on compacted topics; ``append_plain_batch`` /
+one call), produce validation (``validate_batches`` and ``check_compressed_records``: Kafka's
+LogValidator checks of every record, in the CRC pass; ``append_plain_batch`` /
 ``write_batch`` check a plain produce batch and write it to the segment descriptor with its
 base offset replaced, in one call, never changing the caller's buffer), dump-log and the Spark
 data source (columns; ``decode_arrow`` writes the source's Arrow buffers in place). The loops
@@ -255,15 +256,6 @@ def hash_keys(buf: BufferLike, *, verify_crc: bool = True) -> KeyHashes:
         raw = _kernel.hash_keys(view, scan.sections, True)
     arrays = [np.frombuffer(data, dtype) for data, dtype in zip(raw, _KEY_HASH_DTYPES, strict=True)]
     return KeyHashes(*arrays, next_offset=scan.next_offset, bytes_consumed=scan.bytes_consumed)
-
-
-def first_keyless_offset(buf: BufferLike, *, verify_crc: bool = True) -> int:
-    """Offset of the first record with a null key in the non-control batches of ``buf``,
-    or -1 if every record has a key (Kafka rejects keyless records on compacted topics;
-    an empty key is a key)."""
-    with _byte_view(buf) as view:
-        scan = _scan(view, True, verify_crc, decompress_sections=True)
-        return _kernel.first_keyless_offset(view, scan.sections, True)
 
 
 def count_records(buf: BufferLike, *, skip_control: bool = True) -> int:
@@ -603,14 +595,35 @@ walk_records = _kernel.walk_records
 WALK_DONE, WALK_NEED_MORE, WALK_MALFORMED = 0, 1, 2
 
 
-# validate_batches(buf) -> tuple of (position, size_bytes, attributes, last_offset_delta,
-# base_timestamp, max_timestamp, producer_id, records_count), one per batch: checks that
-# ``buf`` is whole v2 batches (magic 2, plausible length, valid CRC-32C); raises CorruptMessage
-# naming the byte position of the first bad batch; an empty buffer gives ``()``. One C call
-# per request: the storage append path's integrity check, bound without a Python wrapper. It
-# releases the GIL only for buffers of 256 KiB or more: re-taking it can cost a thread switch
-# interval.
+# validate_batches(buf, checks=None) -> tuple of (position, size_bytes, attributes,
+# last_offset_delta, base_timestamp, max_timestamp, producer_id, records_count), one per batch:
+# checks that ``buf`` is whole v2 batches (magic 2, plausible length, valid CRC-32C); raises
+# CorruptMessage naming the byte position of the first bad batch; an empty buffer gives ``()``.
+# With ``checks`` -- (compacted, check_timestamps, from_client, now_ms, before_max_ms,
+# after_max_ms), see ``storage.validation.record_checks`` -- also Kafka's LogValidator checks:
+# a codec id 0-4 (else CorruptMessage); records_count == last_offset_delta + 1 >= 1, from a
+# client no control batch and no producer id without base sequence, and for an uncompressed
+# batch every record parsed right after the CRC (well formed, offset deltas 0..n-1, nothing
+# left over) -- InvalidRecord; per record a key on a compacted topic and a CreateTime timestamp
+# within the window -- RecordsRejected(batch_position, ((index, kind, timestamp,
+# offset_delta), ...), total) for the first batch with any (its first 1000 listed). An uncompressed batch's max_timestamp is
+# then its largest record timestamp (-1 if none), written into the header with a new CRC
+# when ``buf`` is writable and its header differs. One C call per request: the storage append
+# path's check, bound without a Python wrapper. It releases the GIL only for buffers of 256 KiB
+# or more: re-taking it can cost a thread switch interval.
 validate_batches = _kernel.validate_batches
+
+# check_compressed_records(buf, position, records, checks) -> max_timestamp: the checks
+# ``validate_batches`` makes of an uncompressed batch, for the compressed batch at ``position``
+# whose decompressed records section is ``records``; the header's max timestamp is rewritten
+# likewise when ``buf`` is writable.
+check_compressed_records = _kernel.check_compressed_records
+
+# Raised by the two above with the refused records of one batch (KIP-467 record errors).
+RecordsRejected = _kernel.RecordsRejected
+RECORD_ERROR_NO_KEY = 1  # a record without a key on a compacted topic
+RECORD_ERROR_TIMESTAMP = 2  # a CreateTime timestamp outside message.timestamp.*.max.ms
+RECORD_ERROR_TIMESTAMP_TYPE = 3  # LogAppendTime set by a producer where Kafka refuses it
 
 
 # first_batch_outside_limits(summaries, max_message_bytes, now_ms, before_max_ms, after_max_ms,
@@ -624,20 +637,23 @@ first_batch_outside_limits = _kernel.first_batch_outside_limits
 
 
 # append_plain_batch(buf, fd, base_offset, max_size_bytes, max_last_offset, now_ms,
-# (max_message_bytes, before_max_ms, after_max_ms, required_codec)) -> (last_offset,
-# max_timestamp, written) | None: the append path's common case in one call, GIL released
-# throughout. ``buf`` is only read (bytes, bytearray, or a read-only memoryview of a request
-# frame). When it holds exactly one v2 batch that passes ``validate_batches`` and
-# ``first_batch_outside_limits`` (timestamps always checked: CreateTime topics only), is at
+# (max_message_bytes, before_max_ms, after_max_ms, required_codec, compacted, from_client)) ->
+# (last_offset, max_timestamp, written) | None: the append path's common case in one call, GIL
+# released throughout. ``buf`` is only read (bytes, bytearray, or a read-only memoryview of a
+# request frame). When it holds exactly one v2 batch that passes ``validate_batches`` with its
+# checks and ``first_batch_outside_limits`` (timestamps always checked: CreateTime topics
+# only), is at
 # most ``max_size_bytes``, ends at or below ``max_last_offset`` once based at ``base_offset``
 # and is in ``required_codec`` (-1: any; control batches excepted): writes it to ``fd`` with
 # ``base_offset`` in place of its first 8 bytes -- one writev of the new base offset and the
 # rest, as the CRC does not cover the base offset (``written`` True; continuing short writes,
 # retrying EINTR after running signal handlers; a failed write truncates the file back to
 # where the batch began and raises OSError) -- unless the batch carries a producer id (and is
-# no control batch): then nothing is written (``written`` False) and the caller checks its
-# sequence before ``write_batch``. A malformed batch raises CorruptMessage exactly as
-# ``validate_batches`` would. Anything else (also an object that is no contiguous buffer)
+# no control batch), is compressed, or its header's max timestamp is not its records' largest:
+# then nothing is written (``written`` False; ``max_timestamp`` is the records' for an
+# uncompressed batch) and the caller checks the sequence, the compressed records, rewrites
+# the max timestamp in a copy, before ``write_batch``. A batch with a bad CRC raises
+# CorruptMessage exactly as ``validate_batches`` would; one its checks refuse is declined. Anything else (also an object that is no contiguous buffer)
 # returns None with nothing written (decided from the header, before any CRC work): the
 # caller's general path validates again and raises the precise error. Bound to the C function
 # itself: it runs on every append.

@@ -30,8 +30,9 @@ declared records over the section's chunks (``section_chunks``: ``compression.
 iter_decompressed``, 1 MiB at a time, at most ``MAX_RECORDS_SECTION_BYTES``) as Kafka's
 streaming record iterators do -- the records wholly inside a chunk in one kernel call
 (``kernel.walk_records``), a record straddling two chunks here -- and refuses bytes after the
-last declared record; ``check_batch_records`` (the produce handler's walk) and
-``recompress_batch`` (which feeds the same chunks to a ``StreamCompressor``) use it. Readers
+last declared record; produce validation (``storage.validation``, for a section too large
+to inflate whole) and ``recompress_batch`` (which feeds the same chunks to a
+``StreamCompressor``) use it. Readers
 that need a whole section (``decode_batch``, legacy wrappers) get it from
 ``compression.decompress_section``.
 
@@ -359,48 +360,6 @@ def recompress_batch(buf: bytes | bytearray | memoryview, pos: int, codec: int,
     return _seal_batch(header_fields, b"".join(parts))
 
 
-def check_batch_records(buf: bytes | bytearray | memoryview, *, require_keys: bool,
-                        recompress_to: int | None = None,
-                        max_section_bytes: int = codecs.MAX_RECORDS_SECTION_BYTES) -> None:
-    """The produce-time record walk Kafka's LogValidator does with its streaming iterators,
-    over every compressed v2 batch in ``buf`` -- and every batch when ``require_keys`` (a
-    compacted topic): CRC first (``CorruptMessage``), then ``walk_records_section`` over the
-    section inflated in bounded chunks: ``InvalidRecord`` for records that overrun the
-    section, disagree with the declared count or leave bytes after it, and (with
-    ``require_keys``) for a record without a key; ``MessageTooLarge`` for a section
-    inflating past ``max_section_bytes``; ``CorruptMessage`` for an undecodable stream.
-    Holds one chunk at a time. Legacy entries are skipped (the caller up-converts them).
-    Batches the log will rebuild in codec ``recompress_to`` (non-control, in another codec)
-    are left to ``recompress_batch``, which walks them as it rebuilds -- unless
-    ``require_keys``."""
-    pos, end = 0, len(buf)
-    while pos < end:
-        size_bytes = _entry_size(buf, pos)
-        if peek_magic(buf, pos) == CURRENT_MAGIC:
-            header = parse_header(buf, pos)
-            rebuilt_later = (recompress_to is not None and not header.is_control
-                             and header.compression != recompress_to and not require_keys)
-            if (header.compression != codecs.NONE or require_keys) and not rebuilt_later:
-                header, payload = _checked_payload(buf, pos)
-                chunks = section_chunks(header, payload, max_section_bytes)
-                keyless = walk_records_section(header, chunks)
-                if require_keys and keyless >= 0:
-                    raise InvalidRecord(f"record at offset {keyless} has no key: a compacted "
-                                        "topic requires keys")
-        pos += size_bytes
-
-
-def has_compressed_batch(buf: bytes | bytearray | memoryview) -> bool:
-    """Whether a v2 batch in ``buf`` (whole entries) is compressed; headers only."""
-    pos, end = 0, len(buf)
-    while pos < end:
-        size_bytes = _entry_size(buf, pos)
-        if peek_magic(buf, pos) == CURRENT_MAGIC and parse_header(buf, pos).compression:
-            return True
-        pos += size_bytes
-    return False
-
-
 def section_chunks(header: BatchHeader, payload: bytes | bytearray | memoryview,
                    max_section_bytes: int = codecs.MAX_RECORDS_SECTION_BYTES
                    ) -> Iterator[bytes | bytearray]:
@@ -661,15 +620,6 @@ def _entry_size(buf: bytes | bytearray | memoryview, pos: int) -> int:
     if message_bytes < 0 or pos + LOG_OVERHEAD_BYTES + message_bytes > len(buf):
         raise CorruptMessage(f"entry at byte {pos} of size {message_bytes} overruns the buffer")
     return LOG_OVERHEAD_BYTES + message_bytes
-
-
-def first_keyless_record(buf: bytes | bytearray | memoryview) -> int | None:
-    """Absolute offset of the first record without a key, or None if every record has
-    one (a compacted topic rejects keyless records with INVALID_RECORD)."""
-    for record in iter_records(buf):
-        if record.key is None:
-            return record.offset
-    return None
 
 
 # ---------------------------------------------------------------- legacy message sets

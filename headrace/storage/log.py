@@ -10,9 +10,11 @@ load, Kafka's rules: ``.cleaned`` files are deleted; a ``.swap`` file is complet
 whose base offset lies in its offset range are deleted, it becomes ``.log``, and its indexes
 are rebuilt); a segment whose ``.index`` file is missing gets its indexes rebuilt.
 
-Appends are serialized by one lock and do no per-record work: one compiled-kernel call checks
-every batch of the request (whole batches, magic, CRC-32C) and summarises its header as a tuple,
-``validation`` checks sizes, record counts and timestamps on those tuples, producer state is
+Appends are serialized by one lock and do no per-record work in Python: one compiled-kernel call
+checks every batch of the request (whole batches, magic, CRC-32C, and Kafka's LogValidator
+checks of every record, parsed right after the CRC; see ``validation``) and summarises its
+header as a tuple, with the max timestamp taken from the records, ``validation`` checks sizes
+on those tuples (and walks the decompressed records of compressed batches), producer state is
 consulted only for batches carrying a producer id, each base offset is rewritten and
 LogAppendTime stamped if configured (in a copy: the caller's buffer is never changed), and the
 request's batches are written with one ``write``
@@ -21,8 +23,10 @@ request -- one batch in the topic's codec, on a CreateTime topic, fitting the ac
 takes the plain path: one kernel call (``kernel.append_plain_batch``) makes the same checks
 and writes the batch with its new base offset to the segment's descriptor with the GIL
 released, reading the caller's buffer in place -- a read-only view of the request frame needs
-no copy (a batch with a producer id: validated by that call, sequence-checked in Python,
-written by ``kernel.write_batch``); it is gated per active segment (``_plain_gate``: set after a general-path
+no copy (a batch with a producer id, compressed records or a header max timestamp that is not
+its records' largest: validated by that call, then sequence-checked, its records checked
+after decompression, its max timestamp rewritten in a copy, in Python, and written by
+``kernel.write_batch``); it is gated per active segment (``_plain_gate``: set after a general-path
 append, cleared by a roll, a config change or a full index) and used only when the log's file
 system is exactly ``RealFileSystem`` (decided once per log), so a wrapping file system still
 sees every write. Whatever the kernel declines goes the general way, which raises the precise
@@ -42,9 +46,10 @@ older than retention.ms; offsets by time search the first segment whose largest 
 reaches the target, as Kafka's ``searchOffsetInLocalLog`` (the time index and batch headers
 find the batch, the kernel decodes it to find the first record at or after the log start
 with a timestamp >= the target; records without a timestamp never match); the
-max-timestamp lookup answers the first record carrying the largest timestamp. CreateTime
-bounds (message.timestamp.before/after.max.ms) are checked on the batch's base and max
-timestamps, skipping -1.
+max-timestamp lookup answers the first record carrying the largest timestamp. A batch's max
+timestamp is its records' largest (-1 when none has one), written into the stored header where
+the producer's differs, as Kafka's setMaxTimestamp does. CreateTime bounds
+(message.timestamp.before/after.max.ms) are checked on every record's timestamp.
 
 Recovery: after a clean shutdown the index files are sanity-checked and only the tail after the
 last index entry of the active segment is walked. After an unclean shutdown every batch after the
@@ -104,12 +109,17 @@ from headrace.errors import (
     OutOfOrderSequenceNumber,
 )
 from headrace.protocol.batch import (
+    ATTRIBUTES_OFFSET,
     BATCH_HEADER_BYTES,
+    COMPRESSION_MASK,
     CONTROL_BIT,
     LOG_OVERHEAD_BYTES,
+    MAX_TIMESTAMP_OFFSET,
+    TIMESTAMP_TYPE_BIT,
     BatchHeader,
     parse_header,
     set_log_append_time,
+    set_max_timestamp,
 )
 from headrace.protocol.kernel import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.config import LogConfig
@@ -131,8 +141,10 @@ from headrace.storage.segment import (
 )
 from headrace.storage.validation import (
     Summary,
+    check_compressed_batch,
     needs_recompression,
     recompress_for_topic,
+    record_checks,
     target_codec,
     validate_request,
 )
@@ -317,9 +329,12 @@ class Log:
         self._roll_deadline: tuple[LogSegment | None, tuple[int, int]] = (None, (0, 0))
         self._segment_bytes = config.segment_bytes
         self._flush_messages = config.flush_messages
-        self._plain_limits = (config.max_message_bytes, config.message_timestamp_before_max_ms,
-                              config.message_timestamp_after_max_ms,
-                              -1 if self._target_codec is None else self._target_codec)
+        limits = (config.max_message_bytes, config.message_timestamp_before_max_ms,
+                  config.message_timestamp_after_max_ms,
+                  -1 if self._target_codec is None else self._target_codec,
+                  config.compact_enabled)
+        # by from_client: a client's batches may not be control batches (LogValidator)
+        self._plain_limits = (limits + (False,), limits + (True,))
         self._plain_gate: _PlainGate | None = None
 
     def _pick_jitter(self, config: LogConfig) -> int:
@@ -494,11 +509,13 @@ class Log:
 
     # ---- appending -----------------------------------------------------------------------
 
-    def append(self, records: bytes | bytearray | memoryview, now_ms: int) -> AppendResult:
+    def append(self, records: bytes | bytearray | memoryview, now_ms: int,
+               from_client: bool = False) -> AppendResult:
         """Validate, assign offsets to and write one or more whole v2 batches; a topic whose
         compression.type names a codec gets batches of other codecs recompressed first.
         ``records`` (any contiguous buffer) is only read: the plain path writes it with its
-        new base offset in one writev, the general path works on a copy.
+        new base offset in one writev, the general path works on a copy. ``from_client``:
+        a producer's request (Produce), held to Kafka's client rules (no control batches).
 
         The hot path of every produce request. Its common case -- one batch in the topic's
         codec, on a CreateTime topic, fitting the active segment -- is one kernel call
@@ -514,9 +531,9 @@ class Log:
             result = None
             if gate is not None and now_ms <= gate[1] and (
                     now_ms <= gate[4] or single_batch_max_timestamp(records) <= gate[3]):
-                result = self._append_plain(records, gate, now_ms)
+                result = self._append_plain(records, gate, now_ms, from_client)
             if result is None:
-                result = self._append_general(records, now_ms)
+                result = self._append_general(records, now_ms, from_client)
         finally:
             lock.release()
         if self._listeners and not result.duplicate:
@@ -525,18 +542,21 @@ class Log:
         return result
 
     def _append_plain(self, records: bytes | bytearray | memoryview, gate: _PlainGate,
-                      now_ms: int) -> AppendResult | None:
-        """The common case in one kernel call (two with a producer id); None (nothing
-        written) when the kernel declines the request and the general path must decide."""
+                      now_ms: int, from_client: bool) -> AppendResult | None:
+        """The common case in one kernel call (two with a producer id, compressed records
+        or a max timestamp to rewrite); None (nothing written) when the kernel declines the
+        request and the general path must decide."""
         active = gate[0]
         first_offset = self._view.log_end_offset
         written = append_plain_batch(records, active.fd, first_offset,
                                      self._segment_bytes - active.size_bytes, gate[2], now_ms,
-                                     self._plain_limits)
+                                     self._plain_limits[from_client])
         if written is None:
             return None
         last_offset, max_timestamp_ms, was_written = written
         if not was_written:
+            records, max_timestamp_ms = self._finish_plain_batch(records, max_timestamp_ms,
+                                                                 now_ms, from_client)
             duplicate = self._write_producer_batch(records, active.fd, first_offset)
             if duplicate is not None:
                 return duplicate
@@ -548,26 +568,47 @@ class Log:
             self._flush_locked(now_ms)
         return _new_append_result((first_offset, last_offset, -1, view.log_start_offset, False))
 
+    def _finish_plain_batch(self, records: bytes | bytearray | memoryview, max_timestamp_ms: int,
+                            now_ms: int, from_client: bool
+                            ) -> tuple[bytes | bytearray | memoryview, int]:
+        """A batch the kernel validated but did not write: a compressed batch's records
+        checked (raising as the general path does), and the batch with its header's max
+        timestamp set to its records' largest and its LogAppendTime bit cleared (in a copy
+        when either differs: Kafka's setMaxTimestamp) and that maximum."""
+        if records[22] & COMPRESSION_MASK:  # read-only: the caller's buffer stays as it is
+            with memoryview(records) as view, view.toreadonly() as unchanged:
+                max_timestamp_ms = check_compressed_batch(
+                    unchanged, 0, record_checks(self.config, now_ms, from_client),
+                    f"{self.topic}-{self.partition}")
+        if (int.from_bytes(records[MAX_TIMESTAMP_OFFSET : MAX_TIMESTAMP_OFFSET + 8], "big",
+                           signed=True) != max_timestamp_ms
+                or records[ATTRIBUTES_OFFSET + 1] & TIMESTAMP_TYPE_BIT):
+            records = bytearray(records)
+            set_max_timestamp(records, 0, len(records), max_timestamp_ms)
+        return records, max_timestamp_ms
+
     def _write_producer_batch(self, records: bytes | bytearray | memoryview, fd: int,
                               first_offset: int) -> AppendResult | None:
-        """A validated batch with a producer id: the original result if it is a duplicate,
-        else written at ``first_offset`` and recorded (None); raises for a bad epoch or
-        sequence, as the general path does."""
+        """A validated batch, written at ``first_offset``; with a producer id, the original
+        result instead if it is a duplicate (else the batch is recorded); raises for a bad
+        epoch or sequence, as the general path does."""
         header = parse_header(records)
-        duplicate = self._duplicate_of(header)
+        duplicate = self._duplicate_of(header) if header.producer_id >= 0 else None
         if duplicate is None:
             write_batch(records, fd, first_offset)
-            self.producer_state.update(header, first_offset)
+            if header.producer_id >= 0 and not header.is_control:
+                self.producer_state.update(header, first_offset)
         return duplicate
 
-    def _append_general(self, request: bytes | bytearray | memoryview, now_ms: int
-                        ) -> AppendResult:
+    def _append_general(self, request: bytes | bytearray | memoryview, now_ms: int,
+                        from_client: bool) -> AppendResult:
         """Every append the plain path declines: several batches, LogAppendTime,
         recompression, a roll, or a request to reject (the precise error is raised here).
         Base offsets and LogAppendTime are written into a copy of ``request``."""
         records = bytearray(request)
         config = self.config
-        summaries = validate_request(records, config, now_ms)
+        summaries = validate_request(records, config, now_ms, from_client=from_client,
+                                     topic_partition=f"{self.topic}-{self.partition}")
         producer_headers = None
         if len(summaries) > 1 or summaries[0][6] >= 0:  # else: one plain batch
             producer_headers = self._producer_headers(records, summaries)

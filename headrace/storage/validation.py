@@ -5,14 +5,37 @@ topic's ``compression.type`` asks for:
 
 * structure and integrity, in the compiled kernel (``kernel.validate_batches``, one call per
   request): whole v2 batches only, magic 2, a plausible ``batch_length``, CRC-32C over
-  attributes..end -- ``CorruptMessage``;
+  attributes..end, a known codec id (0-4) -- ``CorruptMessage``;
+* Kafka's LogValidator checks, in the same kernel pass (each uncompressed batch's records are
+  parsed right after its CRC): ``records_count == last_offset_delta + 1 >= 1``, from clients
+  base offset 0, no control batch and no producer id without a base sequence, every record
+  well formed
+  (length, varints, key, value, headers, nothing left over) with offset deltas 0..n-1 --
+  ``InvalidRecord``. A compressed batch's records are decompressed (``_decompressed_records``;
+  data that does not decode is ``CorruptMessage``) and checked by
+  ``kernel.check_compressed_records``;
+* per record (KIP-467): a key on a compacted topic -- ``InvalidRecord``; a CreateTime
+  timestamp (other than -1) within ``message.timestamp.before.max.ms`` /
+  ``message.timestamp.after.max.ms`` of broker time, and no LogAppendTime bit from the
+  producer unless the timestamp is so checked -- ``InvalidTimestamp``; the error
+  carries ``record_errors`` (index in the batch, Kafka's message) of the refused records of
+  the batch -- the first 1000: Kafka lists all, but a batch of tiny refused records would
+  cost the broker some hundred bytes per record -- and Kafka's summary message;
 * the request is at most ``segment.bytes`` -- ``RecordListTooLarge``; each batch at most
-  ``max.message.bytes`` (before and after recompression) -- ``MessageTooLarge``;
-* ``records_count == last_offset_delta + 1 >= 1`` -- ``InvalidRecord``;
-* CreateTime timestamps within ``message.timestamp.before.max.ms`` /
-  ``message.timestamp.after.max.ms`` of broker time -- ``InvalidTimestamp``.
+  ``max.message.bytes`` (before and after recompression) -- ``MessageTooLarge``.
 
-The per-batch limits run in the kernel too (``kernel.first_batch_outside_limits``, one call);
+Where headrace departs from Kafka's answers, on input no Kafka client sends: an unknown codec id
+and data that does not decompress are CORRUPT_MESSAGE (Kafka's broker answers
+UNKNOWN_SERVER_ERROR there, from exceptions it does not map); offset deltas other than
+0..n-1 are INVALID_RECORD (Kafka stores an uncompressed batch's as sent, whose consumers then
+read wrong offsets, and rebuilds a compressed batch with new ones).
+
+Each batch's max timestamp is its largest record timestamp (-1: none has one; a producer's
+LogAppendTime batch: its header's, as Kafka reads its records), computed in that pass and
+written into the header (with a new CRC, the LogAppendTime bit cleared) where the producer's
+differs, as Kafka's ``setMaxTimestamp`` does; the summaries carry it to the segment's indexes.
+
+The size limit runs in the kernel too (``kernel.first_batch_outside_limits``, one call);
 Python only names the error of the batch it points at. The log's plain path
 (``kernel.append_plain_batch``) applies the same checks to a single batch and declines
 whatever fails a limit, so these functions raise every error.
@@ -33,7 +56,9 @@ streams (``recompress_batch``): the section is inflated a chunk at a time, at mo
 sizes after recompression, checked while writing rather than after -- so a decompression
 bomb costs one chunk of memory, not its inflated size.
 
-Pure functions over the caller's buffer; thread-safe.
+Functions over the caller's buffer, which they only read except for the max timestamps
+``validate_request`` and ``check_compressed_batch`` rewrite in a writable one (the log passes
+its own copy); thread-safe for buffers not shared between threads.
 """
 
 from __future__ import annotations
@@ -42,26 +67,64 @@ from headrace.errors import (
     CorruptMessage,
     InvalidRecord,
     InvalidTimestamp,
+    KafkaError,
     MessageTooLarge,
     RecordListTooLarge,
 )
-from headrace.protocol.batch import COMPRESSION_MASK, CONTROL_BIT, NO_TIMESTAMP
-from headrace.protocol.compression import codec_by_name
-from headrace.protocol.kernel import first_batch_outside_limits
+from headrace.protocol.batch import (
+    BATCH_HEADER_BYTES,
+    COMPRESSION_MASK,
+    CONTROL_BIT,
+    parse_header,
+)
+from headrace.protocol.compression import codec_by_name, decompress, decompress_bounded
+from headrace.protocol.kernel import (
+    RECORD_ERROR_NO_KEY,
+    RECORD_ERROR_TIMESTAMP_TYPE,
+    RecordsRejected,
+    check_compressed_records,
+    first_batch_outside_limits,
+)
 from headrace.protocol.kernel import validate_batches as kernel_validate_batches
-from headrace.protocol.records import recompress_batch
+from headrace.protocol.records import (
+    recompress_batch,
+    section_chunks,
+    walk_records_section,
+)
 from headrace.storage.config import LogConfig
 
 Summary = tuple[int, int, int, int, int, int, int, int]
 
-__all__ = ["Summary", "needs_recompression", "recompress_for_topic", "target_codec",
-           "validate_request"]
+__all__ = ["Summary", "check_compressed_batch", "needs_recompression", "record_checks",
+           "recompress_for_topic", "target_codec", "validate_request"]
+
+RecordChecks = tuple[bool, bool, bool, int, int, int]
+RECORD_ERRORS_SHOWN = 3  # Kafka's summary message quotes at most the first three
+# A compressed section inflating past this is walked as it streams before being held whole,
+# so a decompression bomb costs the broker at most this much memory.
+WHOLE_SECTION_MAX_BYTES = 32 * 1024 * 1024
 
 
-def validate_request(records: bytearray, config: LogConfig, now_ms: int) -> tuple[Summary, ...]:
-    """Check a produce request's batches against the topic config; their summaries.
-    Two kernel calls and no Python loop per batch: this runs on every append."""
-    summaries = kernel_validate_batches(records)
+def record_checks(config: LogConfig, now_ms: int, from_client: bool) -> RecordChecks:
+    """The kernel's per-record checks for ``config`` at broker time ``now_ms``: (compacted,
+    check CreateTime timestamps, from a client, now_ms, before_max_ms, after_max_ms)."""
+    return (config.compact_enabled, config.message_timestamp_type != "LogAppendTime",
+            from_client, now_ms, config.message_timestamp_before_max_ms,
+            config.message_timestamp_after_max_ms)
+
+
+def validate_request(records: bytearray, config: LogConfig, now_ms: int, *,
+                     from_client: bool = False, topic_partition: str = "",
+                     ) -> tuple[Summary, ...]:
+    """Check a produce request's batches against the topic config; their summaries (max
+    timestamps from the records, rewritten into ``records``' headers where they differ).
+    One kernel call for uncompressed batches, and no Python loop per batch: this runs on
+    every append; a compressed batch's records are decompressed and checked in a second."""
+    checks = record_checks(config, now_ms, from_client)
+    try:
+        summaries = kernel_validate_batches(records, checks)
+    except RecordsRejected as rejected:
+        raise _record_errors(*rejected.args[1:], checks, topic_partition) from None
     if not summaries:
         raise CorruptMessage("produce request carries no record batch")
     if len(records) > config.segment_bytes:
@@ -69,35 +132,88 @@ def validate_request(records: bytearray, config: LogConfig, now_ms: int) -> tupl
             f"{len(records)} bytes exceed segment.bytes {config.segment_bytes}")
     bad = first_batch_outside_limits(
         summaries, config.max_message_bytes, now_ms, config.message_timestamp_before_max_ms,
-        config.message_timestamp_after_max_ms, config.message_timestamp_type != "LogAppendTime")
+        config.message_timestamp_after_max_ms, False)
     if bad >= 0:
-        _raise_for_batch(summaries[bad], config, now_ms)
+        raise MessageTooLarge(f"batch of {summaries[bad][1]} bytes exceeds max.message.bytes "
+                              f"{config.max_message_bytes}")
+    if any(summary[2] & COMPRESSION_MASK for summary in summaries):
+        summaries = tuple(_check_compressed(records, summary, checks, topic_partition)
+                          for summary in summaries)
     return summaries
 
 
-def _raise_for_batch(summary: Summary, config: LogConfig, now_ms: int) -> None:
-    """The error for the batch ``first_batch_outside_limits`` picked, checks in Kafka's
-    order: size, record count, timestamps."""
-    _, size_bytes, _, last_offset_delta, base_ms, max_ms, _, records_count = summary
-    if size_bytes > config.max_message_bytes:
-        raise MessageTooLarge(f"batch of {size_bytes} bytes exceeds max.message.bytes "
-                              f"{config.max_message_bytes}")
-    if records_count != last_offset_delta + 1 or records_count < 1:
-        raise InvalidRecord(f"batch has {records_count} records but last offset delta "
-                            f"{last_offset_delta}")
-    _raise_invalid_timestamp(base_ms, max_ms, config, now_ms)
+def _check_compressed(records: bytearray, summary: Summary, checks: RecordChecks,
+                      topic_partition: str) -> Summary:
+    """``summary`` itself for an uncompressed batch; else its records checked, with the max
+    timestamp from them."""
+    if not summary[2] & COMPRESSION_MASK:
+        return summary
+    max_timestamp = check_compressed_batch(records, summary[0], checks, topic_partition)
+    return (*summary[:5], max_timestamp, *summary[6:])
 
 
-def _raise_invalid_timestamp(base_ms: int, max_ms: int, config: LogConfig, now_ms: int) -> None:
-    before_max_ms = config.message_timestamp_before_max_ms
-    after_max_ms = config.message_timestamp_after_max_ms
-    for timestamp in (base_ms, max_ms):
-        if timestamp != NO_TIMESTAMP and (now_ms - timestamp > before_max_ms
-                                          or timestamp - now_ms > after_max_ms):
-            raise InvalidTimestamp(
-                f"timestamp {timestamp} is out of the allowed range for broker time {now_ms} "
-                f"(message.timestamp.before.max.ms {before_max_ms}, "
-                f"message.timestamp.after.max.ms {after_max_ms})")
+def check_compressed_batch(records: bytes | bytearray | memoryview, position: int,
+                           checks: RecordChecks, topic_partition: str) -> int:
+    """Kafka's record checks of the compressed batch at ``position`` (its CRC already
+    checked): the largest record timestamp, written into the header when ``records`` is
+    writable and the header differs; raises as ``validate_request`` does."""
+    section = _decompressed_records(records, position)
+    try:
+        return check_compressed_records(records, position, section, checks)
+    except RecordsRejected as rejected:
+        raise _record_errors(*rejected.args[1:], checks, topic_partition) from None
+
+
+def _decompressed_records(records: bytes | bytearray | memoryview, position: int) -> bytes:
+    """The records section of the compressed batch at ``position``, decompressed: the one
+    place produce validation decompresses. A section inflating past
+    ``WHOLE_SECTION_MAX_BYTES`` is first walked as it streams (``records.walk_records_section``:
+    one chunk held at a time), so a decompression bomb or a malformed section is refused
+    without being held; only a section that passes that walk (at most
+    ``compression.MAX_RECORDS_SECTION_BYTES``) is then inflated whole for the record checks."""
+    with memoryview(records) as view:
+        size_bytes = int.from_bytes(view[position + 8 : position + 12], "big") + 12
+        codec = view[position + 22] & COMPRESSION_MASK
+        payload = view[position + BATCH_HEADER_BYTES : position + size_bytes]
+        try:
+            return decompress_bounded(codec, payload, WHOLE_SECTION_MAX_BYTES)
+        except MessageTooLarge:
+            pass
+        header = parse_header(view, position)
+        walk_records_section(header, section_chunks(header, payload))
+        return decompress(codec, payload)
+
+
+def _record_errors(errors: tuple[tuple[int, int, int, int], ...], total: int,
+                   checks: RecordChecks, topic_partition: str) -> KafkaError:
+    """Kafka's RecordValidationException for the refused records of one batch (``total`` of
+    them, the first ``errors`` listed by the kernel): each record error with Kafka's message;
+    InvalidTimestamp if any is a timestamp, else InvalidRecord."""
+    no_key = f"Compacted topic cannot accept message without key in topic partition {topic_partition}"
+    listed = tuple((index, no_key if kind == RECORD_ERROR_NO_KEY
+                    else _timestamp_error(kind, timestamp, offset_delta, checks))
+                   for index, kind, timestamp, offset_delta in errors)
+    if any(kind != RECORD_ERROR_NO_KEY for _, kind, _, _ in errors):
+        error: KafkaError = InvalidTimestamp(
+            "One or more records have been rejected due to invalid timestamp")
+    else:
+        shown = ", ".join(f"RecordError(batchIndex={index}, message='{message}')"
+                          for index, message in listed[:RECORD_ERRORS_SHOWN])
+        error = InvalidRecord(
+            f"One or more records have been rejected due to {total} record errors in "
+            f"total, and only showing the first three errors at most: [{shown}]")
+    error.record_errors = listed
+    return error
+
+
+def _timestamp_error(kind: int, timestamp: int, offset_delta: int, checks: RecordChecks) -> str:
+    if kind == RECORD_ERROR_TIMESTAMP_TYPE:
+        return (f"Invalid timestamp type in message DefaultRecord(offset={offset_delta}, "
+                f"timestamp={timestamp}). Producer should not set timestamp type to "
+                "LogAppendTime.")
+    now_ms, before_max_ms, after_max_ms = checks[3:]
+    return (f"Timestamp {timestamp} of message with offset {offset_delta} is out of range. The "
+            f"timestamp should be within [{now_ms - before_max_ms}, {now_ms + after_max_ms}]")
 
 
 def target_codec(config: LogConfig) -> int | None:

@@ -277,14 +277,21 @@ def test_produce_response_encoder_matches_kio_byte_for_byte(version):
             {"index": 0, "error_code": 0, "base_offset": 41, "log_append_time": -1,
              "log_start_offset": 3},
             {"index": 7, "error_code": 87, "base_offset": -1, "log_append_time": -1,
-             "log_start_offset": -1, "error_message": "compacted topic records must have keys"},
+             "log_start_offset": -1, "error_message": "One or more records have been rejected",
+             "record_errors": ((3, "Compacted topic cannot accept message without key"),
+                               (9, None))},
         ]},
         {"name": "b-topic", "partition_responses": [
             {"index": 2, "error_code": 0, "base_offset": 2**40, "log_append_time": 1_700_000_000_123,
              "log_start_offset": 0}]},
     ]
+    as_kio = [{**topic, "partition_responses": [
+        {**partition, "record_errors": [
+            {"batch_index": index, "batch_index_error_message": message}
+            for index, message in partition.get("record_errors", ())]}
+        for partition in topic["partition_responses"]]} for topic in responses]
     expected = wire.encode_body(wire.build(wire.response_class(PRODUCE, version),
-                                           {"responses": responses, "throttle_time": 0}))
+                                           {"responses": as_kio, "throttle_time": 0}))
     assert encode_produce_body(version, responses) == expected
 
 

@@ -7,13 +7,9 @@ completed retention check and the watermarks, never a timer."""
 
 from __future__ import annotations
 
-import struct
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
-import crc32c
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -23,9 +19,6 @@ from headrace.broker.config import BrokerConfig
 from headrace.errors import InvalidConfig
 from headrace.protocol import records as record_codec
 from headrace.protocol import wire
-from headrace.storage.config import LogConfig
-from headrace.storage.fs import RealFileSystem
-from headrace.storage.log import Log
 from tests.broker.raw_client import RawClient
 from tests.conftest import BrokerProcess
 
@@ -39,29 +32,6 @@ WAIT_LIMIT_S = 60.0
 POLL_PAUSE_S = 0.05
 NO_TIMESTAMP = -1
 CHECK_COMPLETED = "log retention check completed"
-
-
-def _log_takes_max_timestamp_from_records() -> bool:
-    """Whether appends store the records' max timestamp, not the header's: librdkafka writes
-    0 in the header of a batch whose records have none, and a log that keeps that 0 ages
-    the records from 1970 (Kafka's LogValidator computes -1 from the records)."""
-    batch = bytearray(record_codec.build_batch([(None, b"v", [], NO_TIMESTAMP)]))
-    struct.pack_into(">q", batch, 35, 0)
-    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
-    with tempfile.TemporaryDirectory() as directory:
-        log = Log("probe", 0, Path(directory) / "probe-0", LogConfig(), RealFileSystem(),
-                  int(time.time() * 1000), clean_shutdown=True)
-        try:
-            log.append(batch, int(time.time() * 1000))
-            return log.segments[-1].max_timestamp_ms == NO_TIMESTAMP
-        finally:
-            log.close()
-
-
-LIBRDKAFKA_HEADER_ZERO = pytest.mark.skipif(
-    not _log_takes_max_timestamp_from_records(),
-    reason="appends keep librdkafka's header max timestamp 0 until produce validation "
-           "computes it from the records")
 
 
 @pytest.fixture
@@ -147,8 +117,7 @@ def _consume_all(consumer: Consumer, topic: str, count: int) -> list:
     return messages
 
 
-@pytest.mark.parametrize("producer", ["raw", "kafka-python",
-                                      pytest.param("librdkafka", marks=LIBRDKAFKA_HEADER_ZERO)])
+@pytest.mark.parametrize("producer", ["raw", "kafka-python", "librdkafka"])
 def test_untimed_records_outlive_retention_checks_while_expired_records_go(retention_broker,
                                                                            producer):
     bootstrap = retention_broker.bootstrap

@@ -287,7 +287,7 @@ def test_trailing_partial_batch_is_ignored(log, data):
 
 @PROPERTY
 @given(logs())
-def test_hash_keys_and_first_keyless_offset_match_reference(log):
+def test_hash_keys_match_reference(log):
     buf, _ = log
     expected, next_offset = reference_decode(buf, skip_control=True)
     hashes = kernel.hash_keys(buf)
@@ -298,8 +298,6 @@ def test_hash_keys_and_first_keyless_offset_match_reference(log):
     want = [kernel.murmur3_x64_128(r.key) if r.key is not None else (0, 0) for r in expected]
     assert list(zip(hashes.hash_hi.tolist(), hashes.hash_lo.tolist(), strict=True)) == want
     assert hashes.next_offset == next_offset
-    keyless = [r.offset for r in expected if r.key is None]
-    assert kernel.first_keyless_offset(buf) == (keyless[0] if keyless else -1)
 
 
 @pytest.mark.parametrize("codec", [0, 1])
@@ -378,9 +376,7 @@ def test_dtypes_and_arrow_shapes():
 def test_empty_and_header_only_inputs():
     empty = kernel.decode_columns(b"")
     assert empty.count == 0 and empty.next_offset == -1 and empty.key_offsets.tolist() == [0]
-    assert kernel.first_keyless_offset(b"") == -1
     assert kernel.decode_columns(simple_batch()[:11]).count == 0
-    assert kernel.first_keyless_offset(simple_batch()) == 102
 
 
 def test_accepts_every_buffer_kind(tmp_path):
@@ -481,11 +477,10 @@ def check_clean_outcome(buf: bytes, verify_crc: bool) -> None:
         assert c.header_key_offsets[-1] == c.header_key_data.size
         assert c.header_list_offsets[-1] == c.header_value_valid.size
         assert c.bytes_consumed <= len(buf)
-    for entry in (kernel.hash_keys, kernel.first_keyless_offset):
-        try:
-            entry(buf, verify_crc=verify_crc)
-        except CorruptMessage:
-            pass
+    try:
+        kernel.hash_keys(buf, verify_crc=verify_crc)
+    except CorruptMessage:
+        pass
     try:
         kernel.count_records(buf)
     except CorruptMessage:

@@ -2,11 +2,13 @@
 write; and the folded CRC-32C they use, at each of its loop boundaries.
 
 Its decision is checked against the two calls the general append path makes
-(``validate_batches`` then ``first_batch_outside_limits``) plus the plain path's own scope
-(exactly one batch, room in the segment, no producer id, the topic's codec): every malformed
-batch raises the same CorruptMessage, every declined request leaves the file untouched, every
-accepted one lands in the file byte-for-byte with its base offset rewritten, and the caller's
-buffer -- writable or a read-only view of a larger frame -- is never changed. Writes go to real
+(``validate_batches`` with its record checks, then ``first_batch_outside_limits``) plus the
+plain path's own scope (exactly one batch, room in the segment, no producer id, the topic's
+codec, uncompressed records, a header max timestamp equal to the records' largest): every
+batch with a bad CRC raises the same CorruptMessage, every request the record checks refuse is
+declined, every declined request leaves the file untouched, every accepted one lands in the
+file byte-for-byte with its base offset rewritten, and the caller's buffer -- writable or a
+read-only view of a larger frame -- is never changed. Writes go to real
 files; the failed-write tests run a child process under a file-size limit.
 """
 
@@ -23,15 +25,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headrace.errors import CorruptMessage
+from headrace.errors import CorruptMessage, InvalidRecord
 from headrace.protocol import kernel
-from headrace.protocol.batch import COMPRESSION_MASK, CONTROL_BIT
+from headrace.protocol.batch import COMPRESSION_MASK, CONTROL_BIT, TIMESTAMP_TYPE_BIT
 from headrace.protocol.compression import GZIP, NONE
 from headrace.protocol.records import build_batch
 
 NOW_MS = 1_700_000_000_000
 NO_LIMIT = 2**63 - 1
-OPEN_LIMITS = (NO_LIMIT, NO_LIMIT, NO_LIMIT, -1)
+OPEN_LIMITS = (NO_LIMIT, NO_LIMIT, NO_LIMIT, -1, False, False)
 
 
 def _batch(count: int = 3, timestamp_ms: int = NOW_MS, **options) -> bytearray:
@@ -42,10 +44,16 @@ def _batch(count: int = 3, timestamp_ms: int = NOW_MS, **options) -> bytearray:
 def _reference(buf: bytearray, max_size_bytes: int, base_offset: int, max_last_offset: int,
                now_ms: int, limits: tuple[int, int, int, int]) -> tuple[int, int] | None:
     """What the general path decides, restricted to the plain path's scope; raises as it does."""
-    max_message_bytes, before_max_ms, after_max_ms, required_codec = limits
-    summaries = kernel.validate_batches(buf)
+    max_message_bytes, before_max_ms, after_max_ms, required_codec, compacted, from_client = limits
+    checks = (compacted, True, from_client, now_ms, before_max_ms, after_max_ms)
+    header_max_timestamp = struct.unpack_from(">q", buf, 35)[0] if len(buf) >= 43 else None
+    header_log_append_time = len(buf) >= 23 and buf[22] & TIMESTAMP_TYPE_BIT
+    try:
+        summaries = kernel.validate_batches(buf, checks)
+    except (InvalidRecord, kernel.RecordsRejected):
+        return None
     if len(summaries) != 1 or kernel.first_batch_outside_limits(
-            summaries, max_message_bytes, now_ms, before_max_ms, after_max_ms, True) >= 0:
+            summaries, max_message_bytes, now_ms, before_max_ms, after_max_ms, False) >= 0:
         return None
     _, size_bytes, attributes, last_offset_delta, _, max_timestamp, producer_id, _ = summaries[0]
     control = attributes & CONTROL_BIT
@@ -53,7 +61,9 @@ def _reference(buf: bytearray, max_size_bytes: int, base_offset: int, max_last_o
             or (required_codec >= 0 and not control
                 and attributes & COMPRESSION_MASK != required_codec)):
         return None
-    written = producer_id < 0 or bool(control)  # else the caller checks the sequence first
+    # else the caller checks the sequence, the compressed records or the max timestamp first
+    written = ((producer_id < 0 or bool(control)) and not attributes & COMPRESSION_MASK
+               and max_timestamp == header_max_timestamp and not header_log_append_time)
     return base_offset + last_offset_delta, max_timestamp, written
 
 
@@ -80,7 +90,8 @@ def requests(draw):
         return bytearray()
     options = {"compression": draw(st.sampled_from([NONE, GZIP])),
                "producer_id": draw(st.sampled_from([-1, -1, 7])),
-               "control": draw(st.booleans())}
+               "control": draw(st.booleans()),
+               "log_append_time": draw(st.sampled_from([False, False, True]))}
     if options["producer_id"] >= 0:
         options |= {"producer_epoch": 1, "base_sequence": 0}
     timestamp_ms = draw(st.sampled_from([NOW_MS, NOW_MS - 10_000, NOW_MS + 10_000, -1]))
@@ -93,7 +104,8 @@ def requests(draw):
 
 
 LIMITS = st.tuples(st.sampled_from([NO_LIMIT, 150, 60]), st.sampled_from([NO_LIMIT, 5_000]),
-                   st.sampled_from([NO_LIMIT, 5_000]), st.sampled_from([-1, NONE, GZIP]))
+                   st.sampled_from([NO_LIMIT, 5_000]), st.sampled_from([-1, NONE, GZIP]),
+                   st.booleans(), st.booleans())
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -241,7 +253,7 @@ _FILE_SIZE_LIMITED_CHILD = textwrap.dedent("""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a fatal signal
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
-    limits = (2**63 - 1, 2**63 - 1, 2**63 - 1, -1)
+    limits = (2**63 - 1, 2**63 - 1, 2**63 - 1, -1, False, False)
     kernel.append_plain_batch(first, fd, 0, 2**62, 2**62, 0, limits)
     try:
         kernel.append_plain_batch(second, fd, 1, 2**62, 2**62, 0, limits)

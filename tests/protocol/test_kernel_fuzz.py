@@ -25,7 +25,7 @@ import crc32c
 import numpy as np
 import pytest
 
-from headrace.errors import CorruptMessage
+from headrace.errors import CorruptMessage, InvalidRecord
 from headrace.protocol import _kernel, kernel
 from headrace.protocol.kernel import IndexState, PassScope
 from tests.protocol.test_kernel import (
@@ -43,14 +43,17 @@ BATCH_CASES = 1500
 COLUMN_CASES = 1500
 NOW_MS = 1_700_000_000_000
 NO_LIMIT = 2**63 - 1
-OPEN_LIMITS = (NO_LIMIT, NO_LIMIT, NO_LIMIT, -1)
+# max_message_bytes, before/after_max_ms, required codec, compacted, from a client
+OPEN_LIMITS = (NO_LIMIT, NO_LIMIT, NO_LIMIT, -1, True, True)
+# compacted, check CreateTime timestamps, from a client, now_ms, before/after_max_ms
+RECORD_CHECKS = (True, True, True, NOW_MS, NO_LIMIT, NO_LIMIT)
 ALL_KEYS = PassScope(0, 1 << 40, 0, 1 << 32)
 FRESH_INDEX = IndexState(0, -1, 0, 0, False)
 MAP_SLOTS = 64
 # per input byte at most 1/7 record of 20 row bytes, offsets, bitmaps; plus keys and values
 ARROW_REGION_BYTES_PER_INPUT_BYTE = 16
 ARROW_BUFFERS = 9  # each aligned to ARROW_ALIGNMENT_BYTES
-EXPECTED_ERRORS = (CorruptMessage, ValueError, OverflowError)
+EXPECTED_ERRORS = (CorruptMessage, InvalidRecord, kernel.RecordsRejected, ValueError, OverflowError)
 # a row count past any memory with no column to check it against (a column of nulls)
 COLUMN_ERRORS = (*EXPECTED_ERRORS, MemoryError)
 CRC_COVERED_FROM = 21  # a v2 batch's CRC-32C covers its bytes from the attributes on
@@ -115,6 +118,7 @@ def _through_decode_arrow(buf: bytes) -> None:
 
 def _through_validation(buf: bytes) -> None:
     summaries = _expect_clean(kernel.validate_batches, buf)
+    _expect_clean(kernel.validate_batches, bytearray(buf), RECORD_CHECKS)
     if summaries:
         _expect_clean(kernel.first_batch_outside_limits, summaries, 1 << 20, NOW_MS,
                       NO_LIMIT, NO_LIMIT, True)

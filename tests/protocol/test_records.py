@@ -26,14 +26,13 @@ from headrace.protocol.records import (
     Header,
     Record,
     build_batch,
-    check_batch_records,
     decode_batch,
     decode_legacy,
-    first_keyless_record,
     is_legacy,
     iter_records,
     read_varint,
     recompress_batch,
+    section_chunks,
     upconvert_legacy,
     walk_records_section,
     write_varint,
@@ -429,14 +428,6 @@ def test_iter_records_rejects_a_partial_trailing_batch():
         list(iter_records(batch + batch[:20]))
 
 
-@pytest.mark.parametrize("codec", ALL_CODECS)
-def test_first_keyless_record(codec):
-    keyed = build_batch([(b"a", b"1", [], 0), (b"b", b"2", [], 0)], base_offset=0, compression=codec)
-    mixed = build_batch([(b"c", b"3", [], 0), (None, b"4", [], 0)], base_offset=2, compression=codec)
-    assert first_keyless_record(keyed) is None
-    assert first_keyless_record(keyed + mixed) == 3
-
-
 # ---------------------------------------------------------------- kafka-python's encoders
 
 
@@ -555,11 +546,10 @@ def test_recompression_stops_as_soon_as_the_output_passes_max_batch_bytes(codec)
 
 
 @pytest.mark.parametrize("codec", ALL_CODECS)
-def test_produce_walk_finds_keyless_records_only_when_keys_are_required(codec):
+def test_the_walk_answers_the_first_record_without_a_key(codec):
     batch = build_batch([(b"k", b"v", [], 1_000), (None, b"v", [], 1_001)], compression=codec)
-    check_batch_records(batch, require_keys=False)
-    with pytest.raises(InvalidRecord, match="offset 1 has no key"):
-        check_batch_records(batch, require_keys=True)
+    header = parse_header(batch)
+    assert walk_records_section(header, section_chunks(header, memoryview(batch)[61:])) == 1
 
 
 @pytest.mark.parametrize("decode_fields", [False, True], ids=["kernel", "python"])

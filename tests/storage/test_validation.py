@@ -188,7 +188,7 @@ def test_recompression_rejects_records_disagreeing_with_the_header(scratch):
     with pytest.raises(InvalidRecord):
         recompress_batch(_with_fresh_crc(short), 0, codecs.ZSTD)
     log = _open(scratch, compression_type="zstd")
-    with pytest.raises(InvalidRecord):
+    with pytest.raises(InvalidRecord):  # Kafka's LogValidator: an invalid record structure
         log.append(short, NOW_MS)
     log.close()
 
@@ -223,4 +223,62 @@ def test_append_still_rejects_bad_record_counts_and_damaged_batches(scratch):
     with pytest.raises(CorruptMessage, match="overruns"):
         log.append(bytearray(build_batch(_records(3)))[:-1], NOW_MS)
     assert log.log_end_offset == 0
+    log.close()
+
+
+def _with_header_max_timestamp(batch: bytes, max_timestamp_ms: int) -> bytearray:
+    lying = bytearray(batch)
+    struct.pack_into(">q", lying, 35, max_timestamp_ms)
+    return _with_fresh_crc(lying)
+
+
+@pytest.mark.parametrize("codec", [codecs.NONE, codecs.LZ4])
+def test_the_max_timestamp_stored_and_indexed_is_the_records_largest(scratch, codec):
+    """A header max timestamp below (or above) the records' largest is rewritten, on the
+    general path (first append) and the plain one (after it), and the segment's largest
+    timestamp (its time index and retention) is the records'."""
+    log = _open(scratch)
+    for header_max_ms in (0, NOW_MS + 10_000_000, NOW_MS - 5000):
+        log.append(_with_header_max_timestamp(build_batch(_records(4), compression=codec),
+                                              header_max_ms), NOW_MS)
+    largest_ms = NOW_MS - 1000 + 37 * 3
+    assert [batch.header.max_timestamp for batch in _stored(log)] == [largest_ms] * 3
+    assert log.segments[-1].max_timestamp_ms == largest_ms
+    log.close()
+
+
+@pytest.mark.parametrize("codec", [codecs.NONE, codecs.ZSTD])
+def test_records_without_timestamps_store_max_timestamp_minus_one(scratch, codec):
+    """librdkafka's batch of records timestamped -1 carries a header max timestamp of 0: it is
+    stored as -1 (no timestamp), never as 1970, which time retention would delete at once."""
+    untimed = [(b"k", b"v", [], -1)] * 3
+    log = _open(scratch)
+    for _ in range(2):  # general path, then plain path
+        log.append(_with_header_max_timestamp(build_batch(untimed, compression=codec), 0),
+                   NOW_MS)
+    assert [batch.header.max_timestamp for batch in _stored(log)] == [-1, -1]
+    assert log.segments[-1].max_timestamp_ms == -1
+    log.close()
+
+
+@pytest.mark.parametrize("codec", [codecs.NONE, codecs.LZ4])
+def test_the_callers_buffer_is_never_changed(scratch, codec):
+    log = _open(scratch)
+    for _ in range(2):  # general path, then plain path
+        sent = _with_header_max_timestamp(build_batch(_records(4), compression=codec), 0)
+        original = bytes(sent)
+        log.append(sent, NOW_MS)
+        assert sent == original
+    log.close()
+
+
+def test_record_errors_list_the_first_thousand_and_count_all(scratch):
+    """Every record of a batch of 1500 keyless records is refused on a compacted topic; the
+    error counts all 1500 and lists the first 1000 (bounded memory per batch)."""
+    log = _open(scratch, cleanup_policy="compact")
+    with pytest.raises(InvalidRecord) as refused:
+        log.append(build_batch([(None, b"v", [], NOW_MS)] * 1500), NOW_MS)
+    assert [index for index, _ in refused.value.record_errors] == list(range(1000))
+    assert "due to 1500 record errors in total" in refused.value.message
+    assert read_all(log) == []
     log.close()

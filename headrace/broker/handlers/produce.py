@@ -4,14 +4,15 @@ acks 0 (no response at all), 1 and -1 (all: on one node the local write; a parti
 min.insync.replicas exceeds 1 answers NOT_ENOUGH_REPLICAS, as Kafka does with too few
 in-sync replicas); any other acks value gets INVALID_REQUIRED_ACKS for every partition.
 Legacy magic 0/1 message sets are up-converted to one v2 batch. Records reach the log as
-read-only views of the request frame (``wire.decode_request``), never copied on the way. On a
-compacted topic a record without a key is INVALID_RECORD (found by the compiled kernel's
-``first_keyless_offset``). The records of compressed batches are walked as Kafka's LogValidator
-walks them (``records.check_batch_records``: inflated a chunk at a time, bounded by the
-declared records and ``compression.MAX_RECORDS_SECTION_BYTES``), which also finds keyless
-records in them; a decompression bomb is refused without being inflated in memory. Validation of sizes, CRCs, timestamps and producer sequences is the
-log's (``Log.append``); its errors become per-partition error codes, and an I/O error from the
-log (``OSError``: disk full, EIO...) answers KAFKA_STORAGE_ERROR for that partition only.
+read-only views of the request frame (``wire.decode_request``), never copied on the way.
+Validation -- sizes, CRCs, Kafka's record checks (``storage.validation``: a record without a
+key on a compacted topic, timestamps, structure), producer sequences -- is the log's
+(``Log.append`` with ``from_client``); its errors become per-partition error codes, with
+KIP-467 ``record_errors`` (index in the batch, message) and ``error_message`` in v8+, and an
+I/O error from the log (``OSError``: disk full, EIO...) answers KAFKA_STORAGE_ERROR for that
+partition only. A request carrying a transactional batch is answered
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition, as Kafka answers one without a
+transactional id (and headrace supports no transactions).
 Unknown topics are not created here (Kafka creates them on Metadata): UNKNOWN_TOPIC_OR_PARTITION.
 
 Every partition of a request is appended in one job on the broker's single append thread, so
@@ -31,7 +32,10 @@ it byte for byte against kio's encoder), which costs a fraction of building kio 
     responses [ name string
                 partition_responses [ index int32, error_code int16, base_offset int64,
                                       log_append_time_ms int64, log_start_offset int64 (v5+),
-                                      record_errors [] (v8+), error_message nullable string (v8+)
+                                      record_errors [ batch_index int32,
+                                                      batch_index_error_message nullable string
+                                                    ] (v8+),
+                                      error_message nullable string (v8+)
                                     ] ]
     throttle_time_ms int32
 
@@ -48,16 +52,15 @@ from headrace.broker.context import RawResponse
 from headrace.broker.fetch_response import uvarint
 from headrace.errors import (
     CorruptMessage,
-    InvalidRecord,
     InvalidRequiredAcks,
     KafkaError,
     KafkaStorageError,
     NotEnoughReplicas,
+    TransactionalIdAuthorizationFailed,
     UnknownServerError,
 )
 from headrace.protocol import records as record_codec
-from headrace.protocol.kernel import first_keyless_offset
-from headrace.storage.validation import target_codec
+from headrace.protocol.batch import BATCH_HEADER_BYTES, TRANSACTIONAL_BIT
 
 API_KEY = 0
 MIN_VERSION = 3
@@ -75,7 +78,21 @@ log = logging.getLogger(__name__)
 
 def _partition_error(index: int, error: KafkaError) -> dict:
     return {"index": index, "error_code": error.code, "base_offset": -1,
-            "log_append_time": -1, "log_start_offset": -1, "error_message": error.message}
+            "log_append_time": -1, "log_start_offset": -1, "error_message": error.message,
+            "record_errors": error.record_errors}
+
+
+def _has_transactional_batch(records: memoryview | bytes | None) -> bool:
+    """Whether a v2 batch of ``records`` has the transactional bit (Kafka's
+    ``RequestUtils.hasTransactionalRecords``); headers only, stops at anything not whole."""
+    if not records:
+        return False
+    position, end = 0, len(records)
+    while end - position >= BATCH_HEADER_BYTES and records[position + 16] == 2:
+        if records[position + 22] & TRANSACTIONAL_BIT:
+            return True
+        position += int.from_bytes(records[position + 8 : position + 12], "big") + 12
+    return False
 
 
 def _prepare(records: memoryview | bytes | None) -> memoryview | bytes:
@@ -98,15 +115,7 @@ def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int
             raise NotEnoughReplicas(
                 f"min.insync.replicas={log_.config.min_insync_replicas} but 1 replica"
             )
-        data = _prepare(records)
-        compacted = log_.config.compact_enabled
-        if compacted and not record_codec.has_compressed_batch(data):
-            if first_keyless_offset(data) >= 0:
-                raise InvalidRecord("compacted topic records must have keys")
-        else:
-            record_codec.check_batch_records(data, require_keys=compacted,
-                                             recompress_to=target_codec(log_.config))
-        result = log_.append(data, now_ms)
+        result = log_.append(_prepare(records), now_ms, True)
     except KafkaError as error:
         return _partition_error(index, error)
     except OSError as error:
@@ -162,6 +171,11 @@ async def handle(ctx, request):
     acks = request.acks
     if acks not in VALID_ACKS:
         responses = _reject_all(request.topic_data, InvalidRequiredAcks(f"acks={acks}"))
+    elif any(_has_transactional_batch(partition.records) for topic in request.topic_data
+             for partition in topic.partition_data):
+        responses = _reject_all(request.topic_data, TransactionalIdAuthorizationFailed(
+            "transactional records need a transactional id this broker authorizes "
+            "(transactions are not supported)"))
     else:
         broker = ctx.broker
         manager = broker.log_manager
@@ -188,6 +202,16 @@ def _nullable_string(text: str | None, flexible: bool) -> bytes:
     return (uvarint(len(encoded) + 1) if flexible else _INT16.pack(len(encoded))) + encoded
 
 
+def _record_errors(record_errors: tuple[tuple[int, str], ...], flexible: bool) -> bytes:
+    out = bytearray(_array_length(len(record_errors), flexible))
+    for batch_index, message in record_errors:
+        out += _INT32.pack(batch_index)
+        out += _nullable_string(message, flexible)
+        if flexible:
+            out += b"\x00"
+    return bytes(out)
+
+
 def encode_produce_body(version: int, responses: list[dict]) -> bytes:
     """The Produce response body of ``version`` (3-12) for ``_append_all``'s answers."""
     flexible = version >= FIRST_FLEXIBLE_VERSION
@@ -202,7 +226,7 @@ def encode_produce_body(version: int, responses: list[dict]) -> bytes:
             if version >= 5:
                 out += _INT64.pack(partition["log_start_offset"])
             if version >= 8:
-                out += _array_length(0, flexible)  # record_errors
+                out += _record_errors(partition.get("record_errors", ()), flexible)
                 out += _nullable_string(partition.get("error_message"), flexible)
             if flexible:
                 out += b"\x00"
