@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 import time
 
+from confluent_kafka.admin import AdminClient, NewTopic
+
 from headrace.coordinator.group import CommittedOffset
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME, partition_for_group
 from headrace.coordinator.store import offset_commit_record
@@ -138,7 +140,11 @@ def test_offset_fetch_answers_load_in_progress_until_a_large_topic_is_loaded(tmp
 
 
 def _commit_rounds(bootstrap: str, groups: list[str], partitions: int, rounds: int) -> None:
-    """Every group commits every partition once per round; requests pipelined per round."""
+    """Every group commits every partition of ``TOPIC`` (created first: offsets of a topic that
+    does not exist are refused) once per round; requests pipelined per round."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created = admin.create_topics([NewTopic(TOPIC, num_partitions=partitions)])
+    created[TOPIC].result(timeout=POLL_DEADLINE_S)
     with RawClient(bootstrap) as client:
         for round_index in range(rounds):
             sent = []
