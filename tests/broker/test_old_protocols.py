@@ -1,0 +1,267 @@
+"""Clients that skip ApiVersions against a real broker: Produce v0-2 (magic 0/1 message
+sets, up-converted) and Fetch v0-3 (v2 batches down-converted to magic 0/1), as Kafka 3.9
+serves them -- librdkafka with ``broker.version.fallback=0.9.0``, kafka-python with
+``api_version=(0, 9)`` and ``(0, 10)``, kcat, and raw requests for the error codes."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import time
+import uuid
+import zlib
+
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Consumer, Producer
+from confluent_kafka import TopicPartition as RdTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as PyTopicPartition
+
+from headrace.protocol import records as record_codec
+from headrace.protocol import wire
+from tests.broker.raw_client import RawClient
+from tests.broker.test_clients import _create_topic
+
+PRODUCE, FETCH, API_VERSIONS = 0, 1, 18
+CORRUPT_MESSAGE, INVALID_RECORD, UNSUPPORTED_COMPRESSION_TYPE = 2, 87, 76
+CLIENT_TIMEOUT_S = 30
+RECORD_COUNT = 30
+OLD_LIBRDKAFKA = {"api.version.request": False, "broker.version.fallback": "0.9.0"}
+LEGACY_CODECS = ["none", "gzip", "snappy", "lz4"]
+
+
+def _records(count: int = RECORD_COUNT) -> list[tuple[bytes | None, bytes | None]]:
+    return [(None if i % 7 == 3 else b"key-%d" % i,
+             None if i % 11 == 5 else b"value-%d-" % i * (i % 5 + 1)) for i in range(count)]
+
+
+def _one_partition_topic(bootstrap: str, configs: dict[str, str] | None = None) -> str:
+    if not configs:
+        return _create_topic(bootstrap, partitions=1)
+    name = f"old-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, 1, 1, config=configs)])[name].result(CLIENT_TIMEOUT_S)
+    return name
+
+
+def _rdkafka_produce(bootstrap: str, topic: str, config: dict, records, headers=None) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **config})
+    failures = []
+    for key, value in records:
+        producer.produce(topic, key=key, value=value, partition=0, headers=headers,
+                         on_delivery=lambda error, _: failures.append(error) if error else None)
+    assert producer.flush(CLIENT_TIMEOUT_S) == 0
+    assert failures == []
+
+
+def _rdkafka_consume(bootstrap: str, topic: str, config: dict, count: int) -> list:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
+                         "enable.auto.commit": False, **config})
+    consumer.assign([RdTopicPartition(topic, 0, 0)])
+    received = []
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while len(received) < count and time.monotonic() < deadline:
+        for message in consumer.consume(1000, timeout=1):
+            assert message.error() is None, message.error()
+            received.append(message)
+    consumer.close()
+    return received
+
+
+def _kafka_python_consume(bootstrap: str, topic: str, api_version, count: int) -> list:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, api_version=api_version,
+                             consumer_timeout_ms=2000)
+    partition = PyTopicPartition(topic, 0)
+    consumer.assign([partition])
+    consumer.seek(partition, 0)
+    received = []
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while len(received) < count and time.monotonic() < deadline:
+        for message in consumer:  # ends after consumer_timeout_ms without a message
+            received.append(message)
+            if len(received) == count:
+                break
+    consumer.close()
+    return received
+
+
+# ---------------------------------------------------------------- real clients
+
+
+@pytest.mark.parametrize("codec", LEGACY_CODECS)
+def test_librdkafka_0_9_produces_and_both_old_and_new_consumers_read(broker, codec):
+    topic = _one_partition_topic(broker.bootstrap)
+    records = _records()
+    _rdkafka_produce(broker.bootstrap, topic, {**OLD_LIBRDKAFKA, "compression.codec": codec},
+                     records)
+    for config in (OLD_LIBRDKAFKA, {}):
+        received = _rdkafka_consume(broker.bootstrap, topic, config, RECORD_COUNT)
+        assert [(m.offset(), m.key(), m.value()) for m in received] == [
+            (offset, key, value) for offset, (key, value) in enumerate(records)]
+    old = _rdkafka_consume(broker.bootstrap, topic, OLD_LIBRDKAFKA, 1)
+    assert old[0].timestamp()[0] == TIMESTAMP_NOT_AVAILABLE  # magic 0 has none
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_records_of_a_modern_producer_reach_old_consumers_without_headers(broker, codec):
+    topic = _one_partition_topic(broker.bootstrap)
+    records = _records()
+    _rdkafka_produce(broker.bootstrap, topic, {"compression.codec": codec}, records,
+                     headers=[("trace", b"x")])
+    old = _rdkafka_consume(broker.bootstrap, topic, OLD_LIBRDKAFKA, RECORD_COUNT)
+    assert [(m.offset(), m.key(), m.value(), m.headers()) for m in old] == [
+        (offset, key, value, None) for offset, (key, value) in enumerate(records)]
+    modern = _rdkafka_consume(broker.bootstrap, topic, {}, RECORD_COUNT)
+    magic_1 = _kafka_python_consume(broker.bootstrap, topic, (0, 10), RECORD_COUNT)
+    assert [(m.offset, m.key, m.value, m.timestamp, m.headers) for m in magic_1] == [
+        (m.offset(), m.key(), m.value(), m.timestamp()[1], []) for m in modern]
+
+
+@pytest.mark.parametrize("api_version", [(0, 9), (0, 10)])
+@pytest.mark.parametrize("codec", [None, "gzip", "snappy", "lz4"])
+def test_kafka_python_old_api_versions_round_trip(broker, api_version, codec):
+    topic = _one_partition_topic(broker.bootstrap)
+    records = _records()
+    now_ms = int(time.time() * 1000)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=api_version,
+                             compression_type=codec)
+    futures = [producer.send(topic, key=key, value=value, partition=0, timestamp_ms=now_ms + i)
+               for i, (key, value) in enumerate(records)]
+    producer.flush(CLIENT_TIMEOUT_S)
+    assert [future.get(CLIENT_TIMEOUT_S).offset for future in futures] == list(range(RECORD_COUNT))
+    producer.close()
+    received = _kafka_python_consume(broker.bootstrap, topic, api_version, RECORD_COUNT)
+    assert [(m.offset, m.key, m.value) for m in received] == [
+        (offset, key, value) for offset, (key, value) in enumerate(records)]
+    modern = _rdkafka_consume(broker.bootstrap, topic, {}, RECORD_COUNT)
+    if api_version == (0, 10):  # magic 1 carries CreateTime timestamps through the log
+        assert [m.timestamp() for m in modern] == [
+            (TIMESTAMP_CREATE_TIME, now_ms + i) for i in range(RECORD_COUNT)]
+        assert [m.timestamp for m in received] == [now_ms + i for i in range(RECORD_COUNT)]
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed (make system-deps)")
+def test_kcat_with_the_0_9_protocol_round_trips(broker):
+    topic = _one_partition_topic(broker.bootstrap)
+    old = ["-X", "api.version.request=false", "-X", "broker.version.fallback=0.9.0"]
+    lines = [f"key-{i}:value-{i}" for i in range(RECORD_COUNT)]
+    subprocess.run(["kcat", "-b", broker.bootstrap, *old, "-P", "-t", topic, "-p", "0", "-K:",
+                    "-z", "snappy"], input="\n".join(lines) + "\n", text=True, check=True,
+                   timeout=CLIENT_TIMEOUT_S)
+    result = subprocess.run(["kcat", "-b", broker.bootstrap, *old, "-C", "-t", topic, "-p", "0",
+                             "-o", "0", "-e", "-f", "%o %k:%s\n"], capture_output=True,
+                            text=True, check=True, timeout=CLIENT_TIMEOUT_S)
+    assert result.stdout.splitlines() == [f"{i} {line}" for i, line in enumerate(lines)]
+
+
+# ---------------------------------------------------------------- raw requests
+
+
+def _legacy_message(offset: int, magic: int, key: bytes, value: bytes, crc_flip: int = 0) -> bytes:
+    body = struct.pack(">bb", magic, 0) + (struct.pack(">q", int(time.time() * 1000))
+                                           if magic == 1 else b"")
+    body += struct.pack(">i", len(key)) + key + struct.pack(">i", len(value)) + value
+    message = struct.pack(">I", zlib.crc32(body) ^ crc_flip) + body
+    return struct.pack(">qi", offset, len(message)) + message
+
+
+def _produce(bootstrap: str, version: int, topic: str, records: bytes) -> tuple[int, int, bytes]:
+    """(error_code, base_offset, the rest of the partition response) of a hand-made
+    Produce request: v0-2 have no transactional_id, v3+ a null one."""
+    body = b"" if version < 3 else struct.pack(">h", -1)
+    body += struct.pack(">hii", -1, 30_000, 1) + struct.pack(">h", len(topic)) + topic.encode()
+    body += struct.pack(">iii", 1, 0, len(records)) + records
+    with RawClient(bootstrap) as client:
+        client.send_bytes(struct.pack(">i", 10 + len("raw") + len(body)) +
+                          struct.pack(">hhih", PRODUCE, version, 1, 3) + b"raw" + body)
+        frame = client.receive_frame()
+    position = 4 + 4 + 2 + len(topic) + 4  # correlation id, topics, name, partitions
+    _, error_code, base_offset = struct.unpack_from(">ihq", frame, position)
+    return error_code, base_offset, frame[position + 14:]
+
+
+@pytest.mark.parametrize("version, magic", [(0, 0), (1, 0), (2, 1)])
+def test_produce_v0_to_v2_answers_corrupt_message_for_a_bad_crc(broker, version, magic):
+    topic = _one_partition_topic(broker.bootstrap)
+    good = _legacy_message(0, magic, b"k", b"good")
+    bad = _legacy_message(1, magic, b"k", b"bad", crc_flip=0x10)
+    assert _produce(broker.bootstrap, version, topic, good + bad)[0] == CORRUPT_MESSAGE
+    error_code, base_offset, rest = _produce(broker.bootstrap, version, topic, good)
+    assert (error_code, base_offset) == (0, 0)
+    expected_rest = {0: b"", 1: struct.pack(">i", 0), 2: struct.pack(">qi", -1, 0)}[version]
+    assert rest == expected_rest  # log_append_time (v2), throttle_time_ms (v1+)
+    received = _rdkafka_consume(broker.bootstrap, topic, {}, 1)
+    assert [(m.offset(), m.value()) for m in received] == [(0, b"good")]
+
+
+def test_produce_v3_refuses_magic_0_and_1_as_kafka_does(broker):
+    topic = _one_partition_topic(broker.bootstrap)
+    legacy = _legacy_message(0, 1, b"k", b"v")
+    assert _produce(broker.bootstrap, 3, topic, legacy)[0] == INVALID_RECORD
+
+
+def _fetch(bootstrap: str, version: int, topic: str, partition_max_bytes: int) -> tuple:
+    """(error_code, high_watermark, records) of partition 0 from a hand-made Fetch v0-3."""
+    body = struct.pack(">iii", -1, 0, 0)
+    if version >= 3:
+        body += struct.pack(">i", 50_000_000)
+    body += struct.pack(">ih", 1, len(topic)) + topic.encode()
+    body += struct.pack(">iiqi", 1, 0, 0, partition_max_bytes)
+    with RawClient(bootstrap) as client:
+        client.send_bytes(struct.pack(">i", 10 + len("raw") + len(body)) +
+                          struct.pack(">hhih", FETCH, version, 1, 3) + b"raw" + body)
+        frame = client.receive_frame()
+    position = 4 + (4 if version >= 1 else 0) + 4 + 2 + len(topic) + 4
+    _, error_code, high_watermark, size = struct.unpack_from(">ihqi", frame, position)
+    records = frame[position + 18:]
+    assert len(records) == size
+    return error_code, high_watermark, records
+
+
+def _produce_v2_batch(bootstrap: str, topic: str, count: int) -> None:
+    now_ms = int(time.time() * 1000)
+    batch = record_codec.build_batch([(b"k", b"v%d" % i, [], now_ms) for i in range(count)])
+    assert _produce(bootstrap, 3, topic, batch)[0] == 0
+
+
+@pytest.mark.parametrize("version, magic", [(0, 0), (1, 0), (2, 1), (3, 1)])
+def test_fetch_v0_to_v3_answers_magic_0_or_1_messages(broker, version, magic):
+    topic = _one_partition_topic(broker.bootstrap)
+    _produce_v2_batch(broker.bootstrap, topic, 5)
+    error_code, high_watermark, records = _fetch(broker.bootstrap, version, topic, 1_000_000)
+    assert (error_code, high_watermark) == (0, 5)
+    assert {records[16 + at] for at in _entry_positions(records)} == {magic}
+    assert [r.value for r in record_codec.decode_legacy(records)] == [b"v%d" % i for i in range(5)]
+
+
+def _entry_positions(message_set: bytes) -> list[int]:
+    position, starts = 0, []
+    while position < len(message_set):
+        starts.append(position)
+        position += struct.unpack_from(">i", message_set, position + 8)[0] + 12
+    return starts
+
+
+def test_fetch_v3_sends_a_whole_first_batch_larger_than_the_limit_v2_does_not(broker):
+    topic = _one_partition_topic(broker.bootstrap)
+    _produce_v2_batch(broker.bootstrap, topic, 20)
+    records = _fetch(broker.bootstrap, 3, topic, 100)[2]
+    assert len(record_codec.decode_legacy(records)) == 20  # converted: larger than fetched
+    assert _fetch(broker.bootstrap, 2, topic, 100)[2] == b""  # v0-2: a hard limit
+
+
+def test_fetch_below_v10_of_a_zstd_topic_is_unsupported_compression_type(broker):
+    topic = _one_partition_topic(broker.bootstrap, {"compression.type": "zstd"})
+    _produce_v2_batch(broker.bootstrap, topic, 3)
+    assert _fetch(broker.bootstrap, 1, topic, 1_000_000)[:2] == (UNSUPPORTED_COMPRESSION_TYPE, -1)
+
+
+def test_api_versions_advertises_produce_from_v0_and_fetch_from_v0(broker):
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(API_VERSIONS, 3, {"client_software_name": "t",
+                                                     "client_software_version": "1"})
+    ranges = {key.api_key: (key.min_version, key.max_version) for key in response.api_keys}
+    assert ranges[PRODUCE][0] == 0 and ranges[FETCH][0] == 0
+    assert wire.response_is_flexible(PRODUCE, 2) is False
