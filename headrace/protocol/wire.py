@@ -480,7 +480,7 @@ class _ProduceReader:
     def _array_length(self) -> int:
         count = self._length(_INT32)
         if count < 0 or count > len(self._frame) - self._position:
-            raise MalformedFrame(f"ProduceRequest array of {count} items does not fit")
+            raise MalformedFrame(f"ProduceRequest array of {count} items overruns its frame")
         return count
 
     def _span(self, length: int) -> tuple[int, int]:
@@ -541,7 +541,7 @@ class _LegacyFetchReader:
     def _array_length(self) -> int:
         (count,) = self._unpack(_INT32)
         if count < 0 or count > len(self._frame) - self._position:
-            raise MalformedFrame(f"FetchRequest array of {count} items does not fit")
+            raise MalformedFrame(f"FetchRequest array of {count} items overruns its frame")
         return count
 
     def _topic(self) -> LegacyFetchTopic:

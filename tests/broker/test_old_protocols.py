@@ -256,6 +256,14 @@ def test_fetch_below_v10_of_a_zstd_topic_is_unsupported_compression_type(broker)
     topic = _one_partition_topic(broker.bootstrap, {"compression.type": "zstd"})
     _produce_v2_batch(broker.bootstrap, topic, 3)
     assert _fetch(broker.bootstrap, 1, topic, 1_000_000)[:2] == (UNSUPPORTED_COMPRESSION_TYPE, -1)
+    with RawClient(broker.bootstrap) as client:  # v4-9 are not down-converted: the config says
+        for version, expected in ((4, UNSUPPORTED_COMPRESSION_TYPE), (10, 0)):
+            body = client.request(FETCH, version, {
+                "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1_000_000,
+                "isolation_level": 0, "session_id": 0, "session_epoch": -1, "topics": [
+                    {"topic": topic, "partitions": [{"partition": 0, "fetch_offset": 0,
+                                                     "partition_max_bytes": 1_000_000}]}]})
+            assert body.responses[0].partitions[0].error_code == expected
 
 
 def test_api_versions_advertises_produce_from_v0_and_fetch_from_v0(broker):

@@ -115,7 +115,7 @@ def test_a_bad_crc_inside_a_compressed_wrapper_is_corrupt_message():
 @pytest.mark.parametrize("inner_body", [
     _v0_body(0, b"k", b"magic 0 inside a magic 1 wrapper"),
     _v1_body(GZIP, 5, None, gzip.compress(b"")),  # compressed inside compressed
-])
+], ids=["magic-0-inside-magic-1", "compressed-inside-compressed"])
 def test_inner_messages_must_match_their_wrapper(inner_body):
     wrapper = _legacy_entry(0, _v1_body(GZIP, 5, None, gzip.compress(_legacy_entry(0, inner_body))))
     with pytest.raises(InvalidRecord):
