@@ -30,13 +30,18 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
 
   v9+ are flexible: compact arrays, strings and bytes (unsigned varint length + 1) and a
   tagged-field section (skipped) after each struct.
-  Produce v0-2 and Fetch v0-3 (``HAND_CODED_VERSIONS``) have no kio schema, so no pre-pass:
+  Produce v0-2, Fetch v0-3 and ListOffsets v0 (``HAND_CODED_VERSIONS``) have no kio schema, so no pre-pass:
   their readers bound every length and count by the frame themselves. Fetch v0-3 becomes a
   ``LegacyFetchRequest``::
 
       replica_id int32, max_wait_ms int32, min_bytes int32, max_bytes int32 (v3),
       topics [ topic string, partitions [ partition int32, fetch_offset int64,
                                           partition_max_bytes int32 ] ]
+
+  and ListOffsets v0 a ``LegacyListOffsetsRequest``::
+
+      replica_id int32, topics [ name string, partitions [ partition_index int32,
+                                 timestamp int64, max_num_offsets int32 ] ]
 * ``encode_response(header, body)`` produces a complete length-prefixed response frame.
 * ``encode_request`` / ``decode_response`` are the client-side mirror, used by headrace's
   own tools and tests.
@@ -105,11 +110,13 @@ from headrace.protocol.prepass import problem_in  # noqa: E402
 API_VERSIONS_KEY = 18
 PRODUCE_KEY = 0
 FETCH_KEY = 1
+LIST_OFFSETS_KEY = 2
 HAND_DECODED_PRODUCE_VERSIONS = range(3, 13)  # v13 names topics by id: left to kio
 LEGACY_FETCH_VERSIONS = range(0, 4)  # kio 0.6.5 knows Fetch from v4 only
 FIRST_FETCH_MAX_BYTES_VERSION = 3
 # Versions served whose schemas kio lacks: encoded and decoded by hand, never flexible.
-HAND_CODED_VERSIONS = {PRODUCE_KEY: range(0, 3), FETCH_KEY: LEGACY_FETCH_VERSIONS}
+HAND_CODED_VERSIONS = {PRODUCE_KEY: range(0, 3), FETCH_KEY: LEGACY_FETCH_VERSIONS,
+                       LIST_OFFSETS_KEY: range(0, 1)}
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
 RECEIVE_BUFFER_BYTES = 128 * 1024  # FrameReceiver's reused buffer, per connection
 LARGE_FRAME_MIN_BYTES = 64 * 1024  # larger frames are received into a buffer of their own
@@ -121,6 +128,7 @@ _INT32 = struct.Struct(">i")
 _PRODUCE_ACKS_TIMEOUT = struct.Struct(">hi")
 _LEGACY_FETCH_HEAD = struct.Struct(">iii")  # replica_id, max_wait_ms, min_bytes
 _LEGACY_FETCH_PARTITION = struct.Struct(">iqi")  # partition, fetch_offset, partition_max_bytes
+_LEGACY_LIST_OFFSETS_PARTITION = struct.Struct(">iqi")  # partition, timestamp, max_num_offsets
 _REQUEST_HEADER = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -343,6 +351,27 @@ class LegacyFetchRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class LegacyListOffsetsPartition:
+    partition_index: int
+    timestamp: int  # ms, or -1 latest, -2 earliest
+    max_num_offsets: int
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyListOffsetsTopic:
+    name: str
+    partitions: tuple[LegacyListOffsetsPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyListOffsetsRequest:
+    """A ListOffsets v0 request, with kio's field names."""
+
+    replica_id: int
+    topics: tuple[LegacyListOffsetsTopic, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RequestHeader:
     api_key: int
     api_version: int
@@ -421,13 +450,20 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
 
 
 def _decode_hand_coded(header: RequestHeader, frame: bytes | bytearray | memoryview,
-                       position: int) -> ProduceRequest | LegacyFetchRequest:
-    """The body of a version kio lacks (``HAND_CODED_VERSIONS``: Produce v0-2, Fetch v0-3).
-    Their readers bound every length and count by the frame themselves (no pre-pass: it
-    walks kio's schemas)."""
+                       position: int) -> Any:
+    """The body of a version kio lacks (``HAND_CODED_VERSIONS``: Produce v0-2, Fetch v0-3,
+    ListOffsets v0). Their readers bound every length and count by the frame themselves (no
+    pre-pass: it walks kio's schemas)."""
     if header.api_key == PRODUCE_KEY:
         return _ProduceReader(frame, position, flexible=False, transactional=False).request()
-    return _LegacyFetchReader(frame, position).request(header.api_version)
+    reader = _LegacyReader(frame, position, header.api_key, header.api_version)
+    try:
+        if header.api_key == FETCH_KEY:
+            return reader.fetch_request()
+        return reader.list_offsets_request()
+    except (struct.error, UnicodeDecodeError) as error:
+        raise MalformedFrame(f"cannot decode api key {header.api_key} v{header.api_version}: "
+                             f"{error}") from error
 
 
 class _ProduceReader:
@@ -512,26 +548,40 @@ class _ProduceReader:
             self._position = skip_tagged_fields(self._frame, self._position)
 
 
-class _LegacyFetchReader:
-    """Decodes one Fetch v0-3 request body from ``frame`` at ``position``. Raises
-    MalformedFrame for anything that does not parse."""
+class _LegacyReader:
+    """Reads the non-flexible bodies of Fetch v0-3 and ListOffsets v0 from ``frame`` at
+    ``position``. Raises MalformedFrame (or struct.error, UnicodeDecodeError) for anything
+    that does not parse."""
 
-    __slots__ = ("_frame", "_position")
+    __slots__ = ("_frame", "_position", "_version", "_name")
 
-    def __init__(self, frame: bytes | bytearray | memoryview, position: int) -> None:
+    def __init__(self, frame: bytes | bytearray | memoryview, position: int, api_key: int,
+                 version: int) -> None:
         self._frame = frame
         self._position = position
+        self._version = version
+        self._name = f"api key {api_key} v{version}"
 
-    def request(self, version: int) -> LegacyFetchRequest:
-        try:
-            replica_id, max_wait_ms, min_bytes = self._unpack(_LEGACY_FETCH_HEAD)
-            max_bytes = None
-            if version >= FIRST_FETCH_MAX_BYTES_VERSION:
-                (max_bytes,) = self._unpack(_INT32)
-            topics = tuple(self._topic() for _ in range(self._array_length()))
-        except (struct.error, UnicodeDecodeError) as error:
-            raise MalformedFrame(f"cannot decode FetchRequest v{version}: {error}") from error
+    def fetch_request(self) -> LegacyFetchRequest:
+        replica_id, max_wait_ms, min_bytes = self._unpack(_LEGACY_FETCH_HEAD)
+        max_bytes = None
+        if self._version >= FIRST_FETCH_MAX_BYTES_VERSION:
+            (max_bytes,) = self._unpack(_INT32)
+        topics = tuple(
+            LegacyFetchTopic(self._string(), tuple(
+                LegacyFetchPartition(*self._unpack(_LEGACY_FETCH_PARTITION))
+                for _ in range(self._array_length())))
+            for _ in range(self._array_length()))
         return LegacyFetchRequest(replica_id, max_wait_ms, min_bytes, max_bytes, topics)
+
+    def list_offsets_request(self) -> LegacyListOffsetsRequest:
+        (replica_id,) = self._unpack(_INT32)
+        topics = tuple(
+            LegacyListOffsetsTopic(self._string(), tuple(
+                LegacyListOffsetsPartition(*self._unpack(_LEGACY_LIST_OFFSETS_PARTITION))
+                for _ in range(self._array_length())))
+            for _ in range(self._array_length()))
+        return LegacyListOffsetsRequest(replica_id, topics)
 
     def _unpack(self, layout: struct.Struct) -> tuple:
         values = layout.unpack_from(self._frame, self._position)
@@ -541,19 +591,17 @@ class _LegacyFetchReader:
     def _array_length(self) -> int:
         (count,) = self._unpack(_INT32)
         if count < 0 or count > len(self._frame) - self._position:
-            raise MalformedFrame(f"FetchRequest array of {count} items overruns its frame")
+            raise MalformedFrame(f"{self._name}: array of {count} items overruns its frame")
         return count
 
-    def _topic(self) -> LegacyFetchTopic:
+    def _string(self) -> str:
         (length,) = self._unpack(_INT16)
         end = self._position + length
         if length < 0 or end > len(self._frame):
-            raise MalformedFrame("FetchRequest topic name overruns its frame")
-        name = str(self._frame[self._position:end], "utf-8")
+            raise MalformedFrame(f"{self._name}: string overruns its frame")
+        text = str(self._frame[self._position:end], "utf-8")
         self._position = end
-        partitions = tuple(LegacyFetchPartition(*self._unpack(_LEGACY_FETCH_PARTITION))
-                           for _ in range(self._array_length()))
-        return LegacyFetchTopic(name, partitions)
+        return text
 
 
 def read_entity(entity_class: type, buf: bytes, position: int) -> tuple[Any, int]:

@@ -24,8 +24,9 @@ from headrace.protocol import wire
 from tests.broker.raw_client import RawClient
 from tests.broker.test_clients import _create_topic
 
-PRODUCE, FETCH, API_VERSIONS = 0, 1, 18
+PRODUCE, FETCH, LIST_OFFSETS, API_VERSIONS = 0, 1, 2, 18
 CORRUPT_MESSAGE, INVALID_RECORD, UNSUPPORTED_COMPRESSION_TYPE = 2, 87, 76
+UNSUPPORTED_VERSION = 35
 CLIENT_TIMEOUT_S = 30
 RECORD_COUNT = 30
 OLD_LIBRDKAFKA = {"api.version.request": False, "broker.version.fallback": "0.9.0"}
@@ -71,11 +72,10 @@ def _rdkafka_consume(bootstrap: str, topic: str, config: dict, count: int) -> li
 
 
 def _kafka_python_consume(bootstrap: str, topic: str, api_version, count: int) -> list:
+    """Every record from the earliest offset (found with ListOffsets: v0 for old versions)."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, api_version=api_version,
-                             consumer_timeout_ms=2000)
-    partition = PyTopicPartition(topic, 0)
-    consumer.assign([partition])
-    consumer.seek(partition, 0)
+                             consumer_timeout_ms=2000, auto_offset_reset="earliest")
+    consumer.assign([PyTopicPartition(topic, 0)])
     received = []
     deadline = time.monotonic() + CLIENT_TIMEOUT_S
     while len(received) < count and time.monotonic() < deadline:
@@ -151,7 +151,7 @@ def test_kcat_with_the_0_9_protocol_round_trips(broker):
                     "-z", "snappy"], input="\n".join(lines) + "\n", text=True, check=True,
                    timeout=CLIENT_TIMEOUT_S)
     result = subprocess.run(["kcat", "-b", broker.bootstrap, *old, "-C", "-t", topic, "-p", "0",
-                             "-o", "0", "-e", "-f", "%o %k:%s\n"], capture_output=True,
+                             "-o", "beginning", "-e", "-f", "%o %k:%s\n"], capture_output=True,
                             text=True, check=True, timeout=CLIENT_TIMEOUT_S)
     assert result.stdout.splitlines() == [f"{i} {line}" for i, line in enumerate(lines)]
 
@@ -266,10 +266,37 @@ def test_fetch_below_v10_of_a_zstd_topic_is_unsupported_compression_type(broker)
             assert body.responses[0].partitions[0].error_code == expected
 
 
-def test_api_versions_advertises_produce_from_v0_and_fetch_from_v0(broker):
+def test_api_versions_advertises_produce_fetch_and_list_offsets_from_v0(broker):
     with RawClient(broker.bootstrap) as client:
         response = client.request(API_VERSIONS, 3, {"client_software_name": "t",
                                                      "client_software_version": "1"})
     ranges = {key.api_key: (key.min_version, key.max_version) for key in response.api_keys}
-    assert ranges[PRODUCE][0] == 0 and ranges[FETCH][0] == 0
+    assert ranges[PRODUCE][0] == ranges[FETCH][0] == ranges[LIST_OFFSETS][0] == 0
     assert wire.response_is_flexible(PRODUCE, 2) is False
+
+
+def _list_offsets_v0(bootstrap: str, topic: str, timestamp: int, max_num_offsets: int,
+                     replica_id: int = -1) -> tuple[int, list[int]]:
+    """(error_code, old_style_offsets) of partition 0 from a hand-made ListOffsets v0."""
+    body = struct.pack(">iih", replica_id, 1, len(topic)) + topic.encode()
+    body += struct.pack(">iiqi", 1, 0, timestamp, max_num_offsets)
+    with RawClient(bootstrap) as client:
+        client.send_bytes(struct.pack(">i", 10 + len("raw") + len(body)) +
+                          struct.pack(">hhih", LIST_OFFSETS, 0, 1, 3) + b"raw" + body)
+        frame = client.receive_frame()
+    position = 4 + 4 + 2 + len(topic) + 4
+    _, error_code, count = struct.unpack_from(">ihi", frame, position)
+    return error_code, list(struct.unpack_from(f">{count}q", frame, position + 10))
+
+
+def test_list_offsets_v0_answers_kafkas_legacy_offsets_before(broker):
+    topic = _one_partition_topic(broker.bootstrap, {"segment.bytes": "1024"})
+    for _ in range(8):  # ~0.4 KB batches: a 1 KB segment holds two
+        _produce_v2_batch(broker.bootstrap, topic, 30)
+    assert _list_offsets_v0(broker.bootstrap, topic, -2, 1) == (0, [0])
+    assert _list_offsets_v0(broker.bootstrap, topic, -1, 1) == (0, [240])
+    error_code, offsets = _list_offsets_v0(broker.bootstrap, topic, -1, 10)
+    assert (error_code, offsets[0], offsets[-1]) == (0, 240, 0)  # the end, segment bases
+    assert offsets == sorted(set(offsets), reverse=True) and len(offsets) >= 3
+    assert _list_offsets_v0(broker.bootstrap, topic, 0, 10) == (0, [])  # nothing that old
+    assert _list_offsets_v0(broker.bootstrap, topic, -3, 1)[0] == UNSUPPORTED_VERSION
