@@ -280,3 +280,17 @@ def test_nothing_converted_sends_one_overflow_entry_and_nothing_fetched_nothing(
     assert message_format.down_converted_records(control, 1, 0) == \
         struct.pack(">qi", -1, 61)
     assert message_format.down_converted_records(b"", 1, 0) == b""
+
+
+@settings(max_examples=500)
+@given(st.sampled_from([NONE, GZIP]), st.integers(0, 1),
+       st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=6),
+       st.integers(0, 60))
+def test_damaged_batches_down_convert_or_raise_only_kafka_errors(codec, to_magic, flips, cut):
+    damaged = bytearray(build_batch(_v2_records(5), compression=codec))
+    for position, value in flips:
+        damaged[position % len(damaged)] = value
+    try:
+        message_format.down_converted_records(bytes(damaged[: len(damaged) - cut]), to_magic, 0)
+    except KafkaError:
+        pass
