@@ -142,6 +142,30 @@ def test_kafka_python_old_api_versions_round_trip(broker, api_version, codec):
         assert [m.timestamp for m in received] == [now_ms + i for i in range(RECORD_COUNT)]
 
 
+def test_a_librdkafka_0_9_consumer_group_resumes_from_its_committed_offsets(broker):
+    topic = _one_partition_topic(broker.bootstrap)
+    records = _records()
+    _rdkafka_produce(broker.bootstrap, topic, OLD_LIBRDKAFKA, records)
+    group = {**OLD_LIBRDKAFKA, "bootstrap.servers": broker.bootstrap, "group.id": topic,
+             "auto.offset.reset": "earliest", "enable.auto.commit": False}
+    offsets = []
+    for wanted, commit in ((RECORD_COUNT // 2, True), (RECORD_COUNT - RECORD_COUNT // 2, False)):
+        consumer = Consumer(group)
+        consumer.subscribe([topic])
+        received: list = []
+        deadline = time.monotonic() + CLIENT_TIMEOUT_S
+        while len(received) < wanted and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None:
+                assert message.error() is None, message.error()
+                received.append(message)
+        if commit:
+            consumer.commit(message=received[-1], asynchronous=False)
+        consumer.close()
+        offsets += [message.offset() for message in received]
+    assert offsets == list(range(RECORD_COUNT))
+
+
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed (make system-deps)")
 def test_kcat_with_the_0_9_protocol_round_trips(broker):
     topic = _one_partition_topic(broker.bootstrap)
