@@ -3,10 +3,11 @@
 Limits: each partition returns at most ``partition_max_bytes`` and the response at most
 ``max_bytes`` (v3+; none before), except that from v3 on the first partition with data
 returns at least one whole batch (KIP-74) so a consumer always progresses (v0-2 have a hard
-limit, as in Kafka: a first batch larger than it is not returned). Every partition carries the high watermark, the
-last stable offset (= high watermark: no transactions) and the log start offset; errors are
-per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID for v13+
-requests by topic id, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError``).
+limit, as in Kafka: a first batch larger than it is not returned). Every partition carries
+the high watermark, the last stable offset (= high watermark: no transactions) and the log
+start offset; errors are per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
+UNKNOWN_TOPIC_ID for v13+ requests by topic id, KAFKA_STORAGE_ERROR when reading the log
+raises an ``OSError``).
 read_committed is accepted and behaves as read_uncommitted.
 
 Topic ids (v13+) resolve through ``_TopicIds``, a per-broker id -> name map rebuilt from the

@@ -30,7 +30,8 @@ hands jobs to the append thread, so an inline append never overlaps one. Event l
 otherwise.
 
 The response body is encoded by hand (``encode_produce_body``, versions 0-12; a test checks
-it byte for byte against kio's encoder), which costs a fraction of building kio entities::
+v3-12 byte for byte against kio's encoder, which lacks v0-2: the old-protocol broker tests
+check those), which costs a fraction of building kio entities::
 
     responses [ name string
                 partition_responses [ index int32, error_code int16, base_offset int64,
