@@ -167,9 +167,10 @@ def test_a_librdkafka_0_9_consumer_group_resumes_from_its_committed_offsets(brok
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed (make system-deps)")
-def test_kcat_with_the_0_9_protocol_round_trips(broker):
+@pytest.mark.parametrize("fallback", ["0.8.2", "0.9.0"])
+def test_kcat_with_old_protocols_round_trips(broker, fallback):
     topic = _one_partition_topic(broker.bootstrap)
-    old = ["-X", "api.version.request=false", "-X", "broker.version.fallback=0.9.0"]
+    old = ["-X", "api.version.request=false", "-X", f"broker.version.fallback={fallback}"]
     lines = [f"key-{i}:value-{i}" for i in range(RECORD_COUNT)]
     subprocess.run(["kcat", "-b", broker.bootstrap, *old, "-P", "-t", topic, "-p", "0", "-K:",
                     "-z", "snappy"], input="\n".join(lines) + "\n", text=True, check=True,
