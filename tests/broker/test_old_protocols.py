@@ -291,6 +291,14 @@ def test_fetch_below_v10_of_a_zstd_topic_is_unsupported_compression_type(broker)
             assert body.responses[0].partitions[0].error_code == expected
 
 
+def test_a_topic_without_down_conversion_answers_old_fetches_unsupported_version(broker):
+    topic = _one_partition_topic(broker.bootstrap, {"message.downconversion.enable": "false"})
+    _produce_v2_batch(broker.bootstrap, topic, 3)
+    assert _fetch(broker.bootstrap, 3, topic, 1_000_000) == (UNSUPPORTED_VERSION, -1, b"")
+    received = _rdkafka_consume(broker.bootstrap, topic, {}, 3)  # v4+ read the batches as is
+    assert [m.value() for m in received] == [b"v0", b"v1", b"v2"]
+
+
 def test_api_versions_advertises_produce_fetch_and_list_offsets_from_v0(broker):
     with RawClient(broker.bootstrap) as client:
         response = client.request(API_VERSIONS, 3, {"client_software_name": "t",

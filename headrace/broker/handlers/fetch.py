@@ -23,7 +23,8 @@ to send full fetch requests; a request naming a session id gets FETCH_SESSION_ID
 Responses are ``RawResponse``s from fetch_response.py: record bytes go out by sendfile --
 except for v0-3, whose clients cannot read v2 batches: their records are down-converted
 (v0-1 to magic 0, v2-3 to magic 1, ``message_format.down_converted_records``) on a worker
-thread and sent as bytes. As in Kafka's KafkaApis: a topic whose compression.type is zstd
+thread and sent as bytes (a topic with message.downconversion.enable=false answers them
+UNSUPPORTED_VERSION instead). As in Kafka's KafkaApis: a topic whose compression.type is zstd
 answers UNSUPPORTED_COMPRESSION_TYPE to every version below 10, a zstd batch met first in a
 down-conversion does too, and KAFKA_STORAGE_ERROR is sent as NOT_LEADER_OR_FOLLOWER to
 versions 0-5, which do not know it.
@@ -52,6 +53,7 @@ from headrace.errors import (
     UnknownTopicId,
     UnknownTopicOrPartition,
     UnsupportedCompressionType,
+    UnsupportedVersion,
 )
 from headrace.protocol import message_format, wire
 
@@ -238,6 +240,9 @@ def _for_old_clients(version: int, plan: _FetchPlan, topics: list[TopicData]) ->
                                                                 strict=True)):
             if log is not None and log.config.compression_type == "zstd":
                 data = PartitionData(data.partition_index, UnsupportedCompressionType.code)
+            elif (log is not None and version <= LAST_MAGIC_V1_VERSION
+                  and not log.config.message_downconversion_enable):
+                data = PartitionData(data.partition_index, UnsupportedVersion.code)
             elif data.slices and version <= LAST_MAGIC_V1_VERSION:
                 data = _down_convert(partition, log, data, to_magic)
             if data.error_code == KafkaStorageError.code and \
