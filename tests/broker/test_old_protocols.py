@@ -221,6 +221,13 @@ def test_produce_v0_to_v2_answers_corrupt_message_for_a_bad_crc(broker, version,
     assert [(m.offset(), m.value()) for m in received] == [(0, b"good")]
 
 
+def test_produce_v0_to_v2_take_v2_batches_too_as_kafka_does(broker):
+    topic = _one_partition_topic(broker.bootstrap)
+    batch = record_codec.build_batch([(b"k", b"v2 batch", [], int(time.time() * 1000))])
+    assert [_produce(broker.bootstrap, version, topic, batch)[:2] for version in (0, 1, 2)] == [
+        (0, 0), (0, 1), (0, 2)]
+
+
 def test_produce_v3_refuses_magic_0_and_1_as_kafka_does(broker):
     topic = _one_partition_topic(broker.bootstrap)
     legacy = _legacy_message(0, 1, b"k", b"v")
