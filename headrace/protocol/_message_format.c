@@ -271,9 +271,11 @@ static int append_v2_record(Output *out, UpState *state, int64_t timestamp,
 /*
  * Convert the legacy messages of buf[*pos..length) into v2 records appended to out.
  * inner_magic < 0: an outer set; a compressed message stops the walk and is returned in
- * *wrapper (*found = 1) with *pos after it. inner_magic >= 0: the decompressed set of a
- * wrapper of that magic: every message must have it and be uncompressed; with
- * force_timestamp, forced_timestamp replaces each one's (a magic 1 wrapper with LogAppendTime).
+ * *wrapper (*found = 1) with *pos after it. inner_magic >= 0: a piece of the decompressed
+ * set of a wrapper of that magic, which may end inside a message (the walk stops there, *pos
+ * at its start, for the caller to append the next inflated chunk): every message must have
+ * that magic and be uncompressed; with force_timestamp, forced_timestamp replaces each one's
+ * (a magic 1 wrapper with LogAppendTime).
  */
 static int legacy_to_records(const uint8_t *buf, size_t length, size_t *pos, int inner_magic,
                              int force_timestamp, int64_t forced_timestamp, UpState *state, Output *out,
@@ -282,16 +284,22 @@ static int legacy_to_records(const uint8_t *buf, size_t length, size_t *pos, int
     *found = 0;
     while (*pos < length) {
         size_t at = *pos;
-        if (length - at < LOG_OVERHEAD_BYTES)
+        if (length - at < LOG_OVERHEAD_BYTES) {
+            if (inner_magic >= 0)
+                return 0; /* the rest of an inflating wrapper comes in the next chunk */
             return fail(f, FAIL_CORRUPT, "legacy message at byte %zu is truncated", at);
+        }
         int64_t offset = (int64_t)be64(buf + at);
         int32_t size = (int32_t)be32(buf + at + 8);
         if (size < LEGACY_V0_OVERHEAD_BYTES)
             return fail(f, FAIL_CORRUPT, "legacy message at offset %lld has size %d, below the "
                         "minimum of %d", (long long)offset, size, LEGACY_V0_OVERHEAD_BYTES);
-        if ((size_t)size > length - at - LOG_OVERHEAD_BYTES)
+        if ((size_t)size > length - at - LOG_OVERHEAD_BYTES) {
+            if (inner_magic >= 0)
+                return 0;
             return fail(f, FAIL_CORRUPT, "legacy message at offset %lld overruns its set",
                         (long long)offset);
+        }
         const uint8_t *message = buf + at + LOG_OVERHEAD_BYTES, *end = message + size;
         int magic = message[4], attributes = message[5];
         if (magic > 1)

@@ -19,7 +19,9 @@ wrong header checksum, see ``compression``).
 
 Up-conversion (Kafka's LogValidator on a Produce of magic 0/1): every message's CRC is
 checked (CORRUPT_MESSAGE), inner messages must share their wrapper's magic and be
-uncompressed (INVALID_RECORD), and all records become one v2 batch with offsets 0..n-1 (the
+uncompressed (INVALID_RECORD), a wrapper's value is parsed as it inflates (a chunk at a time,
+at most ``compression.MAX_RECORDS_SECTION_BYTES``: a decompression bomb is refused at its
+first bad inner message, holding at most one message), and all records become one v2 batch with offsets 0..n-1 (the
 log assigns the real ones), the records' timestamps (-1 for magic 0; a magic 1 wrapper's
 with LogAppendTime), no headers, no producer id, compressed with the codec of the set's last
 compressed message (``compression.type=producer``; the log recompresses for another).
@@ -40,8 +42,14 @@ Pure functions; thread-safe (the compiled loops release the GIL).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
-from headrace.errors import InvalidRecord, UnsupportedCompressionType
+from headrace.errors import (
+    CorruptMessage,
+    InvalidRecord,
+    MessageTooLarge,
+    UnsupportedCompressionType,
+)
 from headrace.protocol import _message_format
 from headrace.protocol import compression as codecs
 from headrace.protocol.batch import (
@@ -83,16 +91,22 @@ def upconvert(message_set: bytes | bytearray | memoryview) -> bytes:
             continue
         offset, magic, attributes, timestamp, value_at, value_length = wrapper
         codec = attributes & COMPRESSION_MASK
-        inner = _decompress_wrapper(codec, magic, offset, view[value_at:value_at + value_length])
         log_append_time = magic == MAGIC_V1 and bool(attributes & LEGACY_TIMESTAMP_TYPE_BIT)
-        section, _, inner_next_delta, base_timestamp, max_timestamp, _ = (
-            _message_format.legacy_to_records(
-                inner, 0, next_delta, base_timestamp, max_timestamp, magic, log_append_time,
-                timestamp))
-        if inner_next_delta == next_delta:
+        first_delta = next_delta
+        unparsed = bytearray()  # the inflated bytes of a message not yet whole: at most one
+        for chunk in _inflate_wrapper(codec, magic, offset, view[value_at:value_at + value_length]):
+            unparsed += chunk
+            section, used, next_delta, base_timestamp, max_timestamp, _ = (
+                _message_format.legacy_to_records(
+                    unparsed, 0, next_delta, base_timestamp, max_timestamp, magic,
+                    log_append_time, timestamp))
+            sections.append(section)
+            del unparsed[:used]
+        if unparsed:
+            raise CorruptMessage(f"the last inner message of the message at offset {offset} "
+                                 "is truncated")
+        if next_delta == first_delta:
             raise InvalidRecord(f"compressed message at offset {offset} holds no messages")
-        next_delta = inner_next_delta
-        sections.append(section)
     if next_delta == 0:
         return b""
     header_fields = (0, NO_PARTITION_LEADER_EPOCH, codec, next_delta - 1, base_timestamp,
@@ -100,11 +114,17 @@ def upconvert(message_set: bytes | bytearray | memoryview) -> bytes:
     return seal_batch(header_fields, codecs.compress(codec, b"".join(sections)))
 
 
-def _decompress_wrapper(codec: int, magic: int, offset: int, value: memoryview) -> bytes:
+def _inflate_wrapper(codec: int, magic: int, offset: int, value: memoryview) -> Iterator[bytes]:
+    """A wrapper's value inflated a chunk at a time, at most ``MAX_RECORDS_SECTION_BYTES``
+    in all (a bomb is refused at its first bad inner message, never inflated whole)."""
     if codec not in LEGACY_CODECS:
         raise UnsupportedCompressionType(
             f"codec {codec} of the message at offset {offset} has no magic {magic} form")
-    return codecs.decompress(codec, value, legacy_lz4_header_checksum=magic == MAGIC_V0)
+    try:
+        yield from codecs.iter_decompressed(codec, value, codecs.MAX_RECORDS_SECTION_BYTES,
+                                            legacy_lz4_header_checksum=magic == MAGIC_V0)
+    except MessageTooLarge as error:
+        raise CorruptMessage(f"compressed message at offset {offset}: {error.message}") from error
 
 
 # ---------------------------------------------------------------- down-conversion

@@ -84,6 +84,23 @@ def test_upconvert_of_several_wrappers_makes_one_batch_with_the_last_codec():
     assert [r.value for r in batch.records] == [r.value for r in decode_legacy(legacy)]
 
 
+@pytest.mark.parametrize("codec", [GZIP, SNAPPY, LZ4])
+def test_a_wrapper_inflating_over_several_chunks_keeps_messages_across_chunk_ends(codec):
+    builder = LegacyRecordBatchBuilder(magic=1, compression_type=codec, batch_size=1 << 24)
+    values = [b"%05d" % i * (i % 700 + 1) for i in range(1500)]  # ~2.6 MB inflated
+    for index, value in enumerate(values):
+        builder.append(index, timestamp=NOW_MS, key=None, value=value)
+    batch = decode_batch(message_format.upconvert(bytes(builder.build())))
+    assert [r.value for r in batch.records] == values
+
+
+def test_a_wrapper_ending_inside_an_inner_message_is_corrupt():
+    inner = _legacy_entry(0, _v1_body(0, 100, b"a", b"x" * 50))
+    wrapper = _legacy_entry(0, _v1_body(GZIP, 100, None, gzip.compress(inner[:-7])))
+    with pytest.raises(CorruptMessage, match="truncated"):
+        message_format.upconvert(wrapper)
+
+
 def test_upconvert_of_an_empty_set_is_empty():
     assert message_format.upconvert(b"") == b""
 

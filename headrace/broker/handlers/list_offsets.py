@@ -59,7 +59,7 @@ def legacy_offsets_before(log, timestamp: int, max_num_offsets: int, now_ms: int
                           from_consumer: bool) -> list[int]:
     """Kafka's ``legacyFetchOffsetsBefore`` (and a consumer's high-watermark cap) for v0."""
     segments = log.segments
-    entries = [(max(segment.base_offset, log.log_start_offset), segment.last_modified_ms)
+    entries = [(max(segment.base_offset, log.log_start_offset), segment.last_modified_ms())
                for segment in segments]
     if segments[-1].size_bytes > 0:
         entries.append((log.log_end_offset, now_ms))
