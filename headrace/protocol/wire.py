@@ -30,9 +30,9 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
 
   v9+ are flexible: compact arrays, strings and bytes (unsigned varint length + 1) and a
   tagged-field section (skipped) after each struct.
-  Produce v0-2, Fetch v0-3 and ListOffsets v0 (``HAND_CODED_VERSIONS``) have no kio schema, so no pre-pass:
-  their readers bound every length and count by the frame themselves. Fetch v0-3 becomes a
-  ``LegacyFetchRequest``::
+  Produce v0-2, Fetch v0-3 and ListOffsets v0 (``HAND_CODED_VERSIONS``) have no kio
+  schema, so no pre-pass: their readers bound every length and count by the frame
+  themselves. Fetch v0-3 becomes a ``LegacyFetchRequest``::
 
       replica_id int32, max_wait_ms int32, min_bytes int32, max_bytes int32 (v3),
       topics [ topic string, partitions [ partition int32, fetch_offset int64,
