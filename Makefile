@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test install system-deps lint bench clean kernel-asan
 
-$(STAMP): pyproject.toml setup.py headrace/protocol/_kernel.c headrace/protocol/_prepass.c
+$(STAMP): pyproject.toml setup.py headrace/protocol/_kernel.c headrace/protocol/_prepass.c \
+		headrace/protocol/_message_format.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip >/dev/null
 	$(BIN)/pip install -e '.[spark,test]'

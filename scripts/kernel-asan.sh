@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds the C extensions (the record kernel, headrace/protocol/_kernel.c, and the request
-# pre-pass walker, _prepass.c) with AddressSanitizer and UBSan into build/kernel-asan/ and
-# runs their tests against them: tests/protocol/test_kernel*.py (the kernel fuzzer among
-# them), test_prepass.py, and tests/fuzz/test_wire_decode_fuzz.py, which feeds the walker
+# Builds the C extensions (the record kernel, headrace/protocol/_kernel.c, the request
+# pre-pass walker, _prepass.c, and the message-format conversion, _message_format.c) with
+# AddressSanitizer and UBSan into build/kernel-asan/ and runs their tests against them:
+# tests/protocol/test_kernel*.py (the kernel fuzzer among them), test_prepass.py,
+# test_message_format.py, and tests/fuzz/test_wire_decode_fuzz.py, which feeds the walker
 # the wire fuzzer's malformed requests. A second build shrinks HELD_VIEWS_MAX so that the
 # held-buffer bounds check is reached. Any sanitizer finding aborts the run (non-zero exit).
 #
@@ -49,6 +50,6 @@ run() {
 
 build default ""
 run default tests/protocol/test_kernel*.py tests/protocol/test_prepass.py \
-    tests/fuzz/test_wire_decode_fuzz.py
+    tests/protocol/test_message_format.py tests/fuzz/test_wire_decode_fuzz.py
 build small-held-views "-DHELD_VIEWS_MAX=8"
 run small-held-views tests/protocol/test_kernel_bounds.py

@@ -35,6 +35,7 @@ from headrace.protocol.records import write_varint
 
 PRODUCE = 0
 PRODUCE_VERSION = 9
+LEGACY_PRODUCE_VERSION = 2  # the last that carries magic 0/1 message sets (up-converted)
 ZERO_CHUNK = bytes(1 << 20)
 RSS_SAMPLE_INTERVAL_S = 0.002
 SHAPES = ("record", "zeros")
@@ -84,15 +85,27 @@ def bomb_batch(codec: int, shape: str, inflated_bytes: int, timestamp_ms: int) -
     return struct.pack(">qiibI", 0, 9 + len(covered), -1, 2, crc32c.crc32c(covered)) + covered
 
 
-def produce_frame(topic: str, batch: bytes, correlation_id: int = 1) -> bytes:
-    body = wire.build(wire.request_class(PRODUCE, PRODUCE_VERSION), {
+def produce_frame(topic: str, batch: bytes, correlation_id: int = 1,
+                  version: int = PRODUCE_VERSION) -> bytes:
+    """A Produce request of ``batch`` to partition 0; ``LEGACY_PRODUCE_VERSION`` (magic 0/1
+    message sets, which kio has no schema for) is written by hand."""
+    if version == LEGACY_PRODUCE_VERSION:
+        name = topic.encode()
+        body = struct.pack(">hiih", -1, 30000, 1, len(name)) + name
+        body += struct.pack(">iii", 1, 0, len(batch)) + batch
+        header = struct.pack(">hhih", PRODUCE, version, correlation_id, 4) + b"bomb"
+        return struct.pack(">i", len(header) + len(body)) + header + body
+    body = wire.build(wire.request_class(PRODUCE, version), {
         "acks": -1, "timeout": 30000, "topic_data": [
             {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
-    return wire.encode_request(PRODUCE, PRODUCE_VERSION, correlation_id, "bomb", body)
+    return wire.encode_request(PRODUCE, version, correlation_id, "bomb", body)
 
 
-def produce_error_code(response_frame: bytes) -> int:
-    _, body = wire.decode_response(PRODUCE, PRODUCE_VERSION, response_frame)
+def produce_error_code(response_frame: bytes, version: int = PRODUCE_VERSION) -> int:
+    if version == LEGACY_PRODUCE_VERSION:  # correlation id, 1 topic, name, 1 partition, index
+        (name_bytes,) = struct.unpack_from(">h", response_frame, 8)
+        return struct.unpack_from(">h", response_frame, 18 + name_bytes)[0]
+    _, body = wire.decode_response(PRODUCE, version, response_frame)
     return body.responses[0].partition_responses[0].error_code
 
 

@@ -311,7 +311,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.write(data)
 
     async def _write_raw(self, header: wire.RequestHeader, response: RawResponse) -> None:
-        flexible = wire.response_class(header.api_key, header.api_version).__flexible__
+        flexible = wire.response_is_flexible(header.api_key, header.api_version)
         header_bytes = wire.response_header_bytes(header, flexible)
         head = _INT32.pack(len(header_bytes) + response.size_bytes) + header_bytes
         parts = response.parts

@@ -1,14 +1,14 @@
-"""A hand-written Fetch response encoder (versions 4-16) that never copies record data.
+"""A hand-written Fetch response encoder (versions 0-16) that never copies record data.
 
 Kafka's FetchResponse body, per version (v12+ "flexible": compact arrays/strings/bytes as
 unsigned varint length+1, and an empty tagged-field section after each struct)::
 
-    throttle_time_ms int32
+    throttle_time_ms int32                              (v1+)
     error_code int16, session_id int32                  (v7+)
-    responses [ topic string (v4-12) | topic_id uuid (v13+)
+    responses [ topic string (v0-12) | topic_id uuid (v13+)
                 partitions [ partition_index int32, error_code int16, high_watermark int64,
-                             last_stable_offset int64, log_start_offset int64 (v5+),
-                             aborted_transactions [producer_id int64, first_offset int64],
+                             last_stable_offset int64 (v4+), log_start_offset int64 (v5+),
+                             aborted_transactions [producer_id int64, first_offset int64] (v4+),
                              preferred_read_replica int32 (v11+),
                              records nullable bytes ] ]
 
@@ -33,9 +33,10 @@ FIRST_TOPIC_ID_VERSION = 13
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 # A partition's fields up to its records, per version: index, error, high watermark, last
-# stable offset, log start offset (v5+), aborted_transactions count (int32, or compact
+# stable offset (v4+), log start offset (v5+), aborted_transactions count (v4+: int32, or compact
 # "length + 1" byte when flexible), preferred_read_replica (v11+), records length (int32;
 # flexible versions append it as an unsigned varint after this fixed part).
+_V0_PARTITION_HEAD = struct.Struct(">ihqi")
 _V4_PARTITION_HEAD = struct.Struct(">ihqqii")
 _V5_PARTITION_HEAD = struct.Struct(">ihqqqii")
 _V11_PARTITION_HEAD = struct.Struct(">ihqqqiii")
@@ -50,7 +51,7 @@ class PartitionData:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    slices: tuple[Any, ...] = ()  # storage FileSlices of whole batches
+    slices: tuple[Any, ...] = ()  # storage FileSlices of whole batches, or bytes
     size_bytes: int = 0
 
 
@@ -94,7 +95,9 @@ def _partition_head(partition: PartitionData, version: int) -> bytes:
     if version >= 5:
         return _V5_PARTITION_HEAD.pack(*fields, partition.log_start_offset,
                                        NO_ABORTED_TRANSACTIONS, size)
-    return _V4_PARTITION_HEAD.pack(*fields, NO_ABORTED_TRANSACTIONS, size)
+    if version >= 4:
+        return _V4_PARTITION_HEAD.pack(*fields, NO_ABORTED_TRANSACTIONS, size)
+    return _V0_PARTITION_HEAD.pack(*fields[:3], size)
 
 
 def encode_fetch_body(
@@ -102,7 +105,7 @@ def encode_fetch_body(
 ) -> tuple[list[Any], int]:
     """(parts, total size in bytes) of a Fetch response body of ``version``."""
     flexible = version >= FIRST_FLEXIBLE_VERSION
-    pending = bytearray(_INT32.pack(0))  # throttle_time_ms
+    pending = bytearray(_INT32.pack(0) if version >= 1 else b"")  # throttle_time_ms
     if version >= 7:
         pending += _INT16.pack(error_code) + _INT32.pack(session_id)
     pending += _array_length(len(topics), flexible)

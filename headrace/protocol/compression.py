@@ -133,8 +133,17 @@ def codec_name(codec: int) -> str:
     return CODEC_NAMES[codec]
 
 
-def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
-    """Compress ``data`` with ``codec`` in the format Kafka's own broker writes."""
+def compress(
+    codec: int,
+    data: bytes | bytearray | memoryview,
+    *,
+    legacy_lz4_header_checksum: bool = False,
+) -> bytes:
+    """Compress ``data`` with ``codec`` in the format Kafka's own broker writes.
+
+    ``legacy_lz4_header_checksum``: the output goes into a magic-0 message, whose LZ4 frame
+    header checksum Kafka computes wrongly (over the frame magic too); it is written so.
+    """
     _check_codec(codec)
     if codec == NONE:
         return bytes(data)
@@ -143,7 +152,8 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
     if codec == SNAPPY:
         return _xerial_snappy_compress(data)
     if codec == LZ4:
-        return bytes(cramjam.lz4.compress(data))
+        frame = bytes(cramjam.lz4.compress(data))
+        return _legacy_lz4_header_checksum(frame) if legacy_lz4_header_checksum else frame
     return bytes(cramjam.zstd.compress(data))
 
 
@@ -497,6 +507,20 @@ def _raw_snappy_block(block: memoryview, budget: _OutputBudget) -> bytearray:
 def _repair_lz4_header_checksum(data: bytes | bytearray | memoryview) -> bytes:
     """Rewrite the frame descriptor's checksum byte: ``(xxh32(descriptor) >> 8) & 0xFF``."""
     frame = bytearray(data)
+    checksum_pos = _lz4_header_checksum_position(frame)
+    frame[checksum_pos] = (xxh32(bytes(frame[4:checksum_pos])) >> 8) & 0xFF
+    return bytes(frame)
+
+
+def _legacy_lz4_header_checksum(data: bytes) -> bytes:
+    """The frame with Kafka's magic-0 checksum byte: xxh32 of magic and descriptor."""
+    frame = bytearray(data)
+    checksum_pos = _lz4_header_checksum_position(frame)
+    frame[checksum_pos] = (xxh32(bytes(frame[:checksum_pos])) >> 8) & 0xFF
+    return bytes(frame)
+
+
+def _lz4_header_checksum_position(frame: bytearray) -> int:
     if len(frame) < 7 or bytes(frame[:4]) != LZ4_FRAME_MAGIC:
         raise CorruptMessage("lz4 frame magic missing")
     flags = frame[4]
@@ -506,8 +530,7 @@ def _repair_lz4_header_checksum(data: bytes | bytearray | memoryview) -> bytes:
     checksum_pos = 4 + descriptor_bytes
     if len(frame) <= checksum_pos:
         raise CorruptMessage("lz4 frame descriptor truncated")
-    frame[checksum_pos] = (xxh32(bytes(frame[4:checksum_pos])) >> 8) & 0xFF
-    return bytes(frame)
+    return checksum_pos
 
 
 _PRIME32_1 = 0x9E3779B1

@@ -1,4 +1,4 @@
-"""Kafka records: build and decode v2 record batches, read and up-convert legacy message sets.
+"""Kafka records: build and decode v2 record batches, read legacy message sets.
 
 Owns the record-level formats below the batch header (``batch.py`` owns the header).
 
@@ -280,11 +280,15 @@ def build_batch(
         base_sequence,
         len(records),
     )
-    return _seal_batch(header_fields, codecs.compress(compression, payload))
+    return seal_batch(header_fields, codecs.compress(compression, payload))
 
 
-def _seal_batch(header_fields: tuple[int, ...], records_section: bytes) -> bytes:
-    """Header + records section with batch_length, magic and the CRC-32C filled in."""
+def seal_batch(header_fields: tuple[int, ...], records_section: bytes) -> bytes:
+    """Header + records section with batch_length, magic and the CRC-32C filled in.
+
+    ``header_fields``: base_offset, partition_leader_epoch, attributes, last_offset_delta,
+    base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, records_count.
+    """
     base_offset, partition_leader_epoch, *rest = header_fields
     batch_length = BATCH_HEADER_BYTES - LOG_OVERHEAD_BYTES + len(records_section)
     fields = (base_offset, batch_length, partition_leader_epoch, CURRENT_MAGIC, 0, *rest)
@@ -357,7 +361,7 @@ def recompress_batch(buf: bytes | bytearray | memoryview, pos: int, codec: int,
         header.base_sequence,
         header.records_count,
     )
-    return _seal_batch(header_fields, b"".join(parts))
+    return seal_batch(header_fields, b"".join(parts))
 
 
 def section_chunks(header: BatchHeader, payload: bytes | bytearray | memoryview,
@@ -651,18 +655,6 @@ def decode_legacy(buf: bytes | bytearray | memoryview) -> list[Record]:
     for message in _iter_legacy_messages(memoryview(buf)):
         records.extend(_expand_legacy(message))
     return records
-
-
-def upconvert_legacy(buf: bytes | bytearray | memoryview) -> bytes:
-    """One v2 batch holding the records of a legacy message set (keys, values,
-    timestamps), compressed with the set's codec, offsets 0..n-1 for the broker to
-    assign. An empty set gives empty bytes."""
-    messages = list(_iter_legacy_messages(memoryview(buf)))
-    records = [record for message in messages for record in _expand_legacy(message)]
-    if not records:
-        return b""
-    codec = next((m.compression for m in messages if m.compression), codecs.NONE)
-    return build_batch(records, compression=codec)
 
 
 def _iter_legacy_messages(view: memoryview) -> Iterator[_LegacyMessage]:

@@ -22,14 +22,26 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
   and count of the body against the frame (``prepass``: kio's native reader allocates from
   them unchecked, and accepts a null where the schema has none), then decodes the body into
   kio's frozen dataclass for that API key and version -- except Produce (key 0, versions
-  3-12), decoded by hand into ``ProduceRequest`` whose records are read-only memoryviews of
+  0-12), decoded by hand into ``ProduceRequest`` whose records are read-only memoryviews of
   the frame (kio would copy every partition's records; the log writes them from the frame)::
 
-      transactional_id nullable string, acks int16, timeout_ms int32,
+      transactional_id nullable string (v3+), acks int16, timeout_ms int32,
       topic_data [ name string, partition_data [ index int32, records nullable bytes ] ]
 
   v9+ are flexible: compact arrays, strings and bytes (unsigned varint length + 1) and a
   tagged-field section (skipped) after each struct.
+  Produce v0-2, Fetch v0-3 and ListOffsets v0 (``HAND_CODED_VERSIONS``) have no kio
+  schema, so no pre-pass: their readers bound every length and count by the frame
+  themselves. Fetch v0-3 becomes a ``LegacyFetchRequest``::
+
+      replica_id int32, max_wait_ms int32, min_bytes int32, max_bytes int32 (v3),
+      topics [ topic string, partitions [ partition int32, fetch_offset int64,
+                                          partition_max_bytes int32 ] ]
+
+  and ListOffsets v0 a ``LegacyListOffsetsRequest``::
+
+      replica_id int32, topics [ name string, partitions [ partition_index int32,
+                                 timestamp int64, max_num_offsets int32 ] ]
 * ``encode_response(header, body)`` produces a complete length-prefixed response frame.
 * ``encode_request`` / ``decode_response`` are the client-side mirror, used by headrace's
   own tools and tests.
@@ -97,7 +109,14 @@ from headrace.protocol.prepass import problem_in  # noqa: E402
 
 API_VERSIONS_KEY = 18
 PRODUCE_KEY = 0
+FETCH_KEY = 1
+LIST_OFFSETS_KEY = 2
 HAND_DECODED_PRODUCE_VERSIONS = range(3, 13)  # v13 names topics by id: left to kio
+LEGACY_FETCH_VERSIONS = range(0, 4)  # kio 0.6.5 knows Fetch from v4 only
+FIRST_FETCH_MAX_BYTES_VERSION = 3
+# Versions served whose schemas kio lacks: encoded and decoded by hand, never flexible.
+HAND_CODED_VERSIONS = {PRODUCE_KEY: range(0, 3), FETCH_KEY: LEGACY_FETCH_VERSIONS,
+                       LIST_OFFSETS_KEY: range(0, 1)}
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
 RECEIVE_BUFFER_BYTES = 128 * 1024  # FrameReceiver's reused buffer, per connection
 LARGE_FRAME_MIN_BYTES = 64 * 1024  # larger frames are received into a buffer of their own
@@ -107,6 +126,9 @@ SPARE_FRAME_MAX_BYTES = 2 * 1024 * 1024  # larger frames' buffers are not kept
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _PRODUCE_ACKS_TIMEOUT = struct.Struct(">hi")
+_LEGACY_FETCH_HEAD = struct.Struct(">iii")  # replica_id, max_wait_ms, min_bytes
+_LEGACY_FETCH_PARTITION = struct.Struct(">iqi")  # partition, fetch_offset, partition_max_bytes
+_LEGACY_LIST_OFFSETS_PARTITION = struct.Struct(">iqi")  # partition, timestamp, max_num_offsets
 _REQUEST_HEADER = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -305,6 +327,51 @@ class ProduceRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class LegacyFetchPartition:
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyFetchTopic:
+    topic: str
+    partitions: tuple[LegacyFetchPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyFetchRequest:
+    """A Fetch v0-3 request, with kio's field names."""
+
+    replica_id: int
+    max_wait: int  # milliseconds
+    min_bytes: int
+    max_bytes: int | None  # v3 only
+    topics: tuple[LegacyFetchTopic, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyListOffsetsPartition:
+    partition_index: int
+    timestamp: int  # ms, or -1 latest, -2 earliest
+    max_num_offsets: int
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyListOffsetsTopic:
+    name: str
+    partitions: tuple[LegacyListOffsetsPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyListOffsetsRequest:
+    """A ListOffsets v0 request, with kio's field names."""
+
+    replica_id: int
+    topics: tuple[LegacyListOffsetsTopic, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RequestHeader:
     api_key: int
     api_version: int
@@ -366,6 +433,8 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     the body is checked by the pre-pass (``prepass``) before any decoder reads it; a
     malformed body raises MalformedFrame."""
     header, position = parse_request_header(frame)
+    if header.api_version in HAND_CODED_VERSIONS.get(header.api_key, ()):
+        return Request(header, _decode_hand_coded(header, frame, position))
     body_class = request_class(header.api_key, header.api_version)
     if body_class.__flexible__:
         position = skip_tagged_fields(frame, position)
@@ -373,27 +442,47 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     if problem is not None:
         raise MalformedFrame(problem)
     if header.api_key == PRODUCE_KEY and header.api_version in HAND_DECODED_PRODUCE_VERSIONS:
-        return Request(header, _ProduceReader(frame, position, body_class.__flexible__).request())
+        reader = _ProduceReader(frame, position, body_class.__flexible__, transactional=True)
+        return Request(header, reader.request())
     if type(frame) is not bytes:  # a large frame's own buffer: kio's fields must be bytes
         frame = bytes(frame)
     return Request(header, read_entity(body_class, frame, position)[0])
 
 
+def _decode_hand_coded(header: RequestHeader, frame: bytes | bytearray | memoryview,
+                       position: int) -> Any:
+    """The body of a version kio lacks (``HAND_CODED_VERSIONS``: Produce v0-2, Fetch v0-3,
+    ListOffsets v0). Their readers bound every length and count by the frame themselves (no
+    pre-pass: it walks kio's schemas)."""
+    if header.api_key == PRODUCE_KEY:
+        return _ProduceReader(frame, position, flexible=False, transactional=False).request()
+    reader = _LegacyReader(frame, position, header.api_key, header.api_version)
+    try:
+        if header.api_key == FETCH_KEY:
+            return reader.fetch_request()
+        return reader.list_offsets_request()
+    except (struct.error, UnicodeDecodeError) as error:
+        raise MalformedFrame(f"cannot decode api key {header.api_key} v{header.api_version}: "
+                             f"{error}") from error
+
+
 class _ProduceReader:
-    """Decodes one Produce request body (v3+) from ``frame`` at ``position``; records stay
-    views of the frame. Raises MalformedFrame for anything that does not parse."""
+    """Decodes one Produce request body from ``frame`` at ``position`` (``transactional``:
+    v3+, which start with a transactional_id); records stay views of the frame. Raises
+    MalformedFrame for anything that does not parse."""
 
-    __slots__ = ("_frame", "_view", "_position", "_flexible")
+    __slots__ = ("_frame", "_view", "_position", "_flexible", "_transactional")
 
-    def __init__(self, frame: bytes, position: int, flexible: bool) -> None:
+    def __init__(self, frame: bytes, position: int, flexible: bool, transactional: bool) -> None:
         self._frame = frame
         self._view = memoryview(frame).toreadonly()
         self._position = position
         self._flexible = flexible
+        self._transactional = transactional
 
     def request(self) -> ProduceRequest:
         try:
-            transactional_id = self._string(nullable=True)
+            transactional_id = self._string(nullable=True) if self._transactional else None
             acks, timeout_ms = _PRODUCE_ACKS_TIMEOUT.unpack_from(self._frame, self._position)
             self._position += _PRODUCE_ACKS_TIMEOUT.size
             topics = tuple(self._topic() for _ in range(self._array_length()))
@@ -427,7 +516,7 @@ class _ProduceReader:
     def _array_length(self) -> int:
         count = self._length(_INT32)
         if count < 0 or count > len(self._frame) - self._position:
-            raise MalformedFrame(f"ProduceRequest array of {count} items does not fit")
+            raise MalformedFrame(f"ProduceRequest array of {count} items overruns its frame")
         return count
 
     def _span(self, length: int) -> tuple[int, int]:
@@ -457,6 +546,62 @@ class _ProduceReader:
     def _end_struct(self) -> None:
         if self._flexible:
             self._position = skip_tagged_fields(self._frame, self._position)
+
+
+class _LegacyReader:
+    """Reads the non-flexible bodies of Fetch v0-3 and ListOffsets v0 from ``frame`` at
+    ``position``. Raises MalformedFrame (or struct.error, UnicodeDecodeError) for anything
+    that does not parse."""
+
+    __slots__ = ("_frame", "_position", "_version", "_name")
+
+    def __init__(self, frame: bytes | bytearray | memoryview, position: int, api_key: int,
+                 version: int) -> None:
+        self._frame = frame
+        self._position = position
+        self._version = version
+        self._name = f"api key {api_key} v{version}"
+
+    def fetch_request(self) -> LegacyFetchRequest:
+        replica_id, max_wait_ms, min_bytes = self._unpack(_LEGACY_FETCH_HEAD)
+        max_bytes = None
+        if self._version >= FIRST_FETCH_MAX_BYTES_VERSION:
+            (max_bytes,) = self._unpack(_INT32)
+        topics = tuple(
+            LegacyFetchTopic(self._string(), tuple(
+                LegacyFetchPartition(*self._unpack(_LEGACY_FETCH_PARTITION))
+                for _ in range(self._array_length())))
+            for _ in range(self._array_length()))
+        return LegacyFetchRequest(replica_id, max_wait_ms, min_bytes, max_bytes, topics)
+
+    def list_offsets_request(self) -> LegacyListOffsetsRequest:
+        (replica_id,) = self._unpack(_INT32)
+        topics = tuple(
+            LegacyListOffsetsTopic(self._string(), tuple(
+                LegacyListOffsetsPartition(*self._unpack(_LEGACY_LIST_OFFSETS_PARTITION))
+                for _ in range(self._array_length())))
+            for _ in range(self._array_length()))
+        return LegacyListOffsetsRequest(replica_id, topics)
+
+    def _unpack(self, layout: struct.Struct) -> tuple:
+        values = layout.unpack_from(self._frame, self._position)
+        self._position += layout.size
+        return values
+
+    def _array_length(self) -> int:
+        (count,) = self._unpack(_INT32)
+        if count < 0 or count > len(self._frame) - self._position:
+            raise MalformedFrame(f"{self._name}: array of {count} items overruns its frame")
+        return count
+
+    def _string(self) -> str:
+        (length,) = self._unpack(_INT16)
+        end = self._position + length
+        if length < 0 or end > len(self._frame):
+            raise MalformedFrame(f"{self._name}: string overruns its frame")
+        text = str(self._frame[self._position:end], "utf-8")
+        self._position = end
+        return text
 
 
 def read_entity(entity_class: type, buf: bytes, position: int) -> tuple[Any, int]:
@@ -576,6 +721,14 @@ def skip_tagged_fields(buf: bytes, position: int) -> int:
     if position > len(buf):
         raise MalformedFrame("tagged fields overrun the frame")
     return position
+
+
+def response_is_flexible(api_key: int, api_version: int) -> bool:
+    """Whether the response of this version is flexible (header v1): kio's schema says,
+    except for the hand-coded versions kio lacks, none of which are."""
+    if api_version in HAND_CODED_VERSIONS.get(api_key, ()):
+        return False
+    return response_class(api_key, api_version).__flexible__
 
 
 def response_header_bytes(header: RequestHeader, flexible: bool) -> bytes:

@@ -206,9 +206,9 @@ _DEFS = (
          [("log.message.format.version", 1)], validator=_metadata_version_problem,
          broker_reconfigurable=False),
     _def("message.downconversion.enable", "boolean", True,
-         "Whether Fetch requests of clients expecting an older message format are "
-         "down-converted." + _NO_EFFECT + "Fetch v4+ only is served, so nothing is ever "
-         "down-converted.", [("log.message.downconversion.enable", 1)]),
+         "Whether Fetch v0-3 consumers (older message formats) get records down-converted "
+         "to magic 0/1; false answers them UNSUPPORTED_VERSION.",
+         [("log.message.downconversion.enable", 1)]),
     _def("preallocate", "boolean", False,
          "Preallocate the file on disk when creating a new log segment." + _NO_EFFECT +
          "segments grow as they are written.", [("log.preallocate", 1)]),

@@ -35,6 +35,8 @@ from headrace.protocol.compression import GZIP, LZ4, SNAPPY, ZSTD
 from headrace.protocol.records import build_batch
 from tests.broker.raw_client import RawClient
 from tests.decompression_bombs import (
+    LEGACY_PRODUCE_VERSION,
+    PRODUCE_VERSION,
     SHAPES,
     RssSampler,
     bomb_batch,
@@ -57,10 +59,11 @@ EXPECTED_ERROR = {
 }
 
 
-def _produce_sampling_rss(broker, topic: str, batch: bytes) -> tuple[int, int, int]:
+def _produce_sampling_rss(broker, topic: str, batch: bytes,
+                          version: int = PRODUCE_VERSION) -> tuple[int, int, int]:
     """(error code, RSS before, peak RSS while the request was handled)."""
     with RawClient(broker.bootstrap) as client:
-        frame = produce_frame(topic, batch)
+        frame = produce_frame(topic, batch, version=version)
         sampler = RssSampler(broker.pid)
         sampler.start()
         try:
@@ -69,7 +72,7 @@ def _produce_sampling_rss(broker, topic: str, batch: bytes) -> tuple[int, int, i
         finally:
             sampler.stopped.set()
             sampler.join()
-    return produce_error_code(response), sampler.start_bytes, sampler.peak_bytes
+    return produce_error_code(response, version), sampler.start_bytes, sampler.peak_bytes
 
 
 def _create_topic(bootstrap: str, topic: str, compression_type: str) -> None:
@@ -126,9 +129,9 @@ def test_bomb_is_refused_in_bounded_memory_and_the_broker_keeps_serving(
 
 @pytest.mark.parametrize("codec", [GZIP, LZ4], ids=["gzip", "lz4"])
 def test_legacy_wrapper_bomb_is_refused_in_bounded_memory(fresh_broker, codec):
-    """A magic-1 wrapper (up-converted by the produce handler) whose inner message set is
-    followed by 1 GiB of zeros: CORRUPT_MESSAGE at the first bad inner entry. Kafka answers
-    INVALID_RECORD to any magic 0/1 entry in Produce v3+; headrace up-converts them."""
+    """A magic-1 wrapper in Produce v2 (up-converted by the produce handler: Produce v3+
+    refuse magic 0/1 with INVALID_RECORD, as Kafka does) whose inner message set is followed
+    by 1 GiB of zeros: CORRUPT_MESSAGE at the first bad inner entry."""
     broker = fresh_broker
     topic = f"legacy-bomb-{uuid.uuid4().hex[:10]}"
     _create_topic(broker.bootstrap, topic, "producer")
@@ -136,7 +139,8 @@ def test_legacy_wrapper_bomb_is_refused_in_bounded_memory(fresh_broker, codec):
     assert _produce_sampling_rss(broker, topic, warm_up)[0] == 0
     bomb = legacy_bomb(codec, BOMB_INFLATED_BYTES, BOMB_TIMESTAMP_MS)
 
-    error_code, before_bytes, peak_bytes = _produce_sampling_rss(broker, topic, bomb)
+    error_code, before_bytes, peak_bytes = _produce_sampling_rss(broker, topic, bomb,
+                                                                 LEGACY_PRODUCE_VERSION)
 
     assert error_code == CorruptMessage.code
     assert peak_bytes - before_bytes <= RSS_GROWTH_LIMIT_BYTES, (

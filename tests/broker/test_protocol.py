@@ -86,7 +86,7 @@ def test_unsupported_api_versions_version_gets_v0_error_and_ranges(broker):
 
 def test_unsupported_version_closes_only_that_connection(broker):
     with RawClient(broker.bootstrap) as bad, RawClient(broker.bootstrap) as good:
-        header = struct.pack(">hhih", PRODUCE, 0, 1, -1) + b"\x00" * 16
+        header = struct.pack(">hhih", PRODUCE, 99, 1, -1) + b"\x00" * 16
         bad.send_bytes(struct.pack(">i", len(header)) + header)
         with pytest.raises(ConnectionError):
             bad.receive_frame()

@@ -1,4 +1,5 @@
-"""Storage I/O errors reach clients as KAFKA_STORAGE_ERROR (56) for the partition concerned.
+"""Storage I/O errors reach clients as KAFKA_STORAGE_ERROR (56) for the partition concerned
+(NOT_LEADER_OR_FOLLOWER for Fetch v0-5, which predate 56, as Kafka answers them).
 
 The Produce and Fetch handlers run against a real ``BrokerState`` and ``LogManager`` on real
 files; appends go through a fault-injecting file system that raises ``OSError(EIO)`` on log
@@ -18,7 +19,7 @@ from headrace.broker.config import BrokerConfig
 from headrace.broker.context import RequestContext
 from headrace.broker.handlers import fetch, produce
 from headrace.broker.state import AppendHub, BrokerState, ProducerIdAllocator
-from headrace.errors import KafkaStorageError
+from headrace.errors import KafkaStorageError, NotLeaderOrFollower
 from headrace.protocol import records as record_codec
 from headrace.protocol import wire
 from headrace.storage.clock import SystemClock
@@ -72,8 +73,8 @@ def _produce_request(partitions: int):
             {"index": index, "records": batch} for index in range(partitions)]}]})
 
 
-def _fetch_request(partitions: int):
-    return _request(fetch.API_KEY, FETCH_VERSION, {
+def _fetch_request(partitions: int, version: int = FETCH_VERSION):
+    return _request(fetch.API_KEY, version, {
         "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
         "isolation_level": 0, "session_id": 0, "session_epoch": -1,
         "topics": [{"topic": TOPIC, "partitions": [
@@ -112,6 +113,9 @@ async def _scenario(data_dir: Path) -> None:
         assert partitions[0].error_code == 0 and len(partitions[0].records) > 0
         codes = [p.error_code for p in partitions]
         assert codes == [0, KafkaStorageError.code]
+        for version, code in ((6, KafkaStorageError.code), (5, NotLeaderOrFollower.code)):
+            answer = await _call(state, fetch, _fetch_request(2, version))  # Kafka: v0-5 do
+            assert [p.error_code for p in answer.responses[0].partitions] == [0, code]  # not know 56
     finally:
         state.append_executor.shutdown(wait=True)
 

@@ -98,9 +98,12 @@ class FuzzCase:
 
 
 def advertised_versions() -> list[tuple[int, int]]:
-    """Every (api key, version) the broker's handler table implements."""
+    """Every (api key, version) the broker's handler table implements and kio has a schema
+    for (the hand-coded old versions, ``wire.HAND_CODED_VERSIONS``, have none to generate
+    from; tests/protocol/test_wire.py truncates and mutates them)."""
     return [(key, version) for key, handler in HANDLERS.items()
-            for version in range(handler.min_version, handler.max_version + 1)]
+            for version in range(handler.min_version, handler.max_version + 1)
+            if version not in wire.HAND_CODED_VERSIONS.get(key, ())]
 
 
 # ----------------------------------------------------------------- valid requests

@@ -33,7 +33,6 @@ from headrace.protocol.records import (
     read_varint,
     recompress_batch,
     section_chunks,
-    upconvert_legacy,
     walk_records_section,
     write_varint,
 )
@@ -460,7 +459,7 @@ def test_decode_kafka_python_v2_batches(codec):
 
 @pytest.mark.parametrize("magic", [0, 1])
 @pytest.mark.parametrize("codec", LEGACY_CODECS)
-def test_decode_and_upconvert_kafka_python_legacy_sets(magic, codec):
+def test_decode_kafka_python_legacy_sets(magic, codec):
     builder = LegacyRecordBatchBuilder(magic=magic, compression_type=codec, batch_size=1 << 20)
     for index in range(10):
         builder.append(index, timestamp=5_000 + index, key=b"k%d" % index, value=_payload(index))
@@ -471,23 +470,6 @@ def test_decode_and_upconvert_kafka_python_legacy_sets(magic, codec):
     assert [(r.key, r.value, r.timestamp_ms) for r in records] == [
         (b"k%d" % i, _payload(i), expected_timestamps[i]) for i in range(10)
     ]
-    upconverted = upconvert_legacy(legacy)
-    assert not is_legacy(upconverted)
-    batch = decode_batch(upconverted)
-    assert batch.header.compression == codec and batch.has_contiguous_offsets
-    assert [(r.key, r.value, r.timestamp_ms) for r in batch.records] == [
-        (r.key, r.value, r.timestamp_ms) for r in records
-    ]
-
-
-def test_upconvert_of_an_empty_set_is_empty():
-    assert upconvert_legacy(b"") == b""
-
-
-def test_upconverted_batch_header_is_a_plain_produce_batch():
-    header = parse_header(upconvert_legacy(_legacy_entry(9, GOLDEN_V0_BODY)))
-    assert (header.base_offset, header.records_count, header.producer_id) == (0, 1, -1)
-    assert header.max_timestamp == -1
 
 
 # ---------------------------------------------------------------- streaming record walk

@@ -253,3 +253,46 @@ def test_a_large_frame_buffer_is_reused_only_once_nothing_references_it():
     del held
     third = frame_of(second_body)  # the first buffer is free now; the second is held
     assert id(third.obj) == first_id and third == second_body and second == second_body
+
+
+# --- hand-coded old versions (Produce v0-2, Fetch v0-3, ListOffsets v0) -----------------------
+
+
+def _old_request(api_key: int, version: int, body: bytes) -> bytes:
+    return struct.pack(">hhih", api_key, version, 5, 3) + b"old" + body
+
+
+_OLD_BODIES = {
+    (0, 2): struct.pack(">hiih", 1, 1000, 1, 1) + b"t" + struct.pack(">iii", 1, 4, 3) + b"abc",
+    (1, 1): struct.pack(">iiiih", -1, 100, 1, 1, 1) + b"t" + struct.pack(">iiqi", 1, 2, 7, 512),
+    (1, 3): struct.pack(">iiiiih", -1, 100, 1, 900, 1, 1) + b"t"
+    + struct.pack(">iiqi", 1, 2, 7, 512),
+    (2, 0): struct.pack(">iih", -1, 1, 1) + b"t" + struct.pack(">iiqi", 1, 0, -2, 1),
+}
+
+
+def test_hand_coded_old_versions_decode_with_kios_field_names():
+    produce = wire.decode_request(_old_request(0, 2, _OLD_BODIES[0, 2])).body
+    assert (produce.transactional_id, produce.acks, produce.timeout_ms) == (None, 1, 1000)
+    assert bytes(produce.topic_data[0].partition_data[0].records) == b"abc"
+    fetch = wire.decode_request(_old_request(1, 3, _OLD_BODIES[1, 3])).body
+    assert (fetch.max_wait, fetch.min_bytes, fetch.max_bytes) == (100, 1, 900)
+    assert fetch.topics[0].partitions[0] == wire.LegacyFetchPartition(2, 7, 512)
+    assert wire.decode_request(_old_request(1, 1, _OLD_BODIES[1, 1])).body.max_bytes is None
+    offsets = wire.decode_request(_old_request(2, 0, _OLD_BODIES[2, 0])).body
+    assert offsets.topics[0].partitions[0] == wire.LegacyListOffsetsPartition(0, -2, 1)
+
+
+@pytest.mark.parametrize("key_version", sorted(_OLD_BODIES), ids=str)
+def test_hand_coded_old_versions_truncated_or_with_huge_counts_are_malformed(key_version):
+    frame = _old_request(*key_version, _OLD_BODIES[key_version])
+    header_bytes = len(_old_request(*key_version, b""))
+    for cut in range(header_bytes, len(frame)):
+        with pytest.raises(wire.MalformedFrame):
+            wire.decode_request(frame[:cut])
+    for position in range(header_bytes, len(frame) - 3):
+        mutated = frame[:position] + struct.pack(">i", 2**31 - 1) + frame[position + 4:]
+        try:
+            wire.decode_request(mutated)
+        except wire.MalformedFrame:
+            pass

@@ -1,11 +1,13 @@
-"""Fetch (key 1), versions 4-16: read records, long-polling until min_bytes or max_wait.
+"""Fetch (key 1), versions 0-16: read records, long-polling until min_bytes or max_wait.
 
 Limits: each partition returns at most ``partition_max_bytes`` and the response at most
-``max_bytes``, except that the first partition with data returns at least one whole batch
-(KIP-74) so a consumer always progresses. Every partition carries the high watermark, the
-last stable offset (= high watermark: no transactions) and the log start offset; errors are
-per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID for v13+
-requests by topic id, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError``).
+``max_bytes`` (v3+; none before), except that from v3 on the first partition with data
+returns at least one whole batch (KIP-74) so a consumer always progresses (v0-2 have a hard
+limit, as in Kafka: a first batch larger than it is not returned). Every partition carries
+the high watermark, the last stable offset (= high watermark: no transactions) and the log
+start offset; errors are per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
+UNKNOWN_TOPIC_ID for v13+ requests by topic id, KAFKA_STORAGE_ERROR when reading the log
+raises an ``OSError``).
 read_committed is accepted and behaves as read_uncommitted.
 
 Topic ids (v13+) resolve through ``_TopicIds``, a per-broker id -> name map rebuilt from the
@@ -18,7 +20,14 @@ re-reads, and waits until enough data or ``max_wait_ms``.
 
 Fetch sessions (KIP-227) are not kept: every response has session_id 0, which tells clients
 to send full fetch requests; a request naming a session id gets FETCH_SESSION_ID_NOT_FOUND.
-Responses are ``RawResponse``s from fetch_response.py: record bytes go out by sendfile.
+Responses are ``RawResponse``s from fetch_response.py: record bytes go out by sendfile --
+except for v0-3, whose clients cannot read v2 batches: their records are down-converted
+(v0-1 to magic 0, v2-3 to magic 1, ``message_format.down_converted_records``) on a worker
+thread and sent as bytes (a topic with message.downconversion.enable=false answers them
+UNSUPPORTED_VERSION instead). As in Kafka's KafkaApis: a topic whose compression.type is zstd
+answers UNSUPPORTED_COMPRESSION_TYPE to every version below 10, a zstd batch met first in a
+down-conversion does too, and KAFKA_STORAGE_ERROR is sent as NOT_LEADER_OR_FOLLOWER to
+versions 0-5, which do not know it.
 Event loop thread; ``Log.read`` is lock-free and safe concurrently with appends.
 """
 
@@ -40,14 +49,24 @@ from headrace.errors import (
     FetchSessionIdNotFound,
     KafkaError,
     KafkaStorageError,
+    NotLeaderOrFollower,
     UnknownTopicId,
     UnknownTopicOrPartition,
+    UnsupportedCompressionType,
+    UnsupportedVersion,
 )
-from headrace.protocol import wire
+from headrace.protocol import message_format, wire
 
 API_KEY = 1
-MIN_VERSION = 4
+MIN_VERSION = 0
 MAX_VERSION = 16
+
+FIRST_MAX_BYTES_VERSION = 3  # v0-2: no response limit, a hard partition limit (no KIP-74)
+NO_RESPONSE_MAX_BYTES = 2**31 - 1  # Kafka's max_bytes for v0-2
+LAST_MAGIC_V0_VERSION = 1  # v0-1 read magic 0, v2-3 magic 1 (down-converted)
+LAST_MAGIC_V1_VERSION = 3
+FIRST_ZSTD_VERSION = 10
+LAST_VERSION_WITHOUT_STORAGE_ERROR = 5
 
 NO_SESSION_ID = 0
 ZERO_TOPIC_ID = uuid.UUID(int=0)
@@ -91,11 +110,13 @@ def _topic_ids(manager) -> _TopicIds:
 class _FetchPlan:
     """The partitions of one request, resolved to logs, and how to read them."""
 
-    __slots__ = ("max_bytes", "topics", "logs")
+    __slots__ = ("max_bytes", "min_one_batch", "topics", "logs")
 
     def __init__(self, ctx, request) -> None:
         manager = ctx.broker.log_manager
-        self.max_bytes = request.max_bytes
+        has_max_bytes = ctx.api_version >= FIRST_MAX_BYTES_VERSION
+        self.max_bytes = request.max_bytes if has_max_bytes else NO_RESPONSE_MAX_BYTES
+        self.min_one_batch = has_max_bytes
         topic_ids = _topic_ids(manager) if ctx.api_version >= FIRST_TOPIC_ID_VERSION else None
         self.topics: list[tuple[str | None, uuid.UUID, list]] = []
         self.logs: list = []
@@ -130,9 +151,8 @@ class _FetchPlan:
         for name, topic_id, entries in self.topics:
             answer = TopicData(name, topic_id)
             for partition, log, error in entries:
-                data = _read_partition(
-                    partition, log, error, remaining_bytes, first_data=total_bytes == 0
-                )
+                data = _read_partition(partition, log, error, remaining_bytes,
+                                       first_data=self.min_one_batch and total_bytes == 0)
                 any_error = any_error or data.error_code != 0
                 total_bytes += data.size_bytes
                 remaining_bytes -= data.size_bytes
@@ -185,6 +205,52 @@ async def _long_poll(ctx, plan: _FetchPlan, min_bytes: int, max_wait_ms: int):
         hub.unregister(keys, event)
 
 
+def _down_convert(partition, log, data: PartitionData, to_magic: int) -> PartitionData:
+    """``data`` with its records as magic ``to_magic`` messages (bytes), or the error Kafka
+    answers when they have no such form (UNSUPPORTED_COMPRESSION_TYPE)."""
+    try:
+        batches = b"".join(piece.read_bytes() for piece in data.slices)
+        records = message_format.down_converted_records(batches, to_magic, partition.fetch_offset)
+    except UnsupportedCompressionType:
+        return PartitionData(data.partition_index, UnsupportedCompressionType.code)
+    except KafkaError as caught:
+        logger.error("cannot down-convert %s-%d: %s", log.topic, log.partition, caught)
+        return PartitionData(data.partition_index, caught.code, data.high_watermark,
+                             data.last_stable_offset, data.log_start_offset)
+    except OSError as caught:
+        logger.error("storage error reading %s-%d: %s", log.topic, log.partition, caught)
+        return PartitionData(data.partition_index, KafkaStorageError.code, data.high_watermark,
+                             data.last_stable_offset, data.log_start_offset)
+    return PartitionData(data.partition_index, data.error_code, data.high_watermark,
+                         data.last_stable_offset, data.log_start_offset,
+                         (records,) if records else (), len(records))
+
+
+def _has_records(topics: list[TopicData]) -> bool:
+    return any(data.slices for topic in topics for data in topic.partitions)
+
+
+def _for_old_clients(version: int, plan: _FetchPlan, topics: list[TopicData]) -> None:
+    """Adapt ``topics`` in place to a version below 10 (see the module docstring): zstd
+    topics, down-conversion for v0-3, storage errors for v0-5. Runs on a worker thread
+    when it down-converts (the topics and slices are this request's own), else inline."""
+    to_magic = 0 if version <= LAST_MAGIC_V0_VERSION else 1
+    for (_, _, entries), answer in zip(plan.topics, topics, strict=True):
+        for index, ((partition, log, _), data) in enumerate(zip(entries, answer.partitions,
+                                                                strict=True)):
+            if log is not None and log.config.compression_type == "zstd":
+                data = PartitionData(data.partition_index, UnsupportedCompressionType.code)
+            elif (log is not None and version <= LAST_MAGIC_V1_VERSION
+                  and not log.config.message_downconversion_enable):
+                data = PartitionData(data.partition_index, UnsupportedVersion.code)
+            elif data.slices and version <= LAST_MAGIC_V1_VERSION:
+                data = _down_convert(partition, log, data, to_magic)
+            if data.error_code == KafkaStorageError.code and \
+                    version <= LAST_VERSION_WITHOUT_STORAGE_ERROR:
+                data.error_code = NotLeaderOrFollower.code
+            answer.partitions[index] = data
+
+
 async def handle(ctx, request):
     version = ctx.api_version
     if version >= 7 and request.session_id != NO_SESSION_ID:
@@ -195,5 +261,10 @@ async def handle(ctx, request):
     min_bytes, max_wait_ms = request.min_bytes, wire.milliseconds(request.max_wait)
     if total_bytes < min_bytes and not any_error and max_wait_ms > 0 and plan.logs:
         topics = await _long_poll(ctx, plan, min_bytes, max_wait_ms)
+    if version <= LAST_MAGIC_V1_VERSION and _has_records(topics):
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, _for_old_clients, version, plan, topics)
+    elif version < FIRST_ZSTD_VERSION:
+        _for_old_clients(version, plan, topics)
     parts, size = encode_fetch_body(version, 0, NO_SESSION_ID, topics)
     return RawResponse(tuple(parts), size)

@@ -1,22 +1,40 @@
-"""ListOffsets (key 2), versions 1-7: offsets by time.
+"""ListOffsets (key 2), versions 0-7: offsets by time.
 
 Timestamps: -2 earliest (log start offset), -1 latest (log end offset = high watermark =
 last stable offset on one node, so read_committed sees the same), -3 the record with the
 largest timestamp (v7+), or a time in ms: the first offset whose timestamp is >= it, or
 offset -1 / timestamp -1 when there is none. Errors per partition (UNKNOWN_TOPIC_OR_PARTITION).
+
+v0 (clients that skip ApiVersions; decoded by hand in wire.py, kio lacks it) answers Kafka's
+legacy "offsets before": up to ``max_num_offsets`` offsets, descending, from the list of
+each segment's base offset (at least the log start offset) with the segment's last
+modification time, plus the log end offset with the current time when the active segment is
+not empty -- -1 starts at the last entry, -2 at the first, a time at the last entry modified
+at or before it; a consumer's answer (replica_id -1) never exceeds the high watermark.
+Timestamps below -2 get UNSUPPORTED_VERSION. The v0 response is encoded by hand::
+
+    topics [ name string, partitions [ partition_index int32, error_code int16,
+                                       old_style_offsets [ int64 ] ] ]
+
 Event loop thread; ``Log.offset_for_timestamp`` is safe to call concurrently with appends.
 """
 
 from __future__ import annotations
 
-from headrace.errors import KafkaError
+import struct
+
+from headrace.broker.context import RawResponse
+from headrace.errors import KafkaError, UnsupportedVersion
 
 API_KEY = 2
-MIN_VERSION = 1
+MIN_VERSION = 0
 MAX_VERSION = 7
 
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
+CONSUMER_REPLICA_ID = -1
+_INT16, _INT32, _INT64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
+_PARTITION_HEAD = struct.Struct(">ihi")  # partition_index, error_code, offsets count
 
 
 def _partition(manager, topic: str, partition) -> dict:
@@ -37,7 +55,60 @@ def _partition(manager, topic: str, partition) -> dict:
             "offset": offset, "leader_epoch": 0}
 
 
+def legacy_offsets_before(log, timestamp: int, max_num_offsets: int, now_ms: int,
+                          from_consumer: bool) -> list[int]:
+    """Kafka's ``legacyFetchOffsetsBefore`` (and a consumer's high-watermark cap) for v0."""
+    segments = log.segments
+    entries = [(max(segment.base_offset, log.log_start_offset), segment.last_modified_ms())
+               for segment in segments]
+    if segments[-1].size_bytes > 0:
+        entries.append((log.log_end_offset, now_ms))
+    if timestamp == LATEST_TIMESTAMP:
+        start = len(entries) - 1
+    elif timestamp == EARLIEST_TIMESTAMP:
+        start = 0
+    else:
+        start = len(entries) - 1
+        while start >= 0 and entries[start][1] > timestamp:
+            start -= 1
+    count = max(0, min(max_num_offsets, start + 1))
+    offsets = sorted((entries[start - j][0] for j in range(count)), reverse=True)
+    high_watermark = log.high_watermark
+    if from_consumer and any(offset > high_watermark for offset in offsets):
+        offsets = [high_watermark] + [offset for offset in offsets if offset <= high_watermark]
+    return offsets
+
+
+def _legacy_partition(manager, topic: str, partition, now_ms: int, from_consumer: bool) -> bytes:
+    index = partition.partition_index
+    offsets: list[int] = []
+    try:
+        if partition.timestamp < EARLIEST_TIMESTAMP:
+            raise UnsupportedVersion("v0 takes only -1, -2 and times")
+        offsets = legacy_offsets_before(manager.get_log(topic, index), partition.timestamp,
+                                        partition.max_num_offsets, now_ms, from_consumer)
+        error_code = 0
+    except KafkaError as error:
+        error_code = error.code
+    return _PARTITION_HEAD.pack(index, error_code, len(offsets)) + b"".join(
+        _INT64.pack(offset) for offset in offsets)
+
+
+def _handle_v0(ctx, request) -> RawResponse:
+    manager = ctx.broker.log_manager
+    from_consumer = request.replica_id == CONSUMER_REPLICA_ID
+    body = bytearray(_INT32.pack(len(request.topics)))
+    for topic in request.topics:
+        name = topic.name.encode()
+        body += _INT16.pack(len(name)) + name + _INT32.pack(len(topic.partitions))
+        for partition in topic.partitions:
+            body += _legacy_partition(manager, topic.name, partition, ctx.now_ms, from_consumer)
+    return RawResponse((bytes(body),), len(body))
+
+
 async def handle(ctx, request):
+    if ctx.api_version == 0:
+        return _handle_v0(ctx, request)
     manager = ctx.broker.log_manager
     return ctx.respond({
         "throttle_time": 0,

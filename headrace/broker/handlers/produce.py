@@ -1,9 +1,12 @@
-"""Produce (key 0), versions 3-12: append record batches to partition logs.
+"""Produce (key 0), versions 0-12: append record batches to partition logs.
 
 acks 0 (no response at all), 1 and -1 (all: on one node the local write; a partition whose
 min.insync.replicas exceeds 1 answers NOT_ENOUGH_REPLICAS, as Kafka does with too few
 in-sync replicas); any other acks value gets INVALID_REQUIRED_ACKS for every partition.
-Legacy magic 0/1 message sets are up-converted to one v2 batch. Records reach the log as
+Versions 0-2 (clients that skip ApiVersions) carry magic 0/1 message sets: each is
+up-converted to one v2 batch (``message_format.upconvert``, Kafka's LogValidator: a bad
+CRC-32 is CORRUPT_MESSAGE) -- a v2 batch is accepted there too, as Kafka accepts it. From v3
+on, Kafka allows only magic 2: a legacy set is INVALID_RECORD. Records reach the log as
 read-only views of the request frame (``wire.decode_request``), never copied on the way.
 Validation -- sizes, CRCs, Kafka's record checks (``storage.validation``: a record without a
 key on a compacted topic, timestamps, structure), producer sequences -- is the log's
@@ -26,18 +29,20 @@ loop for some 100-200 us). Serialization is unchanged: the loop thread is the on
 hands jobs to the append thread, so an inline append never overlaps one. Event loop thread
 otherwise.
 
-The response body is encoded by hand (``encode_produce_body``, versions 3-12; a test checks
-it byte for byte against kio's encoder), which costs a fraction of building kio entities::
+The response body is encoded by hand (``encode_produce_body``, versions 0-12; a test checks
+v3-12 byte for byte against kio's encoder, which lacks v0-2: the old-protocol broker tests
+check those), which costs a fraction of building kio entities::
 
     responses [ name string
                 partition_responses [ index int32, error_code int16, base_offset int64,
-                                      log_append_time_ms int64, log_start_offset int64 (v5+),
+                                      log_append_time_ms int64 (v2+),
+                                      log_start_offset int64 (v5+),
                                       record_errors [ batch_index int32,
                                                       batch_index_error_message nullable string
                                                     ] (v8+),
                                       error_message nullable string (v8+)
                                     ] ]
-    throttle_time_ms int32
+    throttle_time_ms int32 (v1+)
 
 v9+ are flexible: compact arrays and strings (unsigned varint length + 1) and an empty
 tagged-field section after every struct (``current_leader`` is left at its default, so omitted).
@@ -52,6 +57,7 @@ from headrace.broker.context import RawResponse
 from headrace.broker.fetch_response import uvarint
 from headrace.errors import (
     CorruptMessage,
+    InvalidRecord,
     InvalidRequiredAcks,
     KafkaError,
     KafkaStorageError,
@@ -59,17 +65,20 @@ from headrace.errors import (
     TransactionalIdAuthorizationFailed,
     UnknownServerError,
 )
+from headrace.protocol import message_format
 from headrace.protocol import records as record_codec
 from headrace.protocol.batch import BATCH_HEADER_BYTES, TRANSACTIONAL_BIT
 
 API_KEY = 0
-MIN_VERSION = 3
+MIN_VERSION = 0
 MAX_VERSION = 12
+
+FIRST_MAGIC_V2_ONLY_VERSION = 3  # Kafka's ProduceRequest.validateRecords
 
 VALID_ACKS = (0, 1, -1)
 INLINE_APPEND_MAX_BYTES = 1024 * 1024  # librdkafka's default message.max.bytes
 FIRST_FLEXIBLE_VERSION = 9
-_PARTITION_HEAD = struct.Struct(">ihqq")  # index, error, base offset, log append time
+_PARTITION_HEAD = struct.Struct(">ihq")  # index, error, base offset
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
@@ -95,27 +104,31 @@ def _has_transactional_batch(records: memoryview | bytes | None) -> bool:
     return False
 
 
-def _prepare(records: memoryview | bytes | None) -> memoryview | bytes:
+def _prepare(records: memoryview | bytes | None, version: int) -> memoryview | bytes:
     """The v2 batches to append: ``records`` itself (a view of the request frame: the log
-    only reads it), or the up-converted batch of a legacy message set."""
+    only reads it), or, for versions 0-2, the up-converted batch of a legacy message set."""
     if not records:
         raise CorruptMessage("empty record set")
     if record_codec.is_legacy(records):
-        converted = record_codec.upconvert_legacy(records)
+        if version >= FIRST_MAGIC_V2_ONLY_VERSION:
+            raise InvalidRecord(f"Produce requests with version {version} are only allowed "
+                                "to contain record batches with magic version 2")
+        converted = message_format.upconvert(records)
         if not converted:
             raise CorruptMessage("empty legacy message set")
         return converted
     return records
 
 
-def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int) -> dict:
+def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int,
+                version: int) -> dict:
     try:
         log_ = manager.get_log(topic, index)
         if acks == -1 and log_.config.min_insync_replicas > 1:
             raise NotEnoughReplicas(
                 f"min.insync.replicas={log_.config.min_insync_replicas} but 1 replica"
             )
-        result = log_.append(_prepare(records), now_ms, True)
+        result = log_.append(_prepare(records, version), now_ms, True)
     except KafkaError as error:
         return _partition_error(index, error)
     except OSError as error:
@@ -129,11 +142,12 @@ def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int
             "log_start_offset": result.log_start_offset}
 
 
-def _append_all(manager, topic_data, acks: int, now_ms: int) -> list[dict]:
+def _append_all(manager, topic_data, acks: int, now_ms: int, version: int) -> list[dict]:
     return [
         {"name": topic.name,
          "partition_responses": [
-             _append_one(manager, topic.name, partition.index, partition.records, acks, now_ms)
+             _append_one(manager, topic.name, partition.index, partition.records, acks, now_ms,
+                         version)
              for partition in topic.partition_data]}
         for topic in topic_data
     ]
@@ -151,6 +165,8 @@ def _appends_cannot_sync(manager, topic_data, now_ms: int) -> bool:
             total_bytes += size_bytes
             if total_bytes > INLINE_APPEND_MAX_BYTES:
                 return False
+            if record_codec.is_legacy(partition.records or b""):
+                return False  # its v2 size and timestamps are known only once up-converted
             try:
                 log_ = manager.get_log(topic.name, partition.index)
             except KafkaError:
@@ -181,10 +197,11 @@ async def handle(ctx, request):
         manager = broker.log_manager
         if broker.append_thread_idle and _appends_cannot_sync(manager, request.topic_data,
                                                               ctx.now_ms):
-            responses = _append_all(manager, request.topic_data, acks, ctx.now_ms)
+            responses = _append_all(manager, request.topic_data, acks, ctx.now_ms,
+                                    ctx.api_version)
         else:
             responses = await broker.run_append(
-                _append_all, manager, request.topic_data, acks, ctx.now_ms)
+                _append_all, manager, request.topic_data, acks, ctx.now_ms, ctx.api_version)
     if acks == 0:
         return None
     body = encode_produce_body(ctx.api_version, responses)
@@ -213,7 +230,7 @@ def _record_errors(record_errors: tuple[tuple[int, str], ...], flexible: bool) -
 
 
 def encode_produce_body(version: int, responses: list[dict]) -> bytes:
-    """The Produce response body of ``version`` (3-12) for ``_append_all``'s answers."""
+    """The Produce response body of ``version`` (0-12) for ``_append_all``'s answers."""
     flexible = version >= FIRST_FLEXIBLE_VERSION
     out = bytearray(_array_length(len(responses), flexible))
     for topic in responses:
@@ -222,7 +239,9 @@ def encode_produce_body(version: int, responses: list[dict]) -> bytes:
         out += _array_length(len(partitions), flexible)
         for partition in partitions:
             out += _PARTITION_HEAD.pack(partition["index"], partition["error_code"],
-                                        partition["base_offset"], partition["log_append_time"])
+                                        partition["base_offset"])
+            if version >= 2:
+                out += _INT64.pack(partition["log_append_time"])
             if version >= 5:
                 out += _INT64.pack(partition["log_start_offset"])
             if version >= 8:
@@ -232,7 +251,8 @@ def encode_produce_body(version: int, responses: list[dict]) -> bytes:
                 out += b"\x00"
         if flexible:
             out += b"\x00"
-    out += _INT32.pack(0)  # throttle_time_ms
+    if version >= 1:
+        out += _INT32.pack(0)  # throttle_time_ms
     if flexible:
         out += b"\x00"
     return bytes(out)
