@@ -1,8 +1,9 @@
-"""Requests for too many partitions against a real broker process: Kafka's bound on the
-metadata records of one request (CreateTopics: POLICY_VIOLATION for every topic, nothing
-created; CreatePartitions: UNKNOWN_SERVER_ERROR, the topic unchanged), the file-descriptor
-budget of the log manager (POLICY_VIOLATION, no partial partitions), and a large creation
-that leaves the event loop serving other connections."""
+"""Topic and partition creation a client must not be able to abuse, against a real broker
+process: Kafka's bound on the metadata records of one request (CreateTopics: POLICY_VIOLATION
+for every topic, nothing created; CreatePartitions: UNKNOWN_SERVER_ERROR, the topic
+unchanged), the file-descriptor budget of the log manager (POLICY_VIOLATION, no partial
+partitions), a large creation that leaves the event loop serving other connections, and the
+offsets topic, which clients can neither delete nor create (INVALID_REQUEST)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import struct
 import uuid
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from headrace.broker.handlers.create_topics import MAX_RECORDS_PER_USER_OP
@@ -22,7 +23,7 @@ from tests.broker.raw_client import RawClient
 from tests.conftest import _start
 
 REQUEST_TIMEOUT_S = 30.0
-POLICY_VIOLATION, UNKNOWN_SERVER_ERROR = 44, -1
+POLICY_VIOLATION, UNKNOWN_SERVER_ERROR, INVALID_REQUEST = 44, -1, 42
 CREATE_TOPICS, CREATE_PARTITIONS, API_VERSIONS = 19, 37, 18
 OFFSETS_TOPIC = "__consumer_offsets"
 BOUND_MESSAGE = "Unable to perform excessively large batch operation."
@@ -172,3 +173,42 @@ def test_a_large_creation_leaves_other_connections_served(fresh_broker):
         _, created = wire.decode_response(CREATE_TOPICS, 7, creator.receive_frame())
         assert created.topics[0].error_code == 0
     assert len(_partition_dirs(fresh_broker, name)) == LARGE_CREATION_PARTITIONS
+
+
+def _commit_and_fetch(bootstrap: str, topic: str, offset: int) -> int:
+    """Commit ``offset`` for ``topic``-0 in a new group and read it back."""
+    group = _name("group")
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+        return consumer.committed([TopicPartition(topic, 0)], timeout=REQUEST_TIMEOUT_S)[0].offset
+    finally:
+        consumer.close()
+
+
+def test_clients_cannot_delete_or_recreate_the_offsets_topic(fresh_broker):
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KpNewTopic
+
+    admin = AdminClient({"bootstrap.servers": fresh_broker.bootstrap})
+    admin.create_topics([NewTopic("data", 1, 1)])["data"].result(timeout=REQUEST_TIMEOUT_S)
+    deleted = admin.delete_topics([OFFSETS_TOPIC], operation_timeout=REQUEST_TIMEOUT_S)
+    assert _confluent_error_code(deleted[OFFSETS_TOPIC]) == INVALID_REQUEST
+    created = admin.create_topics([NewTopic(OFFSETS_TOPIC, 1, 1)],
+                                  operation_timeout=REQUEST_TIMEOUT_S)
+    assert _confluent_error(created[OFFSETS_TOPIC]) == (
+        INVALID_REQUEST, f"Creation of internal topic {OFFSETS_TOPIC} is prohibited.")
+    client = KafkaAdminClient(bootstrap_servers=fresh_broker.bootstrap)
+    try:
+        response = client.delete_topics([OFFSETS_TOPIC], raise_errors=False)
+        assert [(t["name"], t["error_code"]) for t in response["topics"]] == [
+            (OFFSETS_TOPIC, INVALID_REQUEST)]
+        response = client.create_topics([KpNewTopic(OFFSETS_TOPIC, 1, 1)], raise_errors=False)
+        assert [(t["name"], t["error_code"]) for t in response["topics"]] == [
+            (OFFSETS_TOPIC, INVALID_REQUEST)]
+    finally:
+        client.close()
+    assert _commit_and_fetch(fresh_broker.bootstrap, "data", 5) == 5
+    fresh_broker.restart()
+    assert _commit_and_fetch(fresh_broker.bootstrap, "data", 7) == 7

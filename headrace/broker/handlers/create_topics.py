@@ -3,6 +3,11 @@
 Validation follows Kafka's controller (ReplicationControlManager.createTopics), in its order,
 each failure answered per topic with Kafka's error code and message:
 
+0. an internal topic (``__consumer_offsets``, ``__transaction_state``): INVALID_REQUEST, with
+   Kafka's message for its own ``__cluster_metadata``. Kafka lets clients create (and delete)
+   its group and transaction topics; headrace's group coordinator fixes the offsets topic's
+   layout at start-up (``offsets.topic.num.partitions``), so a client-made one would break
+   every group: the broker alone creates them;
 1. a name given twice in one request: INVALID_REQUEST (one result for the name);
 2. the name (Kafka's rules: [a-zA-Z0-9._-], 1..249 characters, not "." or ".."):
    INVALID_TOPIC_EXCEPTION;
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headrace.broker.handlers.describe_configs import topic_config_descriptions
+from headrace.broker.handlers.metadata import INTERNAL_TOPIC_NAMES
 from headrace.errors import (
     InvalidConfig,
     InvalidPartitions,
@@ -236,6 +242,9 @@ def _plans(broker: Any, topics: list[Any]) -> list[_Creation | KafkaError]:
         if topic.name in answered:
             continue
         answered.add(topic.name)
+        if topic.name in INTERNAL_TOPIC_NAMES:
+            plans.append(InvalidRequest(f"Creation of internal topic {topic.name} is prohibited."))
+            continue
         if counts[topic.name] > 1:
             plans.append(InvalidRequest("Duplicate topic name."))
             continue
