@@ -134,9 +134,11 @@ def test_partitions_beyond_the_descriptor_budget_are_refused_whole(tmp_path):
         assert not _partition_dirs(broker, name)
         small = _name("fits")  # the broker still creates what fits, and serves it
         admin.create_topics([NewTopic(small, 4, 1)])[small].result(timeout=REQUEST_TIMEOUT_S)
-        futures = admin.create_partitions([NewPartitions(small, OVER_SMALL_BUDGET_PARTITIONS)],
-                                          operation_timeout=REQUEST_TIMEOUT_S)
-        assert _confluent_error_code(futures[small]) == POLICY_VIOLATION
+        for validate_only in (True, False):
+            futures = admin.create_partitions(
+                [NewPartitions(small, OVER_SMALL_BUDGET_PARTITIONS)],
+                validate_only=validate_only, operation_timeout=REQUEST_TIMEOUT_S)
+            assert _confluent_error_code(futures[small]) == POLICY_VIOLATION
         assert len(_partition_dirs(broker, small)) == 4
         assert "unexpected error handling a request" not in broker.log_text()
     finally:

@@ -7,7 +7,7 @@ partitions and place each on this node once (INVALID_REPLICA_ASSIGNMENT). Past K
 bound of ``MAX_RECORDS_PER_USER_OP`` new partitions in one request, checked before growing,
 the topic that would cross it is UNKNOWN_SERVER_ERROR, as Kafka answers; the log manager
 refuses partitions its file-descriptor budget cannot hold (POLICY_VIOLATION). ``validate_only``
-checks without growing. Runs on the event loop thread; partitions are added on the broker's
+checks all of it without growing. Runs on the event loop thread; partitions are added on the broker's
 append thread.
 """
 
@@ -25,6 +25,7 @@ from headrace.errors import (
     UnknownServerError,
     UnknownTopicOrPartition,
 )
+from headrace.storage.manager import check_descriptor_budget
 
 API_KEY = 37
 MIN_VERSION = 0
@@ -73,7 +74,9 @@ async def _create(broker: Any, topic: Any, validate_only: bool, records_before: 
     """Validate and grow ``topic``; the partitions added (or that would be)."""
     additional = _validate(broker, topic)
     _check_records_per_user_op(records_before, additional)
-    if not validate_only:
+    if validate_only:
+        check_descriptor_budget(additional)
+    else:
         await broker.run_append(broker.log_manager.add_partitions, topic.name, topic.count)
     return additional
 
