@@ -23,6 +23,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+# Imported before any test module imports headrace.protocol.wire: wire hides hypothesis from
+# kio when hypothesis is not loaded yet, and kio then registers no strategies for its entities,
+# which the request property tests draw from (``from_type``).
+import hypothesis  # noqa: F401
 import pytest
 
 STARTUP_TIMEOUT_S = 30.0

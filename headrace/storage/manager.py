@@ -25,6 +25,12 @@ On-disk layout of each data directory (Kafka's, plus one headrace file)::
                                                 older ``<topic>.properties`` form are
                                                 renamed at start-up.
 
+Every partition holds descriptors open (``DESCRIPTORS_PER_NEW_PARTITION`` for its first
+segment), so creating partitions is refused up front with POLICY_VIOLATION when the new ones
+would leave less than ``DESCRIPTOR_RESERVE_FRACTION`` of the process's descriptor limit
+(RLIMIT_NOFILE) free: a creation that ran out of descriptors half-way would leave partial
+partitions behind and starve every connection.
+
 Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
 ``partition.metadata`` files, then of the new directories and once of each log directory)
 before the topic is published, so a topic a client has seen survives a crash.
@@ -48,6 +54,7 @@ import base64
 import logging
 import os
 import re
+import resource
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +64,7 @@ from pathlib import Path
 from headrace.errors import (
     InvalidPartitions,
     InvalidTopic,
+    PolicyViolation,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
@@ -96,6 +104,9 @@ LEGACY_TOPIC_CONFIG_SUFFIX = ".properties"
 _LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 CREATION_FSYNC_THREADS = 8
+DESCRIPTORS_PER_NEW_PARTITION = 3  # its first segment: .log, .index and .timeindex files
+DESCRIPTOR_RESERVE_FRACTION = 0.25  # of RLIMIT_NOFILE, kept for sockets, reads and rolls
+_OPEN_DESCRIPTORS_DIR = Path("/proc/self/fd")
 _CREATE_TRUNCATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 
 
@@ -132,6 +143,30 @@ def encode_topic_id(topic_id: uuid.UUID) -> str:
 
 def decode_topic_id(text: str) -> uuid.UUID:
     return uuid.UUID(bytes=base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+
+
+def open_descriptor_count() -> int:
+    """Descriptors this process has open (Linux's /proc/self/fd; 0 where it is absent)."""
+    try:
+        return len(os.listdir(_OPEN_DESCRIPTORS_DIR))
+    except FileNotFoundError:
+        return 0
+
+
+def check_descriptor_budget(new_partitions: int) -> None:
+    """PolicyViolation unless ``new_partitions`` more partitions leave the descriptor
+    reserve free (see the module docstring)."""
+    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if limit == resource.RLIM_INFINITY:
+        return
+    open_now = open_descriptor_count()
+    needed = new_partitions * DESCRIPTORS_PER_NEW_PARTITION
+    usable = limit - int(limit * DESCRIPTOR_RESERVE_FRACTION) - open_now
+    if needed > usable:
+        raise PolicyViolation(
+            f"Creating {new_partitions} partition(s) needs {needed} file descriptors, but only "
+            f"{max(usable, 0)} of the limit of {limit} are free beyond the "
+            f"{DESCRIPTOR_RESERVE_FRACTION:.0%} kept for connections ({open_now} open).")
 
 
 class LogManager:
@@ -286,6 +321,7 @@ class LogManager:
             normalised = validate_topic_overrides(dict(overrides))
             config = LogConfig.from_properties(normalised, self.broker_properties)
             info = TopicInfo(name, uuid.uuid4(), partitions, config, normalised)
+            check_descriptor_budget(partitions)
             if validate_only:
                 return info
             self._write_topic_config(name, normalised)
@@ -390,6 +426,7 @@ class LogManager:
                 raise InvalidPartitions(
                     f"Topic currently has {info.partitions} partitions, which is higher than or "
                     f"equal to the requested {total_partitions}.")
+            check_descriptor_budget(total_partitions - info.partitions)
             self._create_partitions(info, range(info.partitions, total_partitions))
             self._set_topic(TopicInfo(name, info.topic_id, total_partitions, info.config,
                                       info.overrides))

@@ -1,7 +1,8 @@
 """The broker survives a few thousand seeded malformed requests (tests/fuzz/wire_cases.py):
-it never dies, its memory stays bounded, and a real client still produces and consumes.
-A crash is reported with its seed, case index and frame as hex (also saved under the test's
-tmp dir); ``bench/fuzz_wire.py --seed S --first-case N --cases 1`` replays it."""
+it never dies, no handler raises (a traceback in its log fails the test), its memory stays
+bounded, and a real client still produces and consumes. A crash or a handler fault is
+reported with its seed, case index and frame as hex (also saved under the test's tmp dir);
+``bench/fuzz_wire.py --seed S --first-case N --cases 1`` replays it."""
 
 from __future__ import annotations
 
@@ -82,6 +83,11 @@ def test_broker_survives_seeded_malformed_requests(fuzz_broker, tmp_path):
     assert not crashes, "\n".join(
         f"seed {c.seed} case {c.case} api {c.api_key} v{c.api_version} {c.mutations}: "
         f"{c.detail}\n  frame {c.frame_hex}" for c in crashes)
+    handler_faults = [finding for report in reports for finding in report.findings
+                      if finding.kind == "handler_exception"]
+    assert not handler_faults, "\n".join(
+        f"seed {f.seed} case {f.case} api {f.api_key} v{f.api_version} {f.mutations}: "
+        f"{f.detail}\n  frame {f.frame_hex}" for f in handler_faults)
     assert all(report.health_ok for report in reports), reports
     answered = sum(report.outcomes.get("answered", 0) for report in reports)
     assert answered > FUZZ_CASES // 10  # most cases are refused, but many reach handlers

@@ -3,6 +3,11 @@
 Validation follows Kafka's controller (ReplicationControlManager.createTopics), in its order,
 each failure answered per topic with Kafka's error code and message:
 
+0. an internal topic (``__consumer_offsets``, ``__transaction_state``): INVALID_REQUEST, with
+   Kafka's message for its own ``__cluster_metadata``. Kafka lets clients create (and delete)
+   its group and transaction topics; headrace's group coordinator fixes the offsets topic's
+   layout at start-up (``offsets.topic.num.partitions``), so a client-made one would break
+   every group: the broker alone creates them;
 1. a name given twice in one request: INVALID_REQUEST (one result for the name);
 2. the name (Kafka's rules: [a-zA-Z0-9._-], 1..249 characters, not "." or ".."):
    INVALID_TOPIC_EXCEPTION;
@@ -16,6 +21,12 @@ each failure answered per topic with Kafka's error code and message:
    one broker: INVALID_REPLICATION_FACTOR), partitions (-1 = num.partitions; 0 or < -1:
    INVALID_PARTITIONS).
 
+Then, as Kafka's controller bounds the metadata records of one request to
+``MAX_RECORDS_PER_USER_OP`` (one per topic, per config override and per partition), a request
+over the bound creates nothing and every topic is answered POLICY_VIOLATION ("Unable to
+perform excessively large batch operation."), checked before any topic is created; the log
+manager also refuses partitions its file-descriptor budget cannot hold (POLICY_VIOLATION).
+
 ``validate_only`` stops after validation. v5+ responses carry the partition count, replication
 factor and every config with its source. Runs on the event loop thread; the log manager
 is changed on the broker's append thread (``BrokerState.run_append``).
@@ -26,9 +37,11 @@ from __future__ import annotations
 import re
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from headrace.broker.handlers.describe_configs import topic_config_descriptions
+from headrace.broker.handlers.metadata import INTERNAL_TOPIC_NAMES
 from headrace.errors import (
     InvalidConfig,
     InvalidPartitions,
@@ -37,6 +50,7 @@ from headrace.errors import (
     InvalidRequest,
     InvalidTopic,
     KafkaError,
+    PolicyViolation,
     TopicAlreadyExists,
 )
 from headrace.storage.config import LogConfig, validate_topic_overrides
@@ -48,6 +62,7 @@ MAX_VERSION = 7
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 BROKERS_IN_CLUSTER = 1
+MAX_RECORDS_PER_USER_OP = 10_000  # Kafka's QuorumController.MAX_RECORDS_PER_USER_OP
 
 
 def validate_topic_name(name: str | None) -> None:
@@ -159,19 +174,46 @@ def _partition_count(topic: Any, config: Any, node_id: int) -> int:
     return topic.num_partitions
 
 
-async def _create_one(broker: Any, topic: Any, validate_only: bool) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Creation:
+    """A topic that passed validation: what creating it takes."""
+
+    name: str
+    partitions: int
+    overrides: dict[str, str]
+
+    @property
+    def metadata_records(self) -> int:
+        """Kafka's controller writes one TopicRecord, one ConfigRecord per override and one
+        PartitionRecord per partition."""
+        return 1 + len(self.overrides) + self.partitions
+
+
+def _plan(broker: Any, topic: Any) -> _Creation:
     validate_topic_name(topic.name)
     _check_not_existing(topic.name, broker.log_manager.topics())
     overrides = _overrides(topic)
-    partitions = _partition_count(topic, broker.config, broker.node_id)
+    return _Creation(topic.name, _partition_count(topic, broker.config, broker.node_id),
+                     overrides)
+
+
+def check_records_per_user_op(records: int) -> None:
+    """Kafka's QuorumController bounds the records of one request (BoundedList); past the
+    bound the whole request fails with POLICY_VIOLATION."""
+    if records > MAX_RECORDS_PER_USER_OP:
+        raise PolicyViolation("Unable to perform excessively large batch operation.")
+
+
+async def _create_one(broker: Any, plan: _Creation, validate_only: bool) -> dict[str, Any]:
+    partitions, overrides = plan.partitions, plan.overrides
     info = await broker.run_append(
-        broker.log_manager.create_topic, topic.name, partitions, overrides, validate_only
+        broker.log_manager.create_topic, plan.name, partitions, overrides, validate_only
     )
     log_config = LogConfig.from_properties(overrides, broker.config.properties())
     descriptions = topic_config_descriptions(broker, overrides, log_config)
     topic_id = getattr(info, "topic_id", None) if not validate_only else None
     return {
-        "name": topic.name,
+        "name": plan.name,
         "topic_id": topic_id or uuid.UUID(int=0),
         "error_code": 0,
         "error_message": None,
@@ -191,19 +233,44 @@ def _failure(name: str, error: KafkaError) -> dict[str, Any]:
             "configs": []}
 
 
-async def handle(ctx, request):
-    counts = Counter(topic.name for topic in request.topics)
-    results = []
+def _plans(broker: Any, topics: list[Any]) -> list[_Creation | KafkaError]:
+    """One entry per distinct name, in request order: what to create, or why not."""
+    counts = Counter(topic.name for topic in topics)
+    plans: list[_Creation | KafkaError] = []
     answered: set[str] = set()
-    for topic in request.topics:
+    for topic in topics:
         if topic.name in answered:
             continue
         answered.add(topic.name)
+        if topic.name in INTERNAL_TOPIC_NAMES:
+            plans.append(InvalidRequest(f"Creation of internal topic {topic.name} is prohibited."))
+            continue
         if counts[topic.name] > 1:
-            results.append(_failure(topic.name, InvalidRequest("Duplicate topic name.")))
+            plans.append(InvalidRequest("Duplicate topic name."))
             continue
         try:
-            results.append(await _create_one(ctx.broker, topic, request.validate_only))
+            plans.append(_plan(broker, topic))
         except KafkaError as error:
-            results.append(_failure(topic.name, error))
+            plans.append(error)
+    return plans
+
+
+async def handle(ctx, request):
+    names = list(dict.fromkeys(topic.name for topic in request.topics))
+    plans = _plans(ctx.broker, request.topics)
+    try:
+        check_records_per_user_op(sum(plan.metadata_records for plan in plans
+                                      if isinstance(plan, _Creation)))
+    except PolicyViolation as error:  # nothing is created: every topic gets the error
+        return ctx.respond({"throttle_time": 0,
+                            "topics": [_failure(name, error) for name in names]})
+    results = []
+    for name, plan in zip(names, plans, strict=True):
+        if isinstance(plan, KafkaError):
+            results.append(_failure(name, plan))
+            continue
+        try:
+            results.append(await _create_one(ctx.broker, plan, request.validate_only))
+        except KafkaError as error:
+            results.append(_failure(name, error))
     return ctx.respond({"throttle_time": 0, "topics": results})

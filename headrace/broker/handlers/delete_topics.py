@@ -3,8 +3,10 @@
 As Kafka's controller (ControllerApis.deleteTopics): a name or id given twice is
 INVALID_REQUEST ("Duplicate topic name." / "Duplicate topic id."); in v6 a state with neither
 or both of name and id is INVALID_REQUEST; an unknown name is UNKNOWN_TOPIC_OR_PARTITION and
-an unknown id UNKNOWN_TOPIC_ID. The answer names the topic and, in v6, its id, whichever one
-the client sent. Deletion itself is the log manager's (renamed away, removed later).
+an unknown id UNKNOWN_TOPIC_ID. An internal topic (``__consumer_offsets``) is INVALID_REQUEST,
+unlike Kafka, whose FindCoordinator recreates a missing offsets topic with its internal layout:
+headrace's group coordinator owns that layout from start-up and would lose every group (see
+create_topics). The answer names the topic and, in v6, its id, whichever one the client sent. Deletion itself is the log manager's (renamed away, removed later).
 Runs on the event loop thread; deletes run on the broker's append thread.
 """
 
@@ -15,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from headrace.broker.handlers.metadata import INTERNAL_TOPIC_NAMES
 from headrace.errors import InvalidRequest, KafkaError, UnknownTopicId, UnknownTopicOrPartition
 
 API_KEY = 20
@@ -59,6 +62,8 @@ async def _delete(broker: Any, target: _Target) -> dict[str, Any]:
         name = target.name
         if name not in topics:
             raise UnknownTopicOrPartition(f"The topic '{name}' does not exist.")
+    if name in INTERNAL_TOPIC_NAMES:
+        raise InvalidRequest(f"Deletion of internal topic {name} is prohibited.")
     topic_id = topics[name].topic_id
     await broker.run_append(broker.log_manager.delete_topic, name)
     return {"name": name, "topic_id": topic_id, "error_code": 0, "error_message": None}

@@ -6,8 +6,8 @@ returns at least one whole batch (KIP-74) so a consumer always progresses (v0-2 
 limit, as in Kafka: a first batch larger than it is not returned). Every partition carries
 the high watermark, the last stable offset (= high watermark: no transactions) and the log
 start offset; errors are per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
-UNKNOWN_TOPIC_ID for v13+ requests by topic id, KAFKA_STORAGE_ERROR when reading the log
-raises an ``OSError``).
+UNKNOWN_TOPIC_ID for v13+ requests by an unknown topic id or the zero id, echoing the id
+sent, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError``).
 read_committed is accepted and behaves as read_uncommitted.
 
 Topic ids (v13+) resolve through ``_TopicIds``, a per-broker id -> name map rebuilt from the
@@ -123,9 +123,9 @@ class _FetchPlan:
         for topic in request.topics:
             if topic_ids is None:
                 topic_id, name = ZERO_TOPIC_ID, topic.topic
-            else:
-                topic_id = topic.topic_id
-                name = topic_ids.name(topic_id)
+            else:  # the codec reads the zero id as None; Kafka knows no topic by it
+                topic_id = topic.topic_id or ZERO_TOPIC_ID
+                name = topic_ids.name(topic_id) if topic_id != ZERO_TOPIC_ID else None
             entries = []
             for partition in topic.partitions:
                 log = None

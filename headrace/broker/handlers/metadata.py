@@ -3,7 +3,9 @@
 A single node leads every partition (leader = replicas = isr = this node, leader epoch 0).
 Unknown topics are created with ``num.partitions`` when ``auto.create.topics.enable`` and the
 request (v4+) allow it, answered at once with the new topic; otherwise
-UNKNOWN_TOPIC_OR_PARTITION (UNKNOWN_TOPIC_ID for an unknown id, v10+). Names breaking Kafka's
+UNKNOWN_TOPIC_OR_PARTITION (UNKNOWN_TOPIC_ID for an unknown or zero id, v12+). As Kafka,
+v10-11 requests naming a topic by id or with a null name are INVALID_REQUEST for every
+topic (ids are in the schema from v10 but looked up only from v12). Names breaking Kafka's
 rules get INVALID_TOPIC_EXCEPTION. A null topic list (or an empty one at v0) means all topics.
 ``is_internal`` is true for Kafka's internal topics only (``__consumer_offsets``,
 ``__transaction_state``), not for every name starting with ``__``. Authorized operations, as
@@ -27,6 +29,7 @@ from headrace.broker.authorization import (
 )
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME
 from headrace.errors import (
+    InvalidRequest,
     InvalidTopic,
     KafkaError,
     TopicAlreadyExists,
@@ -40,6 +43,7 @@ MAX_VERSION = 13
 
 AUTHORIZED_OPERATIONS_MIN_VERSION = 8
 CLUSTER_AUTHORIZED_OPERATIONS_MAX_VERSION = 10
+FIRST_LOOKUP_BY_ID_VERSION = 12
 MAX_TOPIC_NAME_CHARS = 249
 _LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 _ZERO_UUID = uuid.UUID(int=0)
@@ -141,7 +145,31 @@ def _cluster_operations(ctx, request) -> int:
     return AUTHORIZED_OPERATIONS_OMITTED
 
 
+def _topic_ids_refused(ctx, request) -> bool:
+    """Kafka's handleTopicMetadataRequest: before v12 a named topic list may carry neither a
+    null name nor a topic id (v10-11 have the field but no lookup by it)."""
+    if ctx.api_version >= FIRST_LOOKUP_BY_ID_VERSION or not request.topics:
+        return False
+    return any(topic.name is None or getattr(topic, "topic_id", None) not in (None, _ZERO_UUID)
+               for topic in request.topics)
+
+
+def _invalid_request_response(ctx, request):
+    """Kafka's MetadataRequest.getErrorResponse for INVALID_REQUEST: every requested topic
+    with the error (a null name answered as ""), no brokers, no cluster id."""
+    return ctx.respond({
+        "throttle_time": 0, "brokers": [], "cluster_id": None, "controller_id": -1,
+        "topics": [{**_error_topic(InvalidRequest.code, topic.name or "",
+                                   getattr(topic, "topic_id", None)), "is_internal": False}
+                   for topic in request.topics],
+        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        "error_code": 0,
+    })
+
+
 async def handle(ctx, request):
+    if _topic_ids_refused(ctx, request):
+        return _invalid_request_response(ctx, request)
     broker = ctx.broker
     topics = _with_topic_operations(ctx, request, await _requested_topics(ctx, request))
     return ctx.respond({
