@@ -11,9 +11,8 @@ the header ``headrace.batch.id`` so readers can drop a replayed micro-batch.
 from __future__ import annotations
 
 import argparse
-import os
 
-from pyspark.sql import SparkSession
+from headrace.spark.jobs.session import DEFAULT_MASTER, build_session
 
 
 def main() -> None:
@@ -22,12 +21,9 @@ def main() -> None:
     parser.add_argument("--source", required=True)
     parser.add_argument("--target", required=True)
     parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--master", default=DEFAULT_MASTER)
     args = parser.parse_args()
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master("local[2]").appName("headrace-copy-topic")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false").getOrCreate())
+    spark = build_session(args.master, "headrace-copy-topic")
     stream = (spark.readStream.format("headrace")
               .option("kafka.bootstrap.servers", args.bootstrap)
               .option("subscribe", args.source).option("startingOffsets", "earliest")

@@ -8,8 +8,16 @@ command line prints as one line. ``topic_partition_ids`` asks the cluster for a 
 partitions within a bounded time, so an unreachable broker or a missing topic is reported
 before any Spark work starts.
 
-Stateless apart from the process-wide environment variables set for local masters (they must
-be set before the JVM starts); call from the driver's main thread.
+For local masters, Python workers run on this interpreter (PYSPARK_PYTHON, unless already
+set): Spark otherwise starts ``python3`` from PATH, which outside an activated virtual
+environment has neither pyspark nor pyarrow. That includes the worker that looks up
+``pyspark_*`` data sources, which reads PYSPARK_DRIVER_PYTHON, then PYSPARK_PYTHON, never
+``spark.pyspark.python``; without it ``format("headrace")`` is not found. The interpreter
+found by that lookup also runs the data source's reads and writes on the executors, so for
+other masters nothing is set: the cluster's own PYSPARK_PYTHON applies.
+
+Stateless apart from those process-wide environment variables (set before the JVM starts; a
+value already set is kept); call from the driver's main thread.
 """
 
 from __future__ import annotations

@@ -1,0 +1,189 @@
+"""spark.read.format("headrace") and the examples as a user runs them: installed, run elsewhere.
+
+Each case installs the checkout under test into a fresh virtual environment as a user does
+(``pip install -e``, as ``make install`` runs it, or a wheel built by ``pip wheel``) and drives
+Spark from a subprocess started with that environment's python, a temporary directory as its
+working directory and a PATH without any virtual environment (nothing activated). PySpark then
+finds the data source only through what the installation put on sys.path, not through the
+repository being the working directory, and its Python workers run on whatever interpreter the
+driver's session chose.
+
+The environments take their dependencies (pyspark, pyarrow, confluent-kafka, setuptools) from
+this interpreter's site-packages through a .pth path entry instead of downloading them again.
+The checkout's packaging files and packages are copied first, so that building them never
+rewrites the compiled extensions a running broker has loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from conftest import append, new_topic
+
+pytestmark = pytest.mark.spark
+
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+CHECKOUT_ENTRIES = ("pyproject.toml", "setup.py", "README.md", "headrace", "pyspark_headrace",
+                    "examples")
+INSTALL_TIMEOUT_S = 180
+SPARK_RUN_TIMEOUT_S = 240
+READ_BACK_TIMEOUT_S = 30
+# Variables that would let Spark or Python find the checkout or the test's interpreter
+# without the installation: a user's shell has none of them.
+SCRUBBED_VARIABLES = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV",
+                      "SPARK_HOME", "PYTHONHOME")
+
+USER_READ_SCRIPT = """
+import json, os, sys
+from pyspark.sql import SparkSession
+
+bootstrap, topic = sys.argv[1], sys.argv[2]
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's own rule without an activated venv
+spark = (SparkSession.builder.master("local[1]").appName("headrace-install-test")
+         .config("spark.driver.host", "127.0.0.1")
+         .config("spark.driver.bindAddress", "127.0.0.1")
+         .config("spark.ui.enabled", "false").getOrCreate())
+rows = (spark.read.format("headrace").option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic).load().select("value").collect())
+print(json.dumps(sorted(row.value.decode() for row in rows)))
+spark.stop()
+"""
+
+
+def _copy_checkout(destination: Path) -> Path:
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info")
+    destination.mkdir()
+    for entry in CHECKOUT_ENTRIES:
+        source = REPOSITORY_ROOT / entry
+        if source.is_dir():
+            shutil.copytree(source, destination / entry, ignore=ignore)
+        else:
+            shutil.copy2(source, destination / entry)
+    return destination
+
+
+def _new_environment(directory: Path) -> Path:
+    """A venv whose site-packages reaches this interpreter's dependencies; its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory)],
+                   check=True, timeout=INSTALL_TIMEOUT_S)
+    python = directory / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
+                              "print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "headrace-test-dependencies.pth").write_text(
+        sysconfig.get_path("purelib") + "\n")
+    return python
+
+
+def _pip(python: Path, *arguments: str) -> None:
+    command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+               "--no-index", "--no-build-isolation", *arguments]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _user_environment() -> dict[str, str]:
+    """os.environ as in a shell with no virtual environment activated."""
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in SCRUBBED_VARIABLES}
+    paths = environment.get("PATH", "").split(os.pathsep)
+    environment["PATH"] = os.pathsep.join(path for path in paths
+                                          if not Path(path, "pyvenv.cfg").exists()
+                                          and not Path(path, "..", "pyvenv.cfg").exists())
+    return environment
+
+
+def _run_spark(python: Path, arguments: list[str], cwd: Path) -> str:
+    result = subprocess.run([str(python), *arguments], cwd=cwd, env=_user_environment(),
+                            capture_output=True, text=True, timeout=SPARK_RUN_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout + _without_java_frames(result.stderr)
+    return result.stdout
+
+
+def _without_java_frames(stderr: str, limit_chars: int = 6000) -> str:
+    lines = [line for line in stderr.splitlines()
+             if not line.lstrip().startswith(("at ", "... "))]
+    return "\n".join(lines)[-limit_chars:]
+
+
+def _read_values(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic,
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while len(values) < count and time.monotonic() < deadline:
+            for message in consumer.consume(count - len(values), timeout=1.0):
+                assert message.error() is None, message.error()
+                values.append(message.value())
+        return values
+    finally:
+        consumer.close()
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    return _copy_checkout(tmp_path_factory.mktemp("install") / "checkout")
+
+
+@pytest.fixture
+def elsewhere(tmp_path) -> Path:
+    """A working directory outside the repository and the copied checkout."""
+    directory = tmp_path / "elsewhere"
+    directory.mkdir()
+    return directory
+
+
+def test_example_runs_as_its_docstring_says_from_an_editable_install(
+        checkout, elsewhere, bootstrap, tmp_path):
+    python = _new_environment(tmp_path / "editable-venv")
+    _pip(python, "-e", str(checkout))
+    source, target = new_topic(bootstrap, 1), new_topic(bootstrap, 1)
+    values = [f"copied-{index}".encode() for index in range(5)]
+    append(bootstrap, source, 0, values)
+
+    _run_spark(python, [str(checkout / "examples" / "spark" / "copy_topic.py"),
+                        "--bootstrap", bootstrap, "--source", source, "--target", target,
+                        "--checkpoint", str(tmp_path / "checkpoint")], elsewhere)
+
+    assert _read_values(bootstrap, target, len(values)) == values
+
+
+def test_wheel_holds_the_data_source_module_and_the_extensions_and_its_short_name_reads(
+        checkout, elsewhere, bootstrap, tmp_path):
+    wheel_dir = tmp_path / "wheels"
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index",
+                             "--no-build-isolation", "--wheel-dir", str(wheel_dir),
+                             str(checkout)],
+                            capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = wheel_dir.glob("headrace-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "pyspark_headrace/__init__.py" in names
+    for extension in ("_kernel", "_prepass"):
+        assert any(name.startswith(f"headrace/protocol/{extension}.") and name.endswith(".so")
+                   for name in names), extension
+
+    python = _new_environment(tmp_path / "wheel-venv")
+    _pip(python, str(wheel))
+    topic = new_topic(bootstrap, 1)
+    values = [f"from-wheel-{index}" for index in range(3)]
+    append(bootstrap, topic, 0, [value.encode() for value in values])
+    script = elsewhere / "read_topic.py"
+    script.write_text(USER_READ_SCRIPT)
+
+    output = _run_spark(python, [str(script), bootstrap, topic], elsewhere)
+
+    assert json.loads(output.strip().splitlines()[-1]) == values
