@@ -180,20 +180,36 @@ def test_large_fetch_on_uvloop_reads_slices_through_python(tmp_path, monkeypatch
         process.stop()
 
 
-def test_fetch_long_poll_is_woken_by_an_append(broker):
-    with RawClient(broker.bootstrap) as client:
-        _create(client, "long-poll")
+LONG_POLL_MAX_WAIT_MS = 3_600_000  # far beyond the test's bounded wait: only a wake-up answers
+
+
+def test_fetch_long_poll_is_woken_by_an_append(tmp_path):
+    """The poll is parked (its waiter registered in the broker's AppendHub) before the append,
+    and its max_wait is an hour: an answer within the test's bounded wait comes from a wake-up,
+    never from max_wait running out."""
+    broker = _InProcessBroker(tmp_path / "data", RealFileSystem())
     answers = []
+    try:
+        with RawClient(broker.bootstrap) as client:
+            _create(client, "long-poll")
 
-    def poll() -> None:
-        with RawClient(broker.bootstrap) as poller:
-            answers.append(_fetch(poller, "long-poll", 0, max_wait_ms=20_000, min_bytes=1))
+        def poll() -> None:
+            with RawClient(broker.bootstrap) as poller:
+                answers.append(_fetch(poller, "long-poll", 0, max_wait_ms=LONG_POLL_MAX_WAIT_MS))
 
-    thread = threading.Thread(target=poll)
-    thread.start()
-    with RawClient(broker.bootstrap) as producer:
-        assert _produce(producer, "long-poll", _batch([b"wake"])).error_code == 0
-    thread.join()
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        hub = broker.broker.state.appended
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while hub.waiter_count(("long-poll", 0)) == 0:  # observed: the fetch is parked
+            assert thread.is_alive() and time.monotonic() < deadline, answers
+            time.sleep(0.01)
+        with RawClient(broker.bootstrap) as producer:
+            assert _produce(producer, "long-poll", _batch([b"wake"])).error_code == 0
+        thread.join(STARTUP_TIMEOUT_S)
+        assert not thread.is_alive(), "the parked fetch was not woken by the append"
+    finally:
+        broker.stop()
     values = [r.value for r in record_codec.iter_records(answers[0].records)]
     assert values == [b"wake"]
 
