@@ -16,7 +16,6 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from headrace.errors import (
     CorruptMessage,
     InvalidRecord,
-    KafkaError,
     MessageTooLarge,
     UnsupportedCompressionType,
 )
@@ -401,14 +400,66 @@ def test_unknown_codec_in_a_valid_batch_is_unsupported():
         decode_batch(_sealed((6, 1, 0, 0, -1, -1, -1, 2), GOLDEN_RECORDS_SECTION))
 
 
+def _expected_legacy_outcome(magic: int, body: bytes):
+    """What decode_legacy must do with one message of ``magic`` + ``body``, decided from the
+    input: (key, value, timestamp) of its one record, or the error class it must raise (an
+    inner message set of random bytes never carries a valid CRC-32)."""
+    header = struct.Struct(">bq" if magic == 1 else ">b")
+    if len(body) < header.size + 8:
+        return CorruptMessage
+    attributes, *timestamp = header.unpack_from(body, 0)
+    pos, fields = header.size, []
+    for _ in range(2):
+        if len(body) - pos < 4:
+            return CorruptMessage
+        (length,) = struct.unpack_from(">i", body, pos)
+        pos += 4
+        if length == -1:
+            fields.append(None)
+            continue
+        if length < 0 or pos + length > len(body):
+            return CorruptMessage
+        fields.append(body[pos : pos + length])
+        pos += length
+    if pos != len(body):
+        return CorruptMessage
+    codec = attributes & 7
+    if codec == 0:
+        return (fields[0], fields[1], timestamp[0] if magic == 1 else -1)
+    if codec > 3:
+        return UnsupportedCompressionType
+    return CorruptMessage
+
+
+def _int32_bytes(data: bytes | None) -> bytes:
+    return struct.pack(">i", -1) if data is None else struct.pack(">i", len(data)) + data
+
+
 @settings(max_examples=200)
-@given(body=st.binary(min_size=6, max_size=60), magic=st.sampled_from([0, 1]))
-def test_legacy_garbage_under_a_valid_crc_raises_only_kafka_errors(body, magic):
+@given(
+    magic=st.sampled_from([0, 1]),
+    attributes=st.integers(0, 0x0F),
+    timestamp=st.integers(-1, 2**40),
+    key=st.none() | st.binary(max_size=12),
+    value=st.none() | st.binary(max_size=12),
+    cut_bytes=st.sampled_from([0, 0, 1, 4, 9]),
+    extra=st.sampled_from([b"", b"", b"\x00", b"\xff\xff\xff\xfe"]),
+)
+def test_legacy_garbage_under_a_valid_crc_raises_only_kafka_errors(magic, attributes, timestamp,
+                                                                   key, value, cut_bytes, extra):
+    """Messages whole, cut short, with extra bytes or unknown codecs (under a valid CRC-32):
+    each decodes to exactly its record or raises exactly the error its bytes call for."""
+    header = struct.pack(">bq", attributes, timestamp) if magic == 1 else bytes([attributes])
+    body = header + _int32_bytes(key) + _int32_bytes(value)
+    body = body[: len(body) - cut_bytes] + extra
+    expected = _expected_legacy_outcome(magic, body)
     entry = _legacy_entry(0, bytes([magic]) + body)
-    try:
-        decode_legacy(entry)
-    except KafkaError as error:
-        assert isinstance(error, CorruptMessage | UnsupportedCompressionType)
+    if isinstance(expected, tuple):
+        (record,) = decode_legacy(entry)
+        assert (record.key, record.value, record.timestamp_ms) == expected
+    else:
+        with pytest.raises(expected):
+            decode_legacy(entry)
 
 
 # ---------------------------------------------------------------- buffers of many batches
