@@ -98,8 +98,16 @@ class BrokerProcess:
         self.stop()
         self.start()
 
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+    def log_bytes(self) -> int:
+        """The log file's size now: a mark for ``log_text(since_byte=...)``."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_text(self, since_byte: int = 0) -> str:
+        """The broker's log from ``since_byte`` on: a test on the shared session broker reads
+        only what was logged since its own start, not what earlier tests caused."""
+        with self.log_path.open("rb") as log_file:
+            log_file.seek(since_byte)
+            return log_file.read().decode(errors="replace")
 
 
 def _start(tmp_dir: Path, overrides: dict[str, str] | None = None) -> BrokerProcess:
