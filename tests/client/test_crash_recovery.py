@@ -2,9 +2,10 @@
 
 Each seeded run SIGKILLs a consuming child once it has processed a random number of records (its
 lines in the processed file, fewer than half of those left: a consumer in flight, never an idle
-one) while its handlers run with random durations and random failures, then lets a last child
-drain the topic. After every kill, every offset below the group's committed offset must be in the processed file (no commit skips an
-unprocessed record); at the end every record must have been processed at least once. The
+one) while its handlers run with random durations and random failures, then lets a last child drain
+the topic. After every kill, every offset below the group's committed offset must be in the
+processed file (no commit skips an unprocessed record); at the end every record must have been
+processed at least once. The
 metadata test checks the restart skip: records done above a stuck one travel in the commit's
 metadata, and after a SIGKILL the next owner processes exactly the stuck record.
 """
