@@ -65,6 +65,68 @@ class Recorder:
         self.end(message)
 
 
+class DeclaredCostClock:
+    """A ``HandlerClock`` whose time passes only when a handler declares a cost (``spend``),
+    per thread: the parallelism policy sees exactly the declared wall and CPU time, whatever
+    the machine's load or speed."""
+
+    def __init__(self) -> None:
+        self._thread = threading.local()
+
+    def _counters(self) -> list[int]:
+        if not hasattr(self._thread, "counters"):
+            self._thread.counters = [0, 0]
+        return self._thread.counters
+
+    def spend(self, wall_ns: int, cpu_ns: int) -> None:
+        counters = self._counters()
+        counters[0] += wall_ns
+        counters[1] += cpu_ns
+
+    def wall_ns(self) -> int:
+        return self._counters()[0]
+
+    def thread_cpu_ns(self) -> int:
+        return self._counters()[1]
+
+
+# A handler waiting 10 s per record on 10 ms of CPU: one record in any window shorter than 20 s
+# keeps the workers saturated (busy at least half the window), so the policy sizes the pool to
+# its duty (0.001: every worker) however slowly this machine runs the test.
+WAITING_HANDLER_WALL_NS, WAITING_HANDLER_CPU_NS = 10_000_000_000, 10_000_000
+# A no-op-like handler: 1 us per record, all of it CPU (it runs rather than waits).
+CHEAP_HANDLER_NS = 1_000
+
+
+class InFlightGate:
+    """Holds each handler once ``open_for(n)`` was called until ``n`` are in flight at once
+    (bounded by WAIT_TIMEOUT_S): when the pool really has ``n`` workers taking runs, that many
+    handlers meet here; when it has fewer, the wait times out and ``reached`` stays False."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder, self.wanted, self.reached = recorder, 0, threading.Event()
+        self.gave_up = threading.Event()  # one wait timed out: later ones do not wait again
+
+    def open_for(self, wanted: int) -> None:
+        self.wanted = wanted
+
+    def wait(self) -> None:
+        if not self.wanted or self.gave_up.is_set():
+            return
+        with self.recorder.lock:
+            if self.recorder.in_flight >= self.wanted:
+                self.reached.set()
+        if not self.reached.wait(WAIT_TIMEOUT_S):
+            self.gave_up.set()
+
+
+def _wait_for_active_workers(consumer: ParallelConsumer, workers: int) -> None:
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while consumer.metrics().active_workers != workers:
+        assert time.monotonic() < deadline, consumer.metrics()
+        time.sleep(0.01)
+
+
 def _run(bootstrap, topic, handler, options, recorder, **config) -> ParallelConsumer:
     group = f"{topic}-{uuid.uuid4().hex[:6]}"
     consumer = ParallelConsumer(consumer_config(bootstrap, group, **config), [topic], handler,
@@ -288,30 +350,36 @@ def test_cheap_handler_runs_on_the_poll_thread(bootstrap):
 
 
 def test_handler_turning_slow_leaves_the_poll_thread_and_fans_out(bootstrap):
-    """Inline mode, then the handler starts sleeping 30 ms: the poll thread runs just the first
-    slow record (its run passes max_run_ms, 10, and the rest goes back for a worker), then the
-    policy fans the sleeping handler out to every worker."""
+    """Inline mode (a handler declaring 1 us of CPU per record), then the handler declares
+    10 s of waiting per record: the poll thread runs just the first slow record (its run passes
+    max_run_ms and the rest goes back for a worker), then the policy fans the waiting handler
+    out to every worker, and eight of them run it at once."""
     topic = create_topic(bootstrap, 2)
     produce_records(bootstrap, topic, 200, 2)
-    recorder, thread_log = Recorder(200, handler_s=0), ThreadLog()
+    recorder, thread_log, clock = Recorder(200, handler_s=0), ThreadLog(), DeclaredCostClock()
+    gate = InFlightGate(recorder)
     slow = threading.Event()
 
     def handler(message):
         thread_log.note(message)
         recorder.begin(message)
         if slow.is_set():
-            time.sleep(0.03)
+            clock.spend(WAITING_HANDLER_WALL_NS, WAITING_HANDLER_CPU_NS)
+            if threading.current_thread().name != "pc-poll":
+                gate.wait()
+        else:
+            clock.spend(CHEAP_HANDLER_NS, CHEAP_HANDLER_NS)
         recorder.end(message)
 
     consumer = ParallelConsumer(consumer_config(bootstrap, f"{topic}-slow"), [topic], handler,
-                                ParallelConsumerOptions(workers=8, ordering="unordered",
-                                                        **INLINE_TEST_OPTIONS))
+                                ParallelConsumerOptions(workers=8, ordering="unordered"),
+                                handler_clock=clock)
     with consumer:
         assert recorder.all_done.wait(WAIT_TIMEOUT_S)
         _wait_for_inline_mode(consumer)
         _next_phase(recorder, thread_log, 200)
         slow.set()
-        recorder.max_in_flight = 0
+        gate.open_for(8)
         produce_records(bootstrap, topic, 200, 2)
         assert recorder.all_done.wait(WAIT_TIMEOUT_S), f"processed {len(recorder.processed)}"
         active_workers = consumer.metrics().active_workers
@@ -319,7 +387,7 @@ def test_handler_turning_slow_leaves_the_poll_thread_and_fans_out(bootstrap):
     on_poll_thread = [key for key, names in thread_log.threads.items()
                       if key[0] == 2 and "pc-poll" in names]
     assert len(on_poll_thread) == 1
-    assert recorder.max_in_flight == 8 and active_workers == 8
+    assert gate.reached.is_set() and recorder.max_in_flight == 8 and active_workers == 8
     assert set(recorder.processed.values()) == {1}
 
 
@@ -406,14 +474,32 @@ def test_rebalance_while_inline_commits_what_the_poll_thread_did(bootstrap):
     assert committed_offsets(bootstrap, group, topic, 4) == {p: 400 for p in range(4)}
 
 
-def test_sleeping_handler_fans_out_to_every_worker(bootstrap):
+def test_waiting_handler_fans_out_to_every_worker(bootstrap):
+    """A handler measured at 10 s of wall time and 10 ms of CPU per record (declared through
+    the injected handler clock, not timed) is sized to every worker; then all eight of them
+    run a handler at once (eight handlers meet in the gate)."""
     topic = create_topic(bootstrap, 2)
     produce_records(bootstrap, topic, 400, 2)
-    recorder = Recorder(400, handler_s=0.02)  # waits 20 ms, next to no CPU
-    consumer = _run(bootstrap, topic, recorder, ParallelConsumerOptions(
-        workers=8, ordering="unordered"), recorder)
-    assert recorder.max_in_flight == 8
-    assert consumer.metrics().active_workers == 8
+    recorder, clock = Recorder(800, handler_s=0), DeclaredCostClock()
+    gate = InFlightGate(recorder)
+
+    def handler(message):
+        recorder.begin(message)
+        clock.spend(WAITING_HANDLER_WALL_NS, WAITING_HANDLER_CPU_NS)
+        gate.wait()
+        recorder.end(message)
+
+    consumer = ParallelConsumer(consumer_config(bootstrap, f"{topic}-waiting"), [topic], handler,
+                                ParallelConsumerOptions(workers=8, ordering="unordered"),
+                                handler_clock=clock)
+    with consumer:
+        _wait_for_active_workers(consumer, 8)
+        gate.open_for(8)
+        produce_records(bootstrap, topic, 400, 2)
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S), f"processed {len(recorder.processed)}"
+        assert consumer.metrics().active_workers == 8
+    assert consumer.failure is None
+    assert gate.reached.is_set() and recorder.max_in_flight == 8
 
 
 def test_handler_blocking_every_active_worker_does_not_stall_the_rest(bootstrap):
