@@ -35,6 +35,7 @@ class Recorder:
         self.starts_by_partition = defaultdict(list)
         self.starts_by_key = defaultdict(list)
         self.processed: Counter = Counter()
+        self.gate: InFlightGate | None = None  # holds handlers until a concurrency is reached
 
     def begin(self, message) -> None:
         with self.lock:
@@ -61,6 +62,8 @@ class Recorder:
 
     def __call__(self, message) -> None:
         self.begin(message)
+        if self.gate is not None:
+            self.gate.wait()
         time.sleep(self.handler_s)
         self.end(message)
 
@@ -99,22 +102,28 @@ CHEAP_HANDLER_NS = 1_000
 
 
 class InFlightGate:
-    """Holds each handler once ``open_for(n)`` was called until ``n`` are in flight at once
-    (bounded by WAIT_TIMEOUT_S): when the pool really has ``n`` workers taking runs, that many
-    handlers meet here; when it has fewer, the wait times out and ``reached`` stays False."""
+    """Holds each handler, once ``until(condition)`` or ``open_for(n)`` was called, until the
+    recorder's in-flight state meets the condition (bounded by WAIT_TIMEOUT_S): when the
+    consumer really runs that much at once, the handlers meet here and ``reached`` is set; when
+    it cannot, the wait times out and ``reached`` stays False. Handlers held here block every
+    active worker with records waiting, which the policy answers by doubling the workers."""
 
     def __init__(self, recorder: Recorder) -> None:
-        self.recorder, self.wanted, self.reached = recorder, 0, threading.Event()
+        self.recorder, self.condition, self.reached = recorder, None, threading.Event()
         self.gave_up = threading.Event()  # one wait timed out: later ones do not wait again
 
-    def open_for(self, wanted: int) -> None:
-        self.wanted = wanted
+    def until(self, condition) -> InFlightGate:
+        self.condition = condition
+        return self
+
+    def open_for(self, wanted: int) -> InFlightGate:
+        return self.until(lambda recorder: recorder.in_flight >= wanted)
 
     def wait(self) -> None:
-        if not self.wanted or self.gave_up.is_set():
+        if self.condition is None or self.gave_up.is_set():
             return
         with self.recorder.lock:
-            if self.recorder.in_flight >= self.wanted:
+            if self.condition(self.recorder):
                 self.reached.set()
         if not self.reached.wait(WAIT_TIMEOUT_S):
             self.gave_up.set()
@@ -146,11 +155,12 @@ def test_partition_ordering(bootstrap):
     topic = create_topic(bootstrap, 3)
     produce_records(bootstrap, topic, 240, 3)
     recorder = Recorder(240)
+    recorder.gate = InFlightGate(recorder).open_for(2)
     consumer = _run(bootstrap, topic, recorder, ParallelConsumerOptions(
         workers=8, ordering="partition"), recorder)
+    assert recorder.gate.reached.is_set() and recorder.max_in_flight > 1  # side by side
     assert recorder.max_per_partition == 1
     assert all(_is_increasing(starts) for starts in recorder.starts_by_partition.values())
-    assert recorder.max_in_flight > 1  # partitions ran side by side
     assert committed_offsets(bootstrap, consumer.group, topic, 3) == {0: 80, 1: 80, 2: 80}
 
 
@@ -158,19 +168,23 @@ def test_key_ordering(bootstrap):
     topic = create_topic(bootstrap, 2)
     produce_records(bootstrap, topic, 240, 2, keys=12)
     recorder = Recorder(240)
+    recorder.gate = InFlightGate(recorder).until(
+        lambda r: max(r.in_flight_by_partition.values()) >= 2)
     _run(bootstrap, topic, recorder, ParallelConsumerOptions(workers=8, ordering="key"), recorder)
+    assert recorder.gate.reached.is_set()  # keys of one partition ran side by side
     assert recorder.max_per_key == 1
     assert all(_is_increasing(starts) for starts in recorder.starts_by_key.values())
-    assert recorder.max_per_partition > 1  # keys of one partition ran side by side
+    assert recorder.max_per_partition > 1
 
 
 def test_unordered_runs_one_partition_concurrently(bootstrap):
     topic = create_topic(bootstrap, 1)
     produce_records(bootstrap, topic, 200, 1)
-    recorder = Recorder(200, handler_s=0.01)
+    recorder = Recorder(200, handler_s=0)
+    recorder.gate = InFlightGate(recorder).open_for(2)
     consumer = _run(bootstrap, topic, recorder, ParallelConsumerOptions(
         workers=8, ordering="unordered"), recorder)
-    assert recorder.max_per_partition > 1
+    assert recorder.gate.reached.is_set() and recorder.max_per_partition > 1
     assert committed_offsets(bootstrap, consumer.group, topic, 1) == {0: 200}
 
 
@@ -284,9 +298,9 @@ def test_metrics_and_prometheus(bootstrap):
     assert "headrace_parallel_consumer_processed_records_total 50.0" in exposition
 
 
-# Options of the inline-mode tests: a bound per run far above what a run of their cheap handler
-# takes even on a loaded machine, and a duty floor low enough that losing the CPU to other
-# processes does not read as waiting; so the policy's decision does not hang on machine noise.
+# Options of the inline-mode tests, whose handlers declare CHEAP_HANDLER_NS per record through a
+# DeclaredCostClock (so the policy's decision does not hang on machine noise): a bound per run
+# far above a run of them, and a low duty floor.
 INLINE_TEST_OPTIONS = dict(single_worker_max_run_us=20_000, inline_min_duty=0.1,
                            parallelism_window_ms=5)
 
@@ -325,16 +339,18 @@ def test_cheap_handler_runs_on_the_poll_thread(bootstrap):
     their offsets are committed through the same tracker."""
     topic = create_topic(bootstrap, 3)
     produce_records(bootstrap, topic, 600, 3, keys=50)
-    recorder, thread_log = Recorder(600, handler_s=0), ThreadLog()
+    recorder, thread_log, clock = Recorder(600, handler_s=0), ThreadLog(), DeclaredCostClock()
 
     def handler(message):
+        clock.spend(CHEAP_HANDLER_NS, CHEAP_HANDLER_NS)
         thread_log.note(message)
         recorder.end(message)
 
     group = f"{topic}-inline"
     consumer = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler,
                                 ParallelConsumerOptions(workers=16, ordering="key",
-                                                        **INLINE_TEST_OPTIONS))
+                                                        **INLINE_TEST_OPTIONS),
+                                handler_clock=clock)
     with consumer:
         assert recorder.all_done.wait(WAIT_TIMEOUT_S)
         _wait_for_inline_mode(consumer)
@@ -398,9 +414,10 @@ def test_failing_record_inline_is_retried_on_a_worker(bootstrap):
     produce_records(bootstrap, topic, 100, 2)
     recorder, thread_log = Recorder(100, handler_s=0), ThreadLog()
     attempt_threads: dict[tuple[int, int], list[str]] = defaultdict(list)
-    failing = threading.Event()
+    failing, clock = threading.Event(), DeclaredCostClock()
 
     def handler(message):
+        clock.spend(CHEAP_HANDLER_NS, CHEAP_HANDLER_NS)
         if failing.is_set() and message.offset() % 10 == 7:
             attempts = attempt_threads[(message.partition(), message.offset())]
             attempts.append(threading.current_thread().name)
@@ -412,7 +429,8 @@ def test_failing_record_inline_is_retried_on_a_worker(bootstrap):
     group = f"{topic}-retry"
     options = ParallelConsumerOptions(workers=4, ordering="partition", retry_backoff_ms=1,
                                       retry_backoff_max_ms=5, **INLINE_TEST_OPTIONS)
-    consumer = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler, options)
+    consumer = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler, options,
+                                handler_clock=clock)
     with consumer:
         assert recorder.all_done.wait(WAIT_TIMEOUT_S)
         _wait_for_inline_mode(consumer)
@@ -440,9 +458,11 @@ def test_rebalance_while_inline_commits_what_the_poll_thread_did(bootstrap):
     produce_records(bootstrap, topic, 800, 4, keys=40)
     recorder = Recorder(800, handler_s=0)
     members_by_record: dict[tuple[int, int], set[str]] = defaultdict(set)
+    clock = DeclaredCostClock()
 
     def handler_of(member: str):
         def handler(message):
+            clock.spend(CHEAP_HANDLER_NS, CHEAP_HANDLER_NS)
             members_by_record[(message.partition(), message.offset())].add(
                 f"{member}/{threading.current_thread().name}")
             recorder.end(message)
@@ -451,9 +471,9 @@ def test_rebalance_while_inline_commits_what_the_poll_thread_did(bootstrap):
     group = f"{topic}-rebalance"
     options = ParallelConsumerOptions(workers=4, ordering="key", **INLINE_TEST_OPTIONS)
     first = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler_of("first"),
-                             options)
+                             options, handler_clock=clock)
     second = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler_of("second"),
-                              options)
+                              options, handler_clock=clock)
     with first:
         assert recorder.all_done.wait(WAIT_TIMEOUT_S)
         _wait_for_inline_mode(first)
