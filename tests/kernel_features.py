@@ -16,8 +16,6 @@ import functools
 import os
 import tempfile
 
-from headrace.protocol import kernel
-
 CACHESTAT_SYSCALL = 451  # the same number on every architecture
 
 
@@ -61,10 +59,16 @@ def _o_direct_present() -> bool:
     return True
 
 
+def _crc32c_variant_present(variant: str) -> bool:
+    from headrace.protocol import kernel  # imported when asked: conftest loads this module
+
+    return variant in kernel.CRC32C_VARIANTS_SUPPORTED
+
+
 FEATURE_PROBES = {
     "cachestat": _cachestat_present,
     "o_direct": _o_direct_present,
-    **{f"crc32c_{variant}": (lambda variant=variant: variant in kernel.CRC32C_VARIANTS_SUPPORTED)
+    **{f"crc32c_{variant}": functools.partial(_crc32c_variant_present, variant)
        for variant in ("portable", "interleaved", "folded")},
 }
 
