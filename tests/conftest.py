@@ -29,10 +29,33 @@ from pathlib import Path
 import hypothesis  # noqa: F401
 import pytest
 
+from tests import kernel_features
+
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "run-peer.sh"
 PEER_SCRATCH_DIR = Path(os.environ.get("BENCH_SCRATCH", "/tmp/bench-eval"))
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "required_where(*features): a skip of this test fails when every named "
+        "feature (tests/kernel_features.py) is present on this machine")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip of a ``required_where`` test is a failure where its features are present."""
+    outcome = yield
+    report = outcome.get_result()
+    marker = item.get_closest_marker("required_where")
+    if marker is None or not report.skipped or call.when == "teardown":
+        return
+    if all(kernel_features.present(feature) for feature in marker.args):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (f"skipped although {', '.join(marker.args)} present on this "
+                           f"machine: {reason}")
 
 
 def free_port() -> int:
@@ -102,8 +125,16 @@ class BrokerProcess:
         self.stop()
         self.start()
 
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+    def log_bytes(self) -> int:
+        """The log file's size now: a mark for ``log_text(since_byte=...)``."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_text(self, since_byte: int = 0) -> str:
+        """The broker's log from ``since_byte`` on: a test on the shared session broker reads
+        only what was logged since its own start, not what earlier tests caused."""
+        with self.log_path.open("rb") as log_file:
+            log_file.seek(since_byte)
+            return log_file.read().decode(errors="replace")
 
 
 def _start(tmp_dir: Path, overrides: dict[str, str] | None = None) -> BrokerProcess:

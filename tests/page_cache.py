@@ -4,32 +4,20 @@ Stateless; safe from any thread."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
 
 import pytest
 
-CACHESTAT_SYSCALL = 451  # the same number on every architecture
-
-
-class _CachestatRange(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Cachestat(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+from tests.kernel_features import cachestat
 
 
 def cached_pages(path: Path) -> int:
     """Pages of ``path`` in the page cache."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    result = _Cachestat()
     with open(path, "rb") as file:
-        if libc.syscall(CACHESTAT_SYSCALL, file.fileno(), ctypes.byref(_CachestatRange(0, 0)),
-                        ctypes.byref(result), 0) != 0:
-            pytest.skip(f"no cachestat: {os.strerror(ctypes.get_errno())}")
+        result = cachestat(file.fileno())
+    if result is None:
+        pytest.skip("no cachestat(2) on this kernel")
     return result.nr_cache
 
 

@@ -144,6 +144,10 @@ class AppendHub:
                 if not waiters:
                     del self._waiters[key]
 
+    def waiter_count(self, key: tuple[str, int]) -> int:
+        """How many fetches are parked on ``key`` (a read for tests and metrics)."""
+        return len(self._waiters.get(key, ()))
+
     def notify(self, key: tuple[str, int]) -> None:
         """Thread-safe: schedule waking every waiter of ``key`` on the event loop.
 

@@ -25,7 +25,8 @@ Owns the poll thread, the worker pool and the commit policy around a ``WorkSched
   ``cpu_share_max / (CPU/wall)`` workers, at most ``workers``, growing only while the active
   ones are saturated; a CPU-bound Python handler gets one (the GIL admits no more). A handler
   blocking every active worker while records wait doubles them each window. The active count
-  starts at 1 and is the ``active_workers`` metric.
+  starts at 1 and is the ``active_workers`` metric. Handler time is read from a
+  ``HandlerClock`` (the performance counter and the thread's CPU clock; tests inject one).
 * Inline mode: the poll thread runs the records itself between ``consume()`` calls -- a batch
   straight from ``consume()`` when nothing is in flight (``WorkScheduler.add_batch_inline``),
   else buffered runs (``take_inline``) -- with the same ordering, offset tracking
@@ -89,7 +90,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -158,6 +159,23 @@ class ParallelConsumerOptions:
     inline_min_duty: float = INLINE_MIN_DUTY_DEFAULT
 
 
+class HandlerClock(Protocol):
+    """Where handler time is measured: the process's performance counter and the calling
+    thread's CPU clock, in nanoseconds. Tests pass one that counts costs their handlers
+    declare, so the parallelism policy sees the same figures on any machine."""
+
+    def wall_ns(self) -> int: ...
+
+    def thread_cpu_ns(self) -> int: ...
+
+
+class SystemHandlerClock:
+    """``time.perf_counter_ns`` and ``time.thread_time_ns``."""
+
+    wall_ns = staticmethod(time.perf_counter_ns)
+    thread_cpu_ns = staticmethod(time.thread_time_ns)
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerMetrics:
     """A point-in-time snapshot; per-partition figures in ``partitions``. ``active_workers`` 0:
@@ -180,13 +198,15 @@ class ParallelConsumer:
     def __init__(self, consumer_config: dict[str, Any], topics: list[str],
                  handler: Callable[[Message], Any],
                  options: ParallelConsumerOptions = ParallelConsumerOptions(),
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None,
+                 handler_clock: HandlerClock | None = None) -> None:
         self._validate(consumer_config, options)
         self._options = options
         self._topics = list(topics)
         self._handler = handler
         self._handler_is_async = inspect.iscoroutinefunction(handler)
         self._clock = clock or SystemClock()
+        self._handler_clock = handler_clock or SystemHandlerClock()
         self._scheduler = WorkScheduler(options.ordering, options.buffer_limits,
                                         options.max_run_records, options.max_run_ms)
         self._parallelism_limits = ParallelismLimits(
@@ -348,8 +368,9 @@ class ParallelConsumer:
         system call, dearer than a run of a no-op handler), which counts the scheduler's
         bookkeeping in between as handler CPU: the policy only uses sums."""
         scheduler = self._scheduler
-        perf_counter_ns = time.perf_counter_ns
-        started_cpu_ns = time.thread_time_ns()
+        handler_clock = self._handler_clock
+        perf_counter_ns, thread_time_ns = handler_clock.wall_ns, handler_clock.thread_cpu_ns
+        started_cpu_ns = thread_time_ns()
         deadline_ns = perf_counter_ns() + self._inline_budget_ns
         pending = started_runs[::-1]
         runs = 0
@@ -384,7 +405,7 @@ class ParallelConsumer:
             if pending:
                 scheduler.put_back(pending)
             if runs:
-                scheduler.record_handler_cpu(time.thread_time_ns() - started_cpu_ns)
+                scheduler.record_handler_cpu(thread_time_ns() - started_cpu_ns)
         return runs
 
     def _process_run_inline(self, run: Run, check_deadline_ns: int) -> tuple[int, Exception | None]:
@@ -394,7 +415,8 @@ class ParallelConsumer:
         every ``INLINE_CHECK_MAX_RECORDS`` records, not after each one (a clock read costs a
         no-op handler's time several times over). No revocation check per record: partitions are
         revoked and dispatch stopped only on this thread."""
-        handler, messages, perf_counter_ns = self._handler, run.messages, time.perf_counter_ns
+        handler, messages = self._handler, run.messages
+        perf_counter_ns = self._handler_clock.wall_ns
         count, done_records, stretch, error = len(messages), 0, 1, None
         while done_records < count:
             records = messages[done_records:done_records + stretch]
@@ -588,7 +610,8 @@ class ParallelConsumer:
         with the process's performance counter and this thread's CPU clock: figures about the
         handler, not time the consumer's logic depends on."""
         take, complete = self._scheduler.take, self._scheduler.complete
-        perf_counter_ns, thread_time_ns = time.perf_counter_ns, time.thread_time_ns
+        handler_clock = self._handler_clock
+        perf_counter_ns, thread_time_ns = handler_clock.wall_ns, handler_clock.thread_cpu_ns
         while True:
             run = take(None, worker_index)
             if run is None:

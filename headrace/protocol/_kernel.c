@@ -1438,6 +1438,8 @@ static int crc32c_fold_supported(void)
 
 static uint32_t (*crc32c_fast_update)(uint32_t, const uint8_t *, size_t) = crc32c_portable;
 static const char *crc32c_variant = "portable";
+/* The variants this CPU can run, fastest last, whatever the environment caps. */
+static const char *crc32c_variants_supported = "portable";
 
 /* Environment variable that caps the CRC-32C variant: "portable" (table lookups), "interleaved"
  * (three SSE 4.2 streams) or unset/"auto" (the fastest the CPU has). A variant the CPU lacks
@@ -1448,6 +1450,11 @@ static const char *crc32c_variant = "portable";
 static void validate_init(void)
 {
     const char *cap = getenv(CRC32C_VARIANT_ENV);
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (crc32c_update == crc32c_sse42)
+        crc32c_variants_supported = crc32c_fold_supported() ? "portable interleaved folded"
+                                                            : "portable interleaved";
+#endif
     if (cap != NULL && strcmp(cap, "portable") == 0) {
         crc32c_update = crc32c_portable;
         crc32c_fast_update = crc32c_portable;
@@ -3126,6 +3133,18 @@ struct cachestat_result {
 
 static int cachestat_usable = 1; /* cleared on ENOSYS (before Linux 6.5): mincore then */
 
+/* Environment variable that picks the page-cache probe at import: "mincore" (what kernels
+ * before 6.5 get) or unset/"cachestat" (cachestat(2) while the kernel has it). For testing the
+ * mincore path on any kernel, in a process of its own. */
+#define PAGE_CACHE_PROBE_ENV "HEADRACE_PAGE_CACHE_PROBE"
+
+static void page_cache_probe_init(void)
+{
+    const char *probe = getenv(PAGE_CACHE_PROBE_ENV);
+    if (probe != NULL && strcmp(probe, "mincore") == 0)
+        cachestat_usable = 0;
+}
+
 /* Whether every page of [first, end) (first page-aligned) of fd is cached, by mincore(2)
  * over a shared read-only mapping of the range (which faults nothing in): -1 if the kernel
  * cannot tell. */
@@ -3183,6 +3202,14 @@ static PyObject *py_page_cache_holds(PyObject *self, PyObject *args)
         return NULL;
     }
     return PyBool_FromLong(range_cached(fd, position, (size_t)length));
+}
+
+static PyObject *py_page_cache_probe(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(__atomic_load_n(&cachestat_usable, __ATOMIC_RELAXED)
+                                ? "cachestat" : "mincore");
 }
 
 static PyObject *py_use_cachestat(PyObject *self, PyObject *flag)
@@ -4265,6 +4292,8 @@ static PyMethodDef kernel_methods[] = {
     {"page_cache_holds", py_page_cache_holds, METH_VARARGS,
      "page_cache_holds(fd, position, length) -> bool: whether every page of the range is in "
      "the page cache (True where the kernel cannot tell), as the cleaner's spans ask it."},
+    {"page_cache_probe", py_page_cache_probe, METH_NOARGS,
+     "page_cache_probe() -> str: \"cachestat\" or \"mincore\", the probe the spans use now."},
     {"use_cachestat", py_use_cachestat, METH_O,
      "use_cachestat(flag) -> bool: whether the spans ask the page cache with cachestat(2) "
      "(else mincore(2), as on kernels before 6.5, where cachestat is dropped on its first "
@@ -4338,6 +4367,7 @@ PyMODINIT_FUNC PyInit__kernel(void)
         crc32c_update = crc32c_sse42;
 #endif
     validate_init();
+    page_cache_probe_init();
     if (PyType_Ready(&OwnedBufferType) < 0)
         return NULL;
     PyObject *errors = PyImport_ImportModule("headrace.errors");
@@ -4360,6 +4390,8 @@ PyMODINIT_FUNC PyInit__kernel(void)
     }
     if (module != NULL &&
         (PyModule_AddStringConstant(module, "CRC32C_VARIANT", crc32c_variant) < 0 ||
+         PyModule_AddStringConstant(module, "CRC32C_VARIANTS_SUPPORTED",
+                                    crc32c_variants_supported) < 0 ||
          PyModule_AddIntConstant(module, "HELD_VIEWS_MAX", HELD_VIEWS_MAX) < 0)) {
         Py_DECREF(module);
         return NULL;

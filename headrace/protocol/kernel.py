@@ -413,6 +413,18 @@ def aligned_buffer(size_bytes: int, alignment_bytes: int = DIRECT_READ_ALIGN_BYT
     return raw[start:start + size_bytes]
 
 
+# The environment variable HEADRACE_PAGE_CACHE_PROBE=mincore, read at import, makes the spans
+# ask the page cache with mincore(2) as on kernels before 6.5 (unset or "cachestat": cachestat
+# while the kernel has it).
+PAGE_CACHE_PROBE_ENV = "HEADRACE_PAGE_CACHE_PROBE"
+
+
+def page_cache_probe() -> str:
+    """"cachestat" or "mincore": the probe the spans use now (cachestat turns into mincore on
+    its first ENOSYS, on kernels before 6.5)."""
+    return _kernel.page_cache_probe()
+
+
 def use_cachestat(flag: bool) -> bool:
     """Whether the spans ask which chunks are in the page cache with cachestat(2) (Linux
     6.5+) rather than mincore(2) over a mapping of the chunk (what kernels without
@@ -719,7 +731,10 @@ def index_batches(buf: BufferLike, buffer_position: int, file_size: int, min_bas
 # VPCLMULQDQ), "interleaved" (three SSE 4.2 streams) or "portable" (tables). The environment
 # variable HEADRACE_KERNEL_CRC32C=interleaved|portable caps it, e.g. to rule out a CPU-specific
 # fault or to test every variant on one machine.
+CRC32C_VARIANT_ENV = "HEADRACE_KERNEL_CRC32C"
 CRC32C_VARIANT: str = _kernel.CRC32C_VARIANT
+# The variants this CPU can run (whatever the environment caps), slowest first.
+CRC32C_VARIANTS_SUPPORTED: tuple[str, ...] = tuple(_kernel.CRC32C_VARIANTS_SUPPORTED.split())
 
 
 def crc32c(buf: BufferLike) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import uuid
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -47,6 +48,7 @@ def _consume_all(bootstrap: str, topic: str, fetch_bytes: int) -> list[bytes]:
     return values
 
 
+@pytest.mark.required_where("cachestat")
 def test_a_consumer_reads_a_segment_out_of_the_page_cache_without_caching_it(fresh_broker):
     topic = f"cold-{uuid.uuid4().hex[:8]}"
     produced = _produce(fresh_broker.bootstrap, topic)

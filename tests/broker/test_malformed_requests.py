@@ -86,14 +86,17 @@ def _send_and_wait_for_close(bootstrap: str, frame: bytes) -> int:
     return port
 
 
-def _warnings_for(broker, port: int) -> list[str]:
+def _warnings_for(broker, port: int, since_byte: int) -> list[str]:
     marker = f"WARNING headrace.broker.connection: closing connection from 127.0.0.1:{port}:"
-    return [line for line in broker.log_text().splitlines() if marker in line]
+    return [line for line in broker.log_text(since_byte).splitlines() if marker in line]
 
 
-def _one_warning_for(broker, port: int) -> str:
+def _one_warning_for(broker, port: int, since_byte: int) -> str:
+    """The one warning about the connection from ``port`` logged after ``since_byte`` (a port
+    an earlier test used may have its own line before)."""
     deadline = time.monotonic() + LOG_WAIT_S
-    while not (lines := _warnings_for(broker, port)) and time.monotonic() < deadline:
+    while not (lines := _warnings_for(broker, port, since_byte)) and \
+            time.monotonic() < deadline:
         time.sleep(0.01)  # polling the log file for the line, bounded by LOG_WAIT_S
     assert len(lines) == 1, lines
     return lines[0]
@@ -142,9 +145,10 @@ def test_the_generated_frames_cover_every_advertised_version_with_an_array():
 def test_a_huge_array_count_in_any_request_closes_only_that_connection(fresh_broker, clients):
     producer, consumer = clients
     for (key, version), frame in CRASH_FRAMES.items():
+        log_start = fresh_broker.log_bytes()
         port = _send_and_wait_for_close(fresh_broker.bootstrap, frame)
         assert fresh_broker.process.poll() is None, f"broker died on key {key} v{version}"
-        assert "overruns" in _one_warning_for(fresh_broker, port)
+        assert "overruns" in _one_warning_for(fresh_broker, port, log_start)
         _round_trip(producer, consumer, f"after {key} v{version}".encode())
     log = fresh_broker.log_text()
     assert "internal error" not in log and "Traceback" not in log
@@ -158,11 +162,13 @@ def test_a_huge_array_count_in_any_request_closes_only_that_connection(fresh_bro
 ])
 def test_a_null_array_where_the_schema_has_none_closes_with_a_warning(broker, key, version,
                                                                       values):
+    log_start = broker.log_bytes()
     body = wire.build(wire.request_class(key, version), values)
     frame = wire.encode_request(key, version, 1, "null-arrays", body)
     port = _send_and_wait_for_close(broker.bootstrap, frame)
-    assert "topics: non-nullable field was serialized as null" in _one_warning_for(broker, port)
+    assert "topics: non-nullable field was serialized as null" in \
+        _one_warning_for(broker, port, log_start)
     with RawClient(broker.bootstrap) as other:
         assert other.request(API_VERSIONS, 0, {}).error_code == 0
-    assert "internal error" not in broker.log_text()
+    assert "internal error" not in broker.log_text(since_byte=log_start)
 

@@ -1,9 +1,11 @@
 """At-least-once across SIGKILL and rebalances: real child processes against a real broker.
 
-Each seeded run SIGKILLs a consuming child at random moments while its handlers run with random
-durations and random failures, then lets a last child drain the topic. After every kill, every
-offset below the group's committed offset must be in the processed file (no commit skips an
-unprocessed record); at the end every record must have been processed at least once. The
+Each seeded run SIGKILLs a consuming child once it has processed a random number of records (its
+lines in the processed file, fewer than half of those left: a consumer in flight, never an idle
+one) while its handlers run with random durations and random failures, then lets a last child drain
+the topic. After every kill, every offset below the group's committed offset must be in the
+processed file (no commit skips an unprocessed record); at the end every record must have been
+processed at least once. The
 metadata test checks the restart skip: records done above a stuck one travel in the commit's
 metadata, and after a SIGKILL the next owner processes exactly the stuck record.
 """
@@ -39,7 +41,6 @@ CRASH_RUNS_IN_PARALLEL = 5
 PARTITIONS = 3
 RECORDS_PER_RUN = 300
 KILLS_PER_RUN = 2
-KILL_AFTER_MAX_S = 2.5
 DRAIN_TIMEOUT_S = 60.0
 FILE_POLL_INTERVAL_S = 0.05
 COMMIT_POLL_INTERVAL_S = 0.2
@@ -86,6 +87,22 @@ def _wait_all_processed(path: Path, expected: set[tuple[int, int]], child) -> No
         time.sleep(FILE_POLL_INTERVAL_S)
 
 
+def _lines_of(path: Path, pid: int) -> int:
+    if not path.exists():
+        return 0
+    return sum(line.split()[2:3] == [str(pid)] for line in path.read_text().splitlines())
+
+
+def _wait_child_processed(path: Path, child: subprocess.Popen, lines: int) -> None:
+    """Until ``child`` has processed ``lines`` records (its own lines in the processed file):
+    the SIGKILL then lands on a consumer in the middle of the topic, never on an idle one."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while _lines_of(path, child.pid) < lines:
+        assert child.poll() is None, child.stderr.read().decode()
+        assert time.monotonic() < deadline, f"child {child.pid} processed < {lines} records"
+        time.sleep(FILE_POLL_INTERVAL_S)
+
+
 def _wait_committed(bootstrap, group, topic, expected: dict[int, int], child) -> None:
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     while (committed := committed_offsets(bootstrap, group, topic, len(expected))) != expected:
@@ -117,9 +134,13 @@ def _crash_run(bootstrap: str, seed: int) -> list[str]:
     violations = []
     for kill in range(KILLS_PER_RUN):
         child = _spawn(bootstrap, topic, group, processed_path, seed * 100 + kill)
-        time.sleep(rng.uniform(0.2, KILL_AFTER_MAX_S))
+        unprocessed = len(expected - _processed(processed_path))
+        kill_after_lines = rng.randint(1, max(1, unprocessed // 2))
+        _wait_child_processed(processed_path, child, kill_after_lines)
         child.kill()
         child.communicate()
+        if expected <= _processed(processed_path):
+            violations.append(f"seed {seed} kill {kill}: the child had finished, not in flight")
         skipped = _skipped_records(bootstrap, group, topic, processed_path)
         if skipped:
             violations.append(f"seed {seed} kill {kill}: committed past unprocessed {skipped[:5]}")

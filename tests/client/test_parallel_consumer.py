@@ -35,6 +35,7 @@ class Recorder:
         self.starts_by_partition = defaultdict(list)
         self.starts_by_key = defaultdict(list)
         self.processed: Counter = Counter()
+        self.gate: InFlightGate | None = None  # holds handlers until a concurrency is reached
 
     def begin(self, message) -> None:
         with self.lock:
@@ -61,8 +62,78 @@ class Recorder:
 
     def __call__(self, message) -> None:
         self.begin(message)
+        if self.gate is not None:
+            self.gate.wait()
         time.sleep(self.handler_s)
         self.end(message)
+
+
+class DeclaredCostClock:
+    """A ``HandlerClock`` whose time passes only when a handler declares a cost (``spend``),
+    per thread: the parallelism policy sees exactly the declared wall and CPU time, whatever
+    the machine's load or speed."""
+
+    def __init__(self) -> None:
+        self._thread = threading.local()
+
+    def _counters(self) -> list[int]:
+        if not hasattr(self._thread, "counters"):
+            self._thread.counters = [0, 0]
+        return self._thread.counters
+
+    def spend(self, wall_ns: int, cpu_ns: int) -> None:
+        counters = self._counters()
+        counters[0] += wall_ns
+        counters[1] += cpu_ns
+
+    def wall_ns(self) -> int:
+        return self._counters()[0]
+
+    def thread_cpu_ns(self) -> int:
+        return self._counters()[1]
+
+
+# A handler waiting 10 s per record on 10 ms of CPU: one record in any window shorter than 20 s
+# keeps the workers saturated (busy at least half the window), so the policy sizes the pool to
+# its duty (0.001: every worker) however slowly this machine runs the test.
+WAITING_HANDLER_WALL_NS, WAITING_HANDLER_CPU_NS = 10_000_000_000, 10_000_000
+# A no-op-like handler: 1 us per record, all of it CPU (it runs rather than waits).
+CHEAP_HANDLER_NS = 1_000
+
+
+class InFlightGate:
+    """Holds each handler, once ``until(condition)`` or ``open_for(n)`` was called, until the
+    recorder's in-flight state meets the condition (bounded by WAIT_TIMEOUT_S): when the
+    consumer really runs that much at once, the handlers meet here and ``reached`` is set; when
+    it cannot, the wait times out and ``reached`` stays False. Handlers held here block every
+    active worker with records waiting, which the policy answers by doubling the workers."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder, self.condition, self.reached = recorder, None, threading.Event()
+        self.gave_up = threading.Event()  # one wait timed out: later ones do not wait again
+
+    def until(self, condition) -> InFlightGate:
+        self.condition = condition
+        return self
+
+    def open_for(self, wanted: int) -> InFlightGate:
+        return self.until(lambda recorder: recorder.in_flight >= wanted)
+
+    def wait(self) -> None:
+        if self.condition is None or self.gave_up.is_set():
+            return
+        with self.recorder.lock:
+            if self.condition(self.recorder):
+                self.reached.set()
+        if not self.reached.wait(WAIT_TIMEOUT_S):
+            self.gave_up.set()
+
+
+def _wait_for_active_workers(consumer: ParallelConsumer, workers: int) -> None:
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while consumer.metrics().active_workers != workers:
+        assert time.monotonic() < deadline, consumer.metrics()
+        time.sleep(0.01)
 
 
 def _run(bootstrap, topic, handler, options, recorder, **config) -> ParallelConsumer:
@@ -84,11 +155,12 @@ def test_partition_ordering(bootstrap):
     topic = create_topic(bootstrap, 3)
     produce_records(bootstrap, topic, 240, 3)
     recorder = Recorder(240)
+    recorder.gate = InFlightGate(recorder).open_for(2)
     consumer = _run(bootstrap, topic, recorder, ParallelConsumerOptions(
         workers=8, ordering="partition"), recorder)
+    assert recorder.gate.reached.is_set() and recorder.max_in_flight > 1  # side by side
     assert recorder.max_per_partition == 1
     assert all(_is_increasing(starts) for starts in recorder.starts_by_partition.values())
-    assert recorder.max_in_flight > 1  # partitions ran side by side
     assert committed_offsets(bootstrap, consumer.group, topic, 3) == {0: 80, 1: 80, 2: 80}
 
 
@@ -96,19 +168,23 @@ def test_key_ordering(bootstrap):
     topic = create_topic(bootstrap, 2)
     produce_records(bootstrap, topic, 240, 2, keys=12)
     recorder = Recorder(240)
+    recorder.gate = InFlightGate(recorder).until(
+        lambda r: max(r.in_flight_by_partition.values()) >= 2)
     _run(bootstrap, topic, recorder, ParallelConsumerOptions(workers=8, ordering="key"), recorder)
+    assert recorder.gate.reached.is_set()  # keys of one partition ran side by side
     assert recorder.max_per_key == 1
     assert all(_is_increasing(starts) for starts in recorder.starts_by_key.values())
-    assert recorder.max_per_partition > 1  # keys of one partition ran side by side
+    assert recorder.max_per_partition > 1
 
 
 def test_unordered_runs_one_partition_concurrently(bootstrap):
     topic = create_topic(bootstrap, 1)
     produce_records(bootstrap, topic, 200, 1)
-    recorder = Recorder(200, handler_s=0.01)
+    recorder = Recorder(200, handler_s=0)
+    recorder.gate = InFlightGate(recorder).open_for(2)
     consumer = _run(bootstrap, topic, recorder, ParallelConsumerOptions(
         workers=8, ordering="unordered"), recorder)
-    assert recorder.max_per_partition > 1
+    assert recorder.gate.reached.is_set() and recorder.max_per_partition > 1
     assert committed_offsets(bootstrap, consumer.group, topic, 1) == {0: 200}
 
 
@@ -222,9 +298,9 @@ def test_metrics_and_prometheus(bootstrap):
     assert "headrace_parallel_consumer_processed_records_total 50.0" in exposition
 
 
-# Options of the inline-mode tests: a bound per run far above what a run of their cheap handler
-# takes even on a loaded machine, and a duty floor low enough that losing the CPU to other
-# processes does not read as waiting; so the policy's decision does not hang on machine noise.
+# Options of the inline-mode tests, whose handlers declare CHEAP_HANDLER_NS per record through a
+# DeclaredCostClock (so the policy's decision does not hang on machine noise): a bound per run
+# far above a run of them, and a low duty floor.
 INLINE_TEST_OPTIONS = dict(single_worker_max_run_us=20_000, inline_min_duty=0.1,
                            parallelism_window_ms=5)
 
@@ -263,16 +339,18 @@ def test_cheap_handler_runs_on_the_poll_thread(bootstrap):
     their offsets are committed through the same tracker."""
     topic = create_topic(bootstrap, 3)
     produce_records(bootstrap, topic, 600, 3, keys=50)
-    recorder, thread_log = Recorder(600, handler_s=0), ThreadLog()
+    recorder, thread_log, clock = Recorder(600, handler_s=0), ThreadLog(), DeclaredCostClock()
 
     def handler(message):
+        clock.spend(CHEAP_HANDLER_NS, CHEAP_HANDLER_NS)
         thread_log.note(message)
         recorder.end(message)
 
     group = f"{topic}-inline"
     consumer = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler,
                                 ParallelConsumerOptions(workers=16, ordering="key",
-                                                        **INLINE_TEST_OPTIONS))
+                                                        **INLINE_TEST_OPTIONS),
+                                handler_clock=clock)
     with consumer:
         assert recorder.all_done.wait(WAIT_TIMEOUT_S)
         _wait_for_inline_mode(consumer)
@@ -288,30 +366,36 @@ def test_cheap_handler_runs_on_the_poll_thread(bootstrap):
 
 
 def test_handler_turning_slow_leaves_the_poll_thread_and_fans_out(bootstrap):
-    """Inline mode, then the handler starts sleeping 30 ms: the poll thread runs just the first
-    slow record (its run passes max_run_ms, 10, and the rest goes back for a worker), then the
-    policy fans the sleeping handler out to every worker."""
+    """Inline mode (a handler declaring 1 us of CPU per record), then the handler declares
+    10 s of waiting per record: the poll thread runs just the first slow record (its run passes
+    max_run_ms and the rest goes back for a worker), then the policy fans the waiting handler
+    out to every worker, and eight of them run it at once."""
     topic = create_topic(bootstrap, 2)
     produce_records(bootstrap, topic, 200, 2)
-    recorder, thread_log = Recorder(200, handler_s=0), ThreadLog()
+    recorder, thread_log, clock = Recorder(200, handler_s=0), ThreadLog(), DeclaredCostClock()
+    gate = InFlightGate(recorder)
     slow = threading.Event()
 
     def handler(message):
         thread_log.note(message)
         recorder.begin(message)
         if slow.is_set():
-            time.sleep(0.03)
+            clock.spend(WAITING_HANDLER_WALL_NS, WAITING_HANDLER_CPU_NS)
+            if threading.current_thread().name != "pc-poll":
+                gate.wait()
+        else:
+            clock.spend(CHEAP_HANDLER_NS, CHEAP_HANDLER_NS)
         recorder.end(message)
 
     consumer = ParallelConsumer(consumer_config(bootstrap, f"{topic}-slow"), [topic], handler,
-                                ParallelConsumerOptions(workers=8, ordering="unordered",
-                                                        **INLINE_TEST_OPTIONS))
+                                ParallelConsumerOptions(workers=8, ordering="unordered"),
+                                handler_clock=clock)
     with consumer:
         assert recorder.all_done.wait(WAIT_TIMEOUT_S)
         _wait_for_inline_mode(consumer)
         _next_phase(recorder, thread_log, 200)
         slow.set()
-        recorder.max_in_flight = 0
+        gate.open_for(8)
         produce_records(bootstrap, topic, 200, 2)
         assert recorder.all_done.wait(WAIT_TIMEOUT_S), f"processed {len(recorder.processed)}"
         active_workers = consumer.metrics().active_workers
@@ -319,7 +403,7 @@ def test_handler_turning_slow_leaves_the_poll_thread_and_fans_out(bootstrap):
     on_poll_thread = [key for key, names in thread_log.threads.items()
                       if key[0] == 2 and "pc-poll" in names]
     assert len(on_poll_thread) == 1
-    assert recorder.max_in_flight == 8 and active_workers == 8
+    assert gate.reached.is_set() and recorder.max_in_flight == 8 and active_workers == 8
     assert set(recorder.processed.values()) == {1}
 
 
@@ -330,9 +414,10 @@ def test_failing_record_inline_is_retried_on_a_worker(bootstrap):
     produce_records(bootstrap, topic, 100, 2)
     recorder, thread_log = Recorder(100, handler_s=0), ThreadLog()
     attempt_threads: dict[tuple[int, int], list[str]] = defaultdict(list)
-    failing = threading.Event()
+    failing, clock = threading.Event(), DeclaredCostClock()
 
     def handler(message):
+        clock.spend(CHEAP_HANDLER_NS, CHEAP_HANDLER_NS)
         if failing.is_set() and message.offset() % 10 == 7:
             attempts = attempt_threads[(message.partition(), message.offset())]
             attempts.append(threading.current_thread().name)
@@ -344,7 +429,8 @@ def test_failing_record_inline_is_retried_on_a_worker(bootstrap):
     group = f"{topic}-retry"
     options = ParallelConsumerOptions(workers=4, ordering="partition", retry_backoff_ms=1,
                                       retry_backoff_max_ms=5, **INLINE_TEST_OPTIONS)
-    consumer = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler, options)
+    consumer = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler, options,
+                                handler_clock=clock)
     with consumer:
         assert recorder.all_done.wait(WAIT_TIMEOUT_S)
         _wait_for_inline_mode(consumer)
@@ -372,9 +458,11 @@ def test_rebalance_while_inline_commits_what_the_poll_thread_did(bootstrap):
     produce_records(bootstrap, topic, 800, 4, keys=40)
     recorder = Recorder(800, handler_s=0)
     members_by_record: dict[tuple[int, int], set[str]] = defaultdict(set)
+    clock = DeclaredCostClock()
 
     def handler_of(member: str):
         def handler(message):
+            clock.spend(CHEAP_HANDLER_NS, CHEAP_HANDLER_NS)
             members_by_record[(message.partition(), message.offset())].add(
                 f"{member}/{threading.current_thread().name}")
             recorder.end(message)
@@ -383,9 +471,9 @@ def test_rebalance_while_inline_commits_what_the_poll_thread_did(bootstrap):
     group = f"{topic}-rebalance"
     options = ParallelConsumerOptions(workers=4, ordering="key", **INLINE_TEST_OPTIONS)
     first = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler_of("first"),
-                             options)
+                             options, handler_clock=clock)
     second = ParallelConsumer(consumer_config(bootstrap, group), [topic], handler_of("second"),
-                              options)
+                              options, handler_clock=clock)
     with first:
         assert recorder.all_done.wait(WAIT_TIMEOUT_S)
         _wait_for_inline_mode(first)
@@ -406,14 +494,32 @@ def test_rebalance_while_inline_commits_what_the_poll_thread_did(bootstrap):
     assert committed_offsets(bootstrap, group, topic, 4) == {p: 400 for p in range(4)}
 
 
-def test_sleeping_handler_fans_out_to_every_worker(bootstrap):
+def test_waiting_handler_fans_out_to_every_worker(bootstrap):
+    """A handler measured at 10 s of wall time and 10 ms of CPU per record (declared through
+    the injected handler clock, not timed) is sized to every worker; then all eight of them
+    run a handler at once (eight handlers meet in the gate)."""
     topic = create_topic(bootstrap, 2)
     produce_records(bootstrap, topic, 400, 2)
-    recorder = Recorder(400, handler_s=0.02)  # waits 20 ms, next to no CPU
-    consumer = _run(bootstrap, topic, recorder, ParallelConsumerOptions(
-        workers=8, ordering="unordered"), recorder)
-    assert recorder.max_in_flight == 8
-    assert consumer.metrics().active_workers == 8
+    recorder, clock = Recorder(800, handler_s=0), DeclaredCostClock()
+    gate = InFlightGate(recorder)
+
+    def handler(message):
+        recorder.begin(message)
+        clock.spend(WAITING_HANDLER_WALL_NS, WAITING_HANDLER_CPU_NS)
+        gate.wait()
+        recorder.end(message)
+
+    consumer = ParallelConsumer(consumer_config(bootstrap, f"{topic}-waiting"), [topic], handler,
+                                ParallelConsumerOptions(workers=8, ordering="unordered"),
+                                handler_clock=clock)
+    with consumer:
+        _wait_for_active_workers(consumer, 8)
+        gate.open_for(8)
+        produce_records(bootstrap, topic, 400, 2)
+        assert recorder.all_done.wait(WAIT_TIMEOUT_S), f"processed {len(recorder.processed)}"
+        assert consumer.metrics().active_workers == 8
+    assert consumer.failure is None
+    assert gate.reached.is_set() and recorder.max_in_flight == 8
 
 
 def test_handler_blocking_every_active_worker_does_not_stall_the_rest(bootstrap):

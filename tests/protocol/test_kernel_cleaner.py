@@ -7,8 +7,12 @@ full map) and failures (truncated or corrupt batch, bad descriptor)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +21,7 @@ import numpy as np
 import pytest
 
 from headrace.errors import CorruptMessage
+from headrace.protocol import kernel
 from headrace.protocol.compression import GZIP
 from headrace.protocol.kernel import (
     DIRECT_READ_ALIGN_BYTES,
@@ -313,6 +318,49 @@ def page_cache_probe(request):
     use_cachestat(previous)
 
 
+_PAGE_CACHE_PROBE_CHILD = textwrap.dedent("""
+    import json, os, sys
+    from headrace.protocol import kernel
+    from tests.kernel_features import cachestat
+    path = sys.argv[1]
+    probe_at_import = kernel.page_cache_probe()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd, os.urandom(64 * 4096))
+    os.fsync(fd)
+    cached_after_write = kernel.page_cache_holds(fd, 0, 64 * 4096)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    truth = cachestat(fd)
+    print(json.dumps({
+        "probe_at_import": probe_at_import, "probe_after_use": kernel.page_cache_probe(),
+        "cached_after_write": cached_after_write,
+        "cached_after_drop": kernel.page_cache_holds(fd, 0, 64 * 4096),
+        "cached_pages_after_drop": None if truth is None else truth.nr_cache}))
+""")
+
+
+@pytest.mark.parametrize("probe", [
+    pytest.param("cachestat", marks=pytest.mark.required_where("cachestat")), "mincore"])
+def test_each_page_cache_probe_forced_by_the_environment_tells_cached_from_dropped(tmp_path,
+                                                                                   probe):
+    """HEADRACE_PAGE_CACHE_PROBE, read at import in a process of its own, picks the probe the
+    spans use (page_cache_probe()); that probe finds a file just written cached and, once its
+    pages are dropped (cachestat's count of them as the truth, where the kernel has it), not."""
+    root = str(Path(__file__).resolve().parents[2])
+    environment = {**os.environ, kernel.PAGE_CACHE_PROBE_ENV: probe,
+                   "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.run([sys.executable, "-c", _PAGE_CACHE_PROBE_CHILD, str(tmp_path / "f")],
+                           capture_output=True, text=True, check=True, env=environment)
+    seen = json.loads(child.stdout)
+    if probe == "cachestat" and seen["probe_after_use"] != "cachestat":
+        pytest.skip("no cachestat(2) on this kernel: the probe fell back to mincore")
+    assert (seen["probe_at_import"], seen["probe_after_use"]) == (probe, probe)
+    assert seen["cached_after_write"] is True
+    if seen["cached_pages_after_drop"] is None:
+        pytest.skip("no cachestat(2) to tell whether the pages were dropped")
+    assert seen["cached_after_drop"] is (seen["cached_pages_after_drop"] == 64)
+
+
+@pytest.mark.required_where("o_direct", "cachestat")
 @pytest.mark.parametrize("buffer_bytes,span_bytes", [(311, 1 << 20), (5000, 9000)])
 def test_spans_read_uncached_chunks_with_o_direct_and_find_the_same(tmp_path, buffer_bytes,
                                                                      span_bytes,
@@ -346,6 +394,7 @@ def test_spans_read_uncached_chunks_with_o_direct_and_find_the_same(tmp_path, bu
     assert (records, kept) == (expected.records_read, expected.records_kept)
 
 
+@pytest.mark.required_where("o_direct", "cachestat")
 def test_a_direct_span_asks_for_a_batch_s_size_plus_the_slack(tmp_path):
     small = keyed_batches(22, batches=10, keys=5)
     large = build_batch([(b"big", b"x" * 20000, [], NOW_MS)], base_offset=1000)

@@ -16,12 +16,11 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from headrace.errors import (
     CorruptMessage,
     InvalidRecord,
-    KafkaError,
     MessageTooLarge,
     UnsupportedCompressionType,
 )
 from headrace.protocol.batch import parse_header
-from headrace.protocol.compression import GZIP, LZ4, NONE, SNAPPY, ZSTD
+from headrace.protocol.compression import GZIP, LZ4, NONE, SNAPPY, ZSTD, compress
 from headrace.protocol.records import (
     Header,
     Record,
@@ -365,22 +364,54 @@ def _sealed(header_fields, records_section):
     return struct.pack(">qiibI", 0, 9 + len(covered), 0, 2, crc32c.crc32c(covered)) + covered
 
 
+def _expected_sealed_outcome(records_count: int, last_offset_delta: int, codec: int,
+                             records: int, damaged: bool):
+    """What decode_batch must do with a sealed batch (valid CRC) whose section holds
+    ``records`` whole records with offset deltas 0.., ``damaged``: cut short or followed by
+    bytes that cannot start a record. The decoded record count, or the error class."""
+    if records_count < 0 or last_offset_delta < 0:
+        return CorruptMessage
+    if codec > ZSTD:
+        return UnsupportedCompressionType
+    if damaged or records_count != records or records - 1 > last_offset_delta:
+        return CorruptMessage
+    return records
+
+
 @settings(max_examples=300)
 @given(
-    attributes=st.integers(0, 0x3F),
-    last_offset_delta=st.integers(-2, 8),
-    records_count=st.integers(-2, 8),
-    records_section=st.binary(max_size=80),
+    records=st.integers(1, 4),
+    count_offset=st.sampled_from([0, 0, 0, -1, 1]),
+    last_offset_delta=st.integers(-1, 6),
+    codec=st.sampled_from([*ALL_CODECS, 5, 6, 7]),
+    transactional=st.booleans(),
+    log_append_time=st.booleans(),
+    damage=st.sampled_from([b"", b"", b"cut", b"\x00", b"\x01"]),
+    count_negative=st.sampled_from([False, False, False, True]),
 )
 def test_garbage_under_a_valid_crc_raises_only_kafka_errors(
-    attributes, last_offset_delta, records_count, records_section
+    records, count_offset, last_offset_delta, codec, transactional, log_append_time, damage,
+    count_negative
 ):
-    batch = _sealed((attributes, last_offset_delta, 0, 0, -1, -1, -1, records_count), records_section)
-    try:
+    """Sealed batches (a valid CRC around them) with every codec id, a record count or last
+    offset delta off by one or negative, a section cut short or with a stray byte: each
+    decodes to exactly its records or raises exactly the error its header and bytes call for."""
+    values = [b"v%d" % i for i in range(records)]
+    section = build_batch([(b"k", value, [], 0) for value in values])[61:]
+    section = section[:-1] if damage == b"cut" else section + damage
+    records_count = -1 if count_negative else records + count_offset
+    stored = compress(codec, section) if codec <= ZSTD else section
+    attributes = codec | (0x10 if transactional else 0) | (0x08 if log_append_time else 0)
+    batch = _sealed((attributes, last_offset_delta, 0, 0, -1, -1, -1, records_count), stored)
+    expected = _expected_sealed_outcome(records_count, last_offset_delta, codec, records,
+                                        damaged=damage != b"")
+    if isinstance(expected, int):
         decoded = decode_batch(batch)
-    except (CorruptMessage, UnsupportedCompressionType):
-        return
-    assert len(decoded.records) == records_count
+        assert [(r.offset, r.key, r.value, r.timestamp_ms) for r in decoded.records] == [
+            (offset, b"k", value, 0) for offset, value in enumerate(values)]
+    else:
+        with pytest.raises(expected):
+            decode_batch(batch)
 
 
 def test_record_count_disagreeing_with_the_records_is_corrupt():
@@ -400,14 +431,66 @@ def test_unknown_codec_in_a_valid_batch_is_unsupported():
         decode_batch(_sealed((6, 1, 0, 0, -1, -1, -1, 2), GOLDEN_RECORDS_SECTION))
 
 
+def _expected_legacy_outcome(magic: int, body: bytes):
+    """What decode_legacy must do with one message of ``magic`` + ``body``, decided from the
+    input: (key, value, timestamp) of its one record, or the error class it must raise (an
+    inner message set of random bytes never carries a valid CRC-32)."""
+    header = struct.Struct(">bq" if magic == 1 else ">b")
+    if len(body) < header.size + 8:
+        return CorruptMessage
+    attributes, *timestamp = header.unpack_from(body, 0)
+    pos, fields = header.size, []
+    for _ in range(2):
+        if len(body) - pos < 4:
+            return CorruptMessage
+        (length,) = struct.unpack_from(">i", body, pos)
+        pos += 4
+        if length == -1:
+            fields.append(None)
+            continue
+        if length < 0 or pos + length > len(body):
+            return CorruptMessage
+        fields.append(body[pos : pos + length])
+        pos += length
+    if pos != len(body):
+        return CorruptMessage
+    codec = attributes & 7
+    if codec == 0:
+        return (fields[0], fields[1], timestamp[0] if magic == 1 else -1)
+    if codec > 3:
+        return UnsupportedCompressionType
+    return CorruptMessage
+
+
+def _int32_bytes(data: bytes | None) -> bytes:
+    return struct.pack(">i", -1) if data is None else struct.pack(">i", len(data)) + data
+
+
 @settings(max_examples=200)
-@given(body=st.binary(min_size=6, max_size=60), magic=st.sampled_from([0, 1]))
-def test_legacy_garbage_under_a_valid_crc_raises_only_kafka_errors(body, magic):
+@given(
+    magic=st.sampled_from([0, 1]),
+    attributes=st.integers(0, 0x0F),
+    timestamp=st.integers(-1, 2**40),
+    key=st.none() | st.binary(max_size=12),
+    value=st.none() | st.binary(max_size=12),
+    cut_bytes=st.sampled_from([0, 0, 1, 4, 9]),
+    extra=st.sampled_from([b"", b"", b"\x00", b"\xff\xff\xff\xfe"]),
+)
+def test_legacy_garbage_under_a_valid_crc_raises_only_kafka_errors(magic, attributes, timestamp,
+                                                                   key, value, cut_bytes, extra):
+    """Messages whole, cut short, with extra bytes or unknown codecs (under a valid CRC-32):
+    each decodes to exactly its record or raises exactly the error its bytes call for."""
+    header = struct.pack(">bq", attributes, timestamp) if magic == 1 else bytes([attributes])
+    body = header + _int32_bytes(key) + _int32_bytes(value)
+    body = body[: len(body) - cut_bytes] + extra
+    expected = _expected_legacy_outcome(magic, body)
     entry = _legacy_entry(0, bytes([magic]) + body)
-    try:
-        decode_legacy(entry)
-    except KafkaError as error:
-        assert isinstance(error, CorruptMessage | UnsupportedCompressionType)
+    if isinstance(expected, tuple):
+        (record,) = decode_legacy(entry)
+        assert (record.key, record.value, record.timestamp_ms) == expected
+    else:
+        with pytest.raises(expected):
+            decode_legacy(entry)
 
 
 # ---------------------------------------------------------------- buffers of many batches

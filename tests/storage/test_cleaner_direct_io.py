@@ -83,6 +83,7 @@ def _workload_log(path: Path, fs: RealFileSystem) -> tuple[Log, dict]:
     return log, oracle
 
 
+@pytest.mark.required_where("o_direct")
 def test_direct_output_is_the_log_plain_writes_make(scratch, direct_io_supported, caplog):
     direct, oracle = _workload_log(scratch / "direct-0", RealFileSystem())
     plain, _ = _workload_log(scratch / "plain-0", DirectIORefusingFileSystem())
@@ -100,6 +101,7 @@ def test_direct_output_is_the_log_plain_writes_make(scratch, direct_io_supported
     assert "rebuilding" not in caplog.text  # the cleaner's index covered each file exactly
 
 
+@pytest.mark.required_where("o_direct")
 def test_a_stage_larger_than_the_output_writes_only_the_padded_tail(scratch,
                                                                      direct_io_supported):
     direct, oracle = _workload_log(scratch / "direct-0", RealFileSystem())
@@ -125,6 +127,7 @@ def _cached_share_after_cleaning(log: Log) -> float:
     return sum(map(cached_pages, files)) / pages
 
 
+@pytest.mark.required_where("o_direct", "cachestat")
 def test_segments_out_of_the_page_cache_are_cleaned_without_filling_it(scratch,
                                                                         direct_io_supported):
     direct, oracle = _workload_log(scratch / "direct-0", RealFileSystem())
