@@ -227,7 +227,8 @@ def test_the_broker_stops_accepting_at_max_connections_until_one_closes(start_br
 # --- accept() out of file descriptors ------------------------------------------------------
 
 def test_accept_out_of_file_descriptors_backs_off_quietly_and_recovers(start_broker):
-    broker = start_broker()
+    broker = start_broker(**{"log.initial.task.delay.ms": "0",
+                             "log.flush.offset.checkpoint.interval.ms": "100"})
     checkpoint = broker.data_dir / "recovery-point-offset-checkpoint"
     wait_until(checkpoint.exists, "the broker wrote its first checkpoints")  # needs a descriptor
     with RawClient(broker.bootstrap) as existing:

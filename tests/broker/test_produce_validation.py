@@ -77,7 +77,7 @@ def _sealed(section: bytes, count: int, *, attributes: int = 0, last_offset_delt
     fields = (0, -1, attributes, count - 1 if last_offset_delta is None else last_offset_delta,
               base_timestamp, base_timestamp if max_timestamp is None else max_timestamp,
               producer_id, 0 if producer_id >= 0 else -1, base_sequence, count)
-    return record_codec._seal_batch(fields, section)
+    return record_codec.seal_batch(fields, section)
 
 
 def _records(count: int) -> bytes:

@@ -49,7 +49,7 @@ REFUSED = [
     ("local.retention.ms", "-3"),
     ("remote.storage.enable", "true"),  # tiered storage is disabled in the broker
 ]
-NO_EFFECT = ("message.format.version", "message.downconversion.enable", "preallocate",
+NO_EFFECT = ("message.format.version", "preallocate",
              "unclean.leader.election.enable", "follower.replication.throttled.replicas",
              "compression.gzip.level", "local.retention.ms")
 
@@ -126,6 +126,7 @@ def test_describe_configs_documents_which_configs_have_no_effect(broker):
     assert documentation["message.format.version"].startswith("[DEPRECATED]")
     assert "No effect" not in documentation["retention.ms"]
     assert "No effect" not in documentation["message.timestamp.difference.max.ms"]
+    assert "No effect" not in documentation["message.downconversion.enable"]
 
 
 def _produce_with_confluent(bootstrap: str, topic: str, timestamp_ms: int) -> int:
