@@ -407,14 +407,31 @@ class Log:
             self.fs.close(fd)
 
     def _load_clean(self, segments: list[LogSegment]) -> int:
-        for segment in segments:
+        """Clean shutdown: trust the sealed segments' indexes (sanity-checked), and still
+        CRC-check the active segment's tail from its last index entry, whatever the marker
+        says: a torn or garbled tail is truncated to its last valid batch, never appended
+        after."""
+        for segment in segments[:-1]:
             if not segment.load_indexes():
-                self._rebuild_indexes(segment, sealed=segment is not segments[-1])
+                self._rebuild_indexes(segment, sealed=True)
         active = segments[-1]
-        next_offset = active.scan_tail_for_next_offset()
-        if active.size_bytes:
-            active.first_batch_timestamp_ms = next(active.iter_batches(0, 1))[1].max_timestamp
+        start = active.offset_index.last_entry()[1] if active.load_indexes() else 0
+        next_offset = self._check_tail(active, start)
         return max(next_offset, active.base_offset)
+
+    def _check_tail(self, segment: LogSegment, start_position: int) -> int:
+        """CRC-check ``segment`` from ``start_position`` (a batch boundary) to its end with
+        the kernel's ``index_batches`` scan, truncating at the first bad byte with a WARNING
+        naming the file and byte position. Returns the next offset (-1 if no batch)."""
+        next_offset, truncated = segment.recover(start_position)
+        if truncated:
+            logger.warning("%s-%d: truncated %d unreadable bytes of %s at byte %d",
+                           self.topic, self.partition, truncated, segment.log_path,
+                           segment.size_bytes)
+            segment.flush()
+        if next_offset < 0 and start_position > 0:  # the indexed batch itself was bad
+            return self._check_tail(segment, 0)
+        return next_offset
 
     def _recover(self, segments: list[LogSegment], recovery_point: int
                  ) -> tuple[list[LogSegment], int]:

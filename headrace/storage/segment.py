@@ -207,7 +207,7 @@ class LogSegment:
         """(base_offset, size_bytes, last_offset) of the batch at ``position``."""
         raw = os.pread(self.fd, HEADER_PREFIX_BYTES, position)
         if len(raw) < HEADER_PREFIX_BYTES:
-            raise CorruptMessage(f"{self.log_path}: batch header truncated at {position}")
+            raise CorruptMessage(f"{self.log_path}: batch header truncated at byte {position}")
         base_offset, length, _, _, _, _, last_offset_delta = _HEADER_PREFIX.unpack(raw)
         return base_offset, length + LOG_OVERHEAD_BYTES, base_offset + last_offset_delta
 
@@ -256,9 +256,17 @@ class LogSegment:
         end = self.size_bytes if end_position is None else end_position
         position = start_position
         while position < end:
-            header = parse_header(os.pread(self.fd, BATCH_HEADER_BYTES, position))
+            header = self.header_at(position)
             yield position, header
             position += header.size_bytes
+
+    def header_at(self, position: int) -> BatchHeader:
+        """The batch header at ``position``; a CorruptMessage names the file and the byte."""
+        try:
+            return parse_header(os.pread(self.fd, BATCH_HEADER_BYTES, position))
+        except CorruptMessage as error:
+            raise CorruptMessage(f"{self.log_path}: bad record batch header at byte "
+                                 f"{position}: {error}") from None
 
     def offset_at_or_after_timestamp(self, timestamp_ms: int, starting_offset: int,
                                      max_position: int) -> tuple[int, int] | None:
