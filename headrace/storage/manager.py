@@ -25,6 +25,12 @@ On-disk layout of each data directory (Kafka's, plus one headrace file)::
                                                 older ``<topic>.properties`` form are
                                                 renamed at start-up.
 
+A partition whose log cannot be loaded at start-up (a bad sealed segment, a gap between
+segments, an unreadable file: any exception from ``Log``) goes offline, as Kafka's failed log:
+one ERROR naming the file and byte, ``get_log`` raises KAFKA_STORAGE_ERROR for it, and every
+other partition is served. It stays offline until the broker restarts (after ``headrace
+repair``); deleting its topic removes its directory.
+
 Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
 ``partition.metadata`` files, then of the new directories and once of each log directory)
 before the topic is published, so a topic a client has seen survives a crash.
@@ -57,6 +63,7 @@ from pathlib import Path
 from headrace.errors import (
     InvalidPartitions,
     InvalidTopic,
+    KafkaStorageError,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
@@ -108,6 +115,16 @@ class TopicInfo:
     overrides: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class OfflinePartition:
+    """A partition whose log could not be loaded at start-up (Kafka's failed log): its
+    directory and why (the file and byte position). Served as KAFKA_STORAGE_ERROR until an
+    operator repairs it (``headrace repair``) and restarts the broker."""
+
+    directory: Path
+    reason: str
+
+
 def validate_topic_name(name: str) -> None:
     """Kafka's rules: [a-zA-Z0-9._-], 1..249 characters, not "." or ".."."""
     if not name or name in (".", ".."):
@@ -151,6 +168,7 @@ class LogManager:
         self._topics: dict[str, TopicInfo] = {}
         self._logs: dict[tuple[str, int], Log] = {}
         self._log_dir_of: dict[tuple[str, int], Path] = {}
+        self._offline: dict[tuple[str, int], OfflinePartition] = {}
         self._pending_dir_deletions: list[tuple[int, Path, list[Log]]] = []
         self._last_checkpoints: dict[Path, dict] = {}  # checkpoint file -> offsets written
         self._flush_due: set[tuple[str, int]] = set()  # logs a flusher round has not reached
@@ -259,13 +277,29 @@ class LogManager:
         logs = dict(self._logs)
         for partition, (path, _) in sorted(partitions.items()):
             clean, recovery_point, log_start = self._startup_state[(topic, partition)]
-            logs[(topic, partition)] = Log(
-                topic, partition, path, config, self.fs, self.clock.now_ms(),
-                recovery_point=recovery_point, log_start_offset=log_start, clean_shutdown=clean)
+            try:
+                logs[(topic, partition)] = Log(
+                    topic, partition, path, config, self.fs, self.clock.now_ms(),
+                    recovery_point=recovery_point, log_start_offset=log_start,
+                    clean_shutdown=clean)
+            except Exception as error:  # any damage takes this partition offline, not the broker
+                self._take_offline(topic, partition, path, error)
+                continue
             self._log_dir_of[(topic, partition)] = path.parent
         self._logs = logs
         count = max(partitions) + 1
         self._set_topic(TopicInfo(topic, topic_id, count, config, dict(overrides)))
+
+    def _take_offline(self, topic: str, partition: int, path: Path, error: Exception) -> None:
+        reason = f"{type(error).__name__}: {error}"
+        logger.error("%s-%d is offline: its log in %s cannot be loaded: %s (the other "
+                     "partitions are served; stop the broker and run headrace repair)",
+                     topic, partition, path, reason)
+        self._offline[(topic, partition)] = OfflinePartition(path, reason)
+
+    def offline_partitions(self) -> dict[tuple[str, int], OfflinePartition]:
+        """Partitions whose logs could not be loaded at start-up."""
+        return dict(self._offline)
 
     def _set_topic(self, info: TopicInfo) -> None:
         topics = dict(self._topics)
@@ -367,13 +401,18 @@ class LogManager:
             due_ms = self.clock.now_ms() + self._delete_delay_ms
             logs = dict(self._logs)
             for partition in range(info.partitions):
-                log = logs.pop((name, partition))
-                log.stop_cleaning()  # before the rename: no cleaner may write into the old path
-                log_dir = self._log_dir_of.pop((name, partition))
-                target = log_dir / deleted_dir_name(name, partition)
-                self.fs.rename(log.dir, target)
-                self.fs.fsync_dir(log_dir)
-                self._pending_dir_deletions.append((due_ms, target, [log]))
+                offline = self._offline.pop((name, partition), None)
+                if offline is not None:
+                    directory, doomed = offline.directory, []
+                else:
+                    log = logs.pop((name, partition))
+                    log.stop_cleaning()  # before the rename: no cleaner may write there
+                    self._log_dir_of.pop((name, partition))
+                    directory, doomed = log.dir, [log]
+                target = directory.parent / deleted_dir_name(name, partition)
+                self.fs.rename(directory, target)
+                self.fs.fsync_dir(directory.parent)
+                self._pending_dir_deletions.append((due_ms, target, doomed))
             self._logs = logs
             config_path = self._configs_dir / name
             if self.fs.exists(config_path):
@@ -406,6 +445,9 @@ class LogManager:
     def get_log(self, topic: str, partition: int) -> Log:
         log = self._logs.get((topic, partition))
         if log is None:
+            offline = self._offline.get((topic, partition))
+            if offline is not None:
+                raise KafkaStorageError(f"{topic}-{partition} is offline: {offline.reason}")
             raise UnknownTopicOrPartition(f"Unknown topic-partition {topic}-{partition}")
         return log
 
@@ -427,7 +469,9 @@ class LogManager:
     def _apply_config(self, info: TopicInfo) -> None:
         self._set_topic(info)
         for partition in range(info.partitions):
-            self._logs[(info.name, partition)].update_config(info.config)
+            log = self._logs.get((info.name, partition))
+            if log is not None:  # an offline partition gets the config at its next load
+                log.update_config(info.config)
 
     def set_broker_defaults(self, broker_properties: dict[str, str]) -> None:
         with self._lock:

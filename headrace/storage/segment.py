@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from headrace.errors import CorruptMessage
+from headrace.errors import CorruptMessage, KafkaStorageError
 from headrace.protocol.batch import (
     BATCH_HEADER_BYTES,
     LOG_OVERHEAD_BYTES,
@@ -345,6 +345,22 @@ class LogSegment:
         self.bytes_since_last_index_entry = walked
         return next_offset
 
+    def next_offset_after(self, start_position: int) -> int:
+        """The offset after the last batch, walking headers (no CRC) from ``start_position``
+        (a batch boundary) to the end; -1 if there is none. KafkaStorageError naming the
+        file and byte for a bad header or a batch running past the end of the file."""
+        next_offset = -1
+        try:
+            for position, header in self.iter_batches(start_position):
+                if position + header.size_bytes > self.size_bytes:
+                    raise KafkaStorageError(
+                        f"{self.log_path}: record batch at byte {position} runs past the end "
+                        f"of the file ({self.size_bytes} bytes)")
+                next_offset = header.next_offset
+        except CorruptMessage as error:
+            raise KafkaStorageError(str(error)) from None
+        return next_offset
+
     def _note_timestamp(self, header: BatchHeader) -> None:
         if self.first_batch_timestamp_ms is None:
             self.first_batch_timestamp_ms = header.max_timestamp
@@ -352,10 +368,13 @@ class LogSegment:
             self.max_timestamp_ms = header.max_timestamp
             self.offset_of_max_timestamp = header.last_offset
 
-    def recover(self, start_position: int, on_batch=None) -> tuple[int, int]:
+    def recover(self, start_position: int, on_batch=None, truncate: bool = True
+                ) -> tuple[int, int]:
         """Validate every batch from ``start_position`` (a known batch boundary; index entries
         after it are dropped and rebuilt) and truncate at the first bad byte: a short or
-        implausible header, a batch running past the end of the file, a CRC mismatch.
+        implausible header, a batch running past the end of the file, a CRC mismatch. With
+        ``truncate`` False (a sealed segment, whose bytes are all below the recovery point)
+        a bad byte is damage: KafkaStorageError naming the file and the byte, file unchanged.
 
         Returns (next offset after the last valid batch or -1 if none, bytes truncated).
         ``on_batch(header)`` is called for each valid batch (producer-state replay)."""
@@ -372,6 +391,9 @@ class LogSegment:
             if stop:
                 break
         truncated = file_size - position
+        if truncated and not truncate:
+            raise KafkaStorageError(f"{self.log_path}: unreadable record batch at byte "
+                                    f"{position} of {file_size} in a sealed segment")
         if truncated:
             self.fs.truncate(self.fd, position)
         self.size_bytes = position

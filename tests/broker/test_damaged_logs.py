@@ -14,17 +14,18 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from headrace.protocol import records as record_codec
 from tests.broker.raw_client import RawClient
-from tests.broker.test_protocol import METADATA, _batch, _create, _fetch, _produce
+from tests.broker.test_protocol import FETCH, LIST_OFFSETS, METADATA, _batch, _create, _produce
 from tests.conftest import BrokerProcess
 
 CLIENT_TIMEOUT_S = 30.0
 KAFKA_STORAGE_ERROR = 56
 LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
-LIST_OFFSETS = 2
+SEGMENT_BYTES = 4096
+RECORDS_PER_PARTITION = 60
 
 
 def _start(tmp_path: Path, overrides: dict[str, str] | None = None) -> BrokerProcess:
@@ -129,3 +130,113 @@ def test_torn_tail_cut_short_after_clean_shutdown(tmp_path):
 
 def test_garbage_appended_after_clean_shutdown(tmp_path):
     _torn_tail_round_trip(tmp_path, "garbage")
+
+
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new_topic = NewTopic(topic, partitions, 1, config={"segment.bytes": str(SEGMENT_BYTES)})
+    admin.create_topics([new_topic])[topic].result(CLIENT_TIMEOUT_S)
+
+
+def _fill_partitions(broker: BrokerProcess, topic: str, partitions: int) -> dict[int, list]:
+    """Enough records in every partition for several segments; returns them by partition."""
+    written = {p: [f"{p}-{n}-".encode() * 40 for n in range(RECORDS_PER_PARTITION)]
+               for p in range(partitions)}
+    for partition, values in written.items():
+        _produce_values(broker, topic, values, partition)
+    assert len(_segment_files(broker, topic, 1)) >= 4
+    return written
+
+
+def _garble_sealed_segment(broker: BrokerProcess, topic: str, partition: int) -> tuple[Path, int]:
+    """Flip a byte inside the second batch of a sealed segment and remove its offset index,
+    so loading must rebuild it and meets the bad batch. Returns (file, that batch's byte)."""
+    segment = _segment_files(broker, topic, partition)[1]
+    data = bytearray(segment.read_bytes())
+    second = int.from_bytes(data[8:12], "big") + 12
+    data[second + 70] ^= 0xFF  # in the records: the CRC no longer matches
+    segment.write_bytes(bytes(data))
+    segment.with_suffix(".index").unlink()
+    return segment, second
+
+
+def _partition_errors(client: RawClient, topic: str, partition: int) -> dict[str, int]:
+    produce = _produce(client, topic, _batch([b"x"]), partition=partition).error_code
+    fetches = {}
+    for version in (4, 11):
+        body = client.request(FETCH, version, _fetch_body(topic, partition, version))
+        fetches[version] = body.responses[0].partitions[0].error_code
+    offsets = client.request(LIST_OFFSETS, 7, {
+        "replica_id": -1, "isolation_level": 0, "topics": [
+            {"name": topic, "partitions": [{"partition_index": partition,
+                                            "current_leader_epoch": -1, "timestamp": -1}]}]})
+    metadata = client.request(METADATA, 12, {"topics": [{"name": topic}],
+                                             "allow_auto_topic_creation": False})
+    described = metadata.topics[0].partitions[partition]
+    return {"produce": produce, "fetch_v4": fetches[4], "fetch_v11": fetches[11],
+            "list_offsets": offsets.topics[0].partitions[0].error_code,
+            "metadata": described.error_code, "leader": described.leader_id}
+
+
+def _fetch_body(topic: str, partition: int, version: int) -> dict:
+    return {"replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": partition, "fetch_offset": 0, "partition_max_bytes": 1 << 20,
+                 "current_leader_epoch": -1, "log_start_offset": -1}]}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
+def _assert_offline_and_others_served(broker: BrokerProcess, topic: str,
+                                      written: dict[int, list]) -> None:
+    with RawClient(broker.bootstrap) as client:
+        assert _partition_errors(client, topic, 1) == {
+            "produce": KAFKA_STORAGE_ERROR, "fetch_v4": NOT_LEADER_OR_FOLLOWER,
+            "fetch_v11": KAFKA_STORAGE_ERROR, "list_offsets": KAFKA_STORAGE_ERROR,
+            "metadata": LEADER_NOT_AVAILABLE, "leader": -1}
+    listed = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(
+        topic, timeout=CLIENT_TIMEOUT_S).topics[topic].partitions
+    assert listed[1].error.code() == KafkaError.LEADER_NOT_AVAILABLE and listed[1].leader == -1
+    for partition in (0, 2):
+        assert listed[partition].error is None
+        _produce_with_confluent(broker.bootstrap, topic, [b"new"], partition)
+        expected = written[partition] + [b"new"]
+        assert _consume_with_confluent(broker.bootstrap, topic, len(expected),
+                                       partition) == expected
+
+
+def test_corrupt_sealed_segment_takes_only_its_partition_offline(tmp_path):
+    topic = "mixed-health"
+    broker = _start(tmp_path)
+    try:
+        _create_topic(broker.bootstrap, topic, 3)
+        written = _fill_partitions(broker, topic, 3)
+        assert broker.stop() == 0
+        segment, position = _garble_sealed_segment(broker, topic, 1)
+        damaged_bytes = segment.read_bytes()
+        broker.start()
+        assert segment.read_bytes() == damaged_bytes  # kept whole for the operator's repair
+        errors = [line for line in broker.log_text().splitlines() if " ERROR " in line]
+        assert len(errors) == 1 and str(segment) in errors[0] and f"byte {position}" in errors[0]
+        _assert_offline_and_others_served(broker, topic, written)
+    finally:
+        broker.stop()
+
+
+def test_gap_between_segments_takes_the_partition_offline(tmp_path):
+    topic = "gappy"
+    broker = _start(tmp_path)
+    try:
+        _create_topic(broker.bootstrap, topic, 3)
+        written = _fill_partitions(broker, topic, 3)
+        assert broker.stop() == 0
+        segments = _segment_files(broker, topic, 1)
+        for suffix in (".log", ".index", ".timeindex"):
+            segments[1].with_suffix(suffix).unlink()
+        broker.start()
+        errors = [line for line in broker.log_text().splitlines() if " ERROR " in line]
+        assert len(errors) == 1 and "gap" in errors[0]
+        assert str(segments[0]) in errors[0] and segments[2].name in errors[0]
+        _assert_offline_and_others_served(broker, topic, written)
+    finally:
+        broker.stop()

@@ -5,7 +5,8 @@ Limits: each partition returns at most ``partition_max_bytes`` and the response 
 (KIP-74) so a consumer always progresses. Every partition carries the high watermark, the
 last stable offset (= high watermark: no transactions) and the log start offset; errors are
 per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID for v13+
-requests by topic id, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError``).
+requests by topic id, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError`` or the
+partition is offline -- NOT_LEADER_OR_FOLLOWER instead before v6, as Kafka answers).
 read_committed is accepted and behaves as read_uncommitted.
 
 Topic ids (v13+) resolve through ``_TopicIds``, a per-broker id -> name map rebuilt from the
@@ -40,6 +41,7 @@ from headrace.errors import (
     FetchSessionIdNotFound,
     KafkaError,
     KafkaStorageError,
+    NotLeaderOrFollower,
     UnknownTopicId,
     UnknownTopicOrPartition,
 )
@@ -48,6 +50,7 @@ from headrace.protocol import wire
 API_KEY = 1
 MIN_VERSION = 4
 MAX_VERSION = 16
+FIRST_STORAGE_ERROR_VERSION = 6  # older versions get NOT_LEADER_OR_FOLLOWER instead
 
 NO_SESSION_ID = 0
 ZERO_TOPIC_ID = uuid.UUID(int=0)
@@ -195,5 +198,16 @@ async def handle(ctx, request):
     min_bytes, max_wait_ms = request.min_bytes, wire.milliseconds(request.max_wait)
     if total_bytes < min_bytes and not any_error and max_wait_ms > 0 and plan.logs:
         topics = await _long_poll(ctx, plan, min_bytes, max_wait_ms)
+    if version < FIRST_STORAGE_ERROR_VERSION:
+        _storage_errors_as_not_leader(topics)
     parts, size = encode_fetch_body(version, 0, NO_SESSION_ID, topics)
     return RawResponse(tuple(parts), size)
+
+
+def _storage_errors_as_not_leader(topics: list[TopicData]) -> None:
+    """Fetch before v6 has no KAFKA_STORAGE_ERROR: Kafka answers NOT_LEADER_OR_FOLLOWER, so
+    an older client refreshes its metadata and retries rather than failing."""
+    for topic in topics:
+        for data in topic.partitions:
+            if data.error_code == KafkaStorageError.code:
+                data.error_code = NotLeaderOrFollower.code

@@ -56,6 +56,7 @@ from headrace.errors import (
     KafkaError,
     KafkaStorageError,
     NotEnoughReplicas,
+    NotLeaderOrFollower,
     TransactionalIdAuthorizationFailed,
     UnknownServerError,
 )
@@ -65,6 +66,7 @@ from headrace.protocol.batch import BATCH_HEADER_BYTES, TRANSACTIONAL_BIT
 API_KEY = 0
 MIN_VERSION = 3
 MAX_VERSION = 12
+FIRST_STORAGE_ERROR_VERSION = 4  # v3 gets NOT_LEADER_OR_FOLLOWER instead, as Kafka answers
 
 VALID_ACKS = (0, 1, -1)
 INLINE_APPEND_MAX_BYTES = 1024 * 1024  # librdkafka's default message.max.bytes
@@ -160,6 +162,15 @@ def _appends_cannot_sync(manager, topic_data, now_ms: int) -> bool:
     return True
 
 
+def _storage_errors_as_not_leader(responses: list[dict]) -> None:
+    """Produce v3 clients may not know KAFKA_STORAGE_ERROR (a fatal unknown error to them):
+    Kafka answers NOT_LEADER_OR_FOLLOWER, so they refresh metadata and retry."""
+    for topic in responses:
+        for partition in topic["partition_responses"]:
+            if partition["error_code"] == KafkaStorageError.code:
+                partition["error_code"] = NotLeaderOrFollower.code
+
+
 def _reject_all(topic_data, error: KafkaError) -> list[dict]:
     return [{"name": topic.name,
              "partition_responses": [_partition_error(p.index, error)
@@ -187,6 +198,8 @@ async def handle(ctx, request):
                 _append_all, manager, request.topic_data, acks, ctx.now_ms)
     if acks == 0:
         return None
+    if ctx.api_version < FIRST_STORAGE_ERROR_VERSION:
+        _storage_errors_as_not_leader(responses)
     body = encode_produce_body(ctx.api_version, responses)
     return RawResponse((body,), len(body))
 
