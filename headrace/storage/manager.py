@@ -136,6 +136,22 @@ def validate_topic_name(name: str) -> None:
                            "ASCII alphanumerics, '.', '_' and '-'")
 
 
+def parse_partition_dir_name(name: str) -> tuple[str, int] | None:
+    """(topic, partition) of a ``<topic>-<partition>`` directory name, else None (a deleted
+    partition's ``-delete`` directory or another file)."""
+    if name.endswith(DELETE_DIR_SUFFIX) or name == TOPIC_CONFIGS_DIR:
+        return None
+    match = _PARTITION_DIR.match(name)
+    return None if match is None else (match.group(1), int(match.group(2)))
+
+
+def topic_overrides(log_dir: Path, topic: str) -> dict[str, str]:
+    """A topic's config overrides as stored under ``log_dir`` (the first data directory),
+    for tools reading a stopped broker's data; {} when it has none."""
+    path = log_dir / TOPIC_CONFIGS_DIR / topic
+    return parse_properties_text(path.read_text()) if path.exists() else {}
+
+
 def deleted_dir_name(topic: str, partition: int) -> str:
     """``<topic>-<partition>.<uuid hex>-delete``, the topic cut short to fit the name in
     MAX_FILE_NAME_BYTES (as Kafka names a deleted log's directory)."""
@@ -254,11 +270,10 @@ class LogManager:
             if name.endswith(DELETE_DIR_SUFFIX):
                 remove_tree(self.fs, path)
                 continue
-            match = _PARTITION_DIR.match(name)
-            if match is None:
+            key = parse_partition_dir_name(name)
+            if key is None:
                 continue
-            topic, partition = match.group(1), int(match.group(2))
-            key = (topic, partition)
+            topic, partition = key
             self._startup_state[key] = (clean, recovery_points.get(key, 0),
                                         log_starts.get(key, 0))
             found.setdefault(topic, {})[partition] = (path, self._read_topic_id(path))

@@ -61,6 +61,26 @@ def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
 
 
+def scan_chunk(pread, chunk: bytes, chunk_start: int, file_size: int, base_offset: int,
+               next_offset: int, index_interval_bytes: int, state: IndexState
+               ) -> tuple[IndexedBatches, bytes, bool]:
+    """One step of a segment's CRC scan (recovery, ``headrace repair``): validate and index
+    the batches of ``chunk`` (read at ``chunk_start`` of a ``file_size``-byte log) with the
+    kernel's ``index_batches``; a first batch larger than the chunk is read whole with
+    ``pread(size, position)``. Returns (the scan, the bytes it covered, whether the scan
+    stops here: a bad byte at ``chunk_start + scan.bytes_valid``, or the end of the file)."""
+    scan = index_batches(chunk, chunk_start, file_size, base_offset, next_offset,
+                         index_interval_bytes, state)
+    if scan.bytes_valid == 0 and not scan.stopped and len(chunk) >= BATCH_HEADER_BYTES:
+        chunk = pread(parse_header(chunk).size_bytes, chunk_start)
+        scan = index_batches(chunk, chunk_start, file_size, base_offset, next_offset,
+                             index_interval_bytes, state)
+    at_file_end = chunk_start + len(chunk) >= file_size
+    stop = scan.stopped or scan.bytes_valid == 0 or (
+        scan.bytes_valid < len(chunk) and at_file_end)
+    return scan, chunk, stop
+
+
 @dataclass(frozen=True, slots=True)
 class FileSlice:
     """Bytes ``[position, position + length)`` of an open file, for ``os.sendfile``."""
@@ -401,30 +421,21 @@ class LogSegment:
 
     def _recover_chunk(self, chunk: bytes, chunk_start: int, file_size: int, next_offset: int,
                        on_batch) -> tuple[int, int, bool]:
-        """Validate the batches in ``chunk`` and index them, in one kernel call (no Python
-        per batch unless ``on_batch`` is given): (bytes consumed, next offset, stop)."""
-        scan = self._index_chunk(chunk, chunk_start, file_size, next_offset)
-        if scan.bytes_valid == 0 and not scan.stopped and len(chunk) >= BATCH_HEADER_BYTES:
-            chunk = self.fs.pread(self.fd, parse_header(chunk).size_bytes, chunk_start)
-            scan = self._index_chunk(chunk, chunk_start, file_size, next_offset)
-        self.apply_index(scan)
-        if on_batch is not None:
-            for position in scan.batch_positions.tolist():
-                on_batch(parse_header(chunk, position))
-        at_file_end = chunk_start + len(chunk) >= file_size
-        stop = scan.stopped or scan.bytes_valid == 0 or (
-            scan.bytes_valid < len(chunk) and at_file_end)
-        return scan.bytes_valid, scan.next_offset, stop
-
-    def _index_chunk(self, chunk: bytes, chunk_start: int, file_size: int,
-                     next_offset: int) -> IndexedBatches:
+        """Validate the batches in ``chunk`` and index them, in one kernel call (no Python per
+        batch unless ``on_batch`` is given): (bytes consumed, next offset, stop)."""
         last_time_entry = self.time_index.last_entry()
         state = IndexState(self.bytes_since_last_index_entry, self.max_timestamp_ms,
                            self.offset_of_max_timestamp,
                            last_time_entry[0] if last_time_entry else 0,
                            last_time_entry is not None)
-        return index_batches(chunk, chunk_start, file_size, self.base_offset, next_offset,
-                             self.index_interval_bytes, state)
+        scan, chunk, stop = scan_chunk(
+            lambda size, position: self.fs.pread(self.fd, size, position), chunk, chunk_start,
+            file_size, self.base_offset, next_offset, self.index_interval_bytes, state)
+        self.apply_index(scan)
+        if on_batch is not None:
+            for position in scan.batch_positions.tolist():
+                on_batch(parse_header(chunk, position))
+        return scan.bytes_valid, scan.next_offset, stop
 
     def apply_index(self, scan: IndexedBatches) -> None:
         """Take the index entries and timestamp state ``index_batches`` computed (over this
