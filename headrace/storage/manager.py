@@ -51,6 +51,7 @@ and writes the files outside it.
 from __future__ import annotations
 
 import base64
+import errno
 import logging
 import os
 import re
@@ -307,9 +308,11 @@ class LogManager:
 
     def _take_offline(self, topic: str, partition: int, path: Path, error: Exception) -> None:
         reason = f"{type(error).__name__}: {error}"
+        out_of_files = isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE)
+        remedy = "raise the open-file limit and restart the broker" if out_of_files else \
+            "stop the broker and run headrace repair"
         logger.error("%s-%d is offline: its log in %s cannot be loaded: %s (the other "
-                     "partitions are served; stop the broker and run headrace repair)",
-                     topic, partition, path, reason)
+                     "partitions are served; %s)", topic, partition, path, reason, remedy)
         self._offline[(topic, partition)] = OfflinePartition(path, reason)
 
     def offline_partitions(self) -> dict[tuple[str, int], OfflinePartition]:

@@ -10,9 +10,11 @@ a gap between segments) goes offline -- KAFKA_STORAGE_ERROR for it, one ERROR na
 from __future__ import annotations
 
 import os
+import resource
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -26,6 +28,7 @@ LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
 SEGMENT_BYTES = 4096
 RECORDS_PER_PARTITION = 60
+LOW_SOFT_OPEN_FILES = 256
 
 
 def _start(tmp_path: Path, overrides: dict[str, str] | None = None) -> BrokerProcess:
@@ -238,5 +241,34 @@ def test_gap_between_segments_takes_the_partition_offline(tmp_path):
         assert len(errors) == 1 and "gap" in errors[0]
         assert str(segments[0]) in errors[0] and segments[2].name in errors[0]
         _assert_offline_and_others_served(broker, topic, written)
+    finally:
+        broker.stop()
+
+
+def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
+    """Each partition holds at least three files open (log, offset and time index): a soft
+    limit below that total must not take partitions offline (the broker raises it to the
+    hard limit, as the JVM does for Kafka)."""
+    topic, partitions = "many-partitions", 120
+    broker = _start(tmp_path)
+    try:
+        _create_topic(broker.bootstrap, topic, partitions)
+        assert broker.stop() == 0
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        low_soft = LOW_SOFT_OPEN_FILES
+        if hard <= 3 * partitions + low_soft:
+            pytest.skip(f"hard open-file limit {hard} leaves no room above the soft one")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low_soft, hard))
+        try:
+            broker.start()  # inherits the low soft limit
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert " ERROR " not in broker.log_text()
+        with RawClient(broker.bootstrap) as client:
+            metadata = client.request(METADATA, 12, {"topics": [{"name": topic}],
+                                                     "allow_auto_topic_creation": False})
+            assert [p.error_code for p in metadata.topics[0].partitions] == [0] * partitions
+            assert _produce(client, topic, _batch([b"x"]), partition=partitions - 1
+                            ).error_code == 0
     finally:
         broker.stop()
