@@ -19,7 +19,15 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.broker.raw_client import RawClient
-from tests.broker.test_protocol import FETCH, LIST_OFFSETS, METADATA, _batch, _create, _produce
+from tests.broker.test_protocol import (
+    FETCH,
+    LIST_OFFSETS,
+    METADATA,
+    PRODUCE,
+    _batch,
+    _create,
+    _produce,
+)
 from tests.conftest import BrokerProcess
 
 CLIENT_TIMEOUT_S = 30.0
@@ -165,6 +173,10 @@ def _garble_sealed_segment(broker: BrokerProcess, topic: str, partition: int) ->
 
 def _partition_errors(client: RawClient, topic: str, partition: int) -> dict[str, int]:
     produce = _produce(client, topic, _batch([b"x"]), partition=partition).error_code
+    produce_v3 = client.request(PRODUCE, 3, {
+        "transactional_id": None, "acks": -1, "timeout": 30000,
+        "topic_data": [{"name": topic, "partition_data": [
+            {"index": partition, "records": _batch([b"x"])}]}]})
     fetches = {}
     for version in (4, 11):
         body = client.request(FETCH, version, _fetch_body(topic, partition, version))
@@ -176,7 +188,9 @@ def _partition_errors(client: RawClient, topic: str, partition: int) -> dict[str
     metadata = client.request(METADATA, 12, {"topics": [{"name": topic}],
                                              "allow_auto_topic_creation": False})
     described = metadata.topics[0].partitions[partition]
-    return {"produce": produce, "fetch_v4": fetches[4], "fetch_v11": fetches[11],
+    return {"produce": produce,
+            "produce_v3": produce_v3.responses[0].partition_responses[0].error_code,
+            "fetch_v4": fetches[4], "fetch_v11": fetches[11],
             "list_offsets": offsets.topics[0].partitions[0].error_code,
             "metadata": described.error_code, "leader": described.leader_id}
 
@@ -194,7 +208,7 @@ def _assert_offline_and_others_served(broker: BrokerProcess, topic: str,
                                       written: dict[int, list]) -> None:
     with RawClient(broker.bootstrap) as client:
         assert _partition_errors(client, topic, 1) == {
-            "produce": KAFKA_STORAGE_ERROR, "fetch_v4": NOT_LEADER_OR_FOLLOWER,
+            "produce": KAFKA_STORAGE_ERROR, "produce_v3": NOT_LEADER_OR_FOLLOWER, "fetch_v4": NOT_LEADER_OR_FOLLOWER,
             "fetch_v11": KAFKA_STORAGE_ERROR, "list_offsets": KAFKA_STORAGE_ERROR,
             "metadata": LEADER_NOT_AVAILABLE, "leader": -1}
     listed = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(
