@@ -317,12 +317,12 @@ class Log:
         self.producer_state = ProducerStateManager(fs, directory)
         fs.mkdir(directory)
         self._segments: list[LogSegment] = []
+        self._missing_index_bases: set[int] = set()
         try:
             segments, log_end_offset, snapshot_limit = self._load(
                 now_ms, recovery_point, log_start_offset, clean_shutdown)
         except BaseException:
-            for segment in self._segments:  # what _open_segments opened
-                segment.close()
+            self._abandon_loading()
             raise
         self._segments = segments
         self.recovery_point = log_end_offset
@@ -385,6 +385,17 @@ class Log:
         return LogSegment(self.fs, self.dir, base_offset, self.config.segment_index_bytes,
                           self.config.index_interval_bytes, now_ms)
 
+    def _abandon_loading(self) -> None:
+        """Loading failed: close what ``_open_segments`` opened and remove the offset index
+        files it created for segments that had none, so the next start meets the same
+        damage rather than an empty index that passes the sanity check."""
+        for segment in self._segments:
+            segment.close()
+        for base in self._missing_index_bases:
+            path = self.dir / segment_file_name(base, INDEX_SUFFIX)
+            if self.fs.exists(path):
+                self.fs.remove(path)
+
     def _load(self, now_ms: int, recovery_point: int, log_start_offset: int,
               clean_shutdown: bool) -> tuple[list[LogSegment], int, int]:
         """Open and check the segments: (segments, log end offset, snapshot limit). Raises
@@ -435,8 +446,9 @@ class Log:
                 stem = name[: -len(suffix)]
                 if name.endswith(suffix) and stem.isdigit() and int(stem) not in bases:
                     self.fs.remove(self.dir / name)
-        # Kafka's sanity check: a segment whose offset index file is missing is rebuilt
-        needs_index_rebuild |= {base for base in bases if not self.fs.exists(
+        # Kafka's sanity check: a flushed segment whose offset index file is missing is
+        # rebuilt (``_load_indexes``); one after the recovery point is recovered anyway
+        self._missing_index_bases = {base for base in bases if not self.fs.exists(
             self.dir / segment_file_name(base, INDEX_SUFFIX))}
         if not bases:
             bases.add(max(log_start_offset, 0))
@@ -491,8 +503,7 @@ class Log:
         says: a torn or garbled tail is truncated to its last valid batch, never appended
         after."""
         for segment in segments[:-1]:
-            if not segment.load_indexes():
-                self._rebuild_indexes(segment, sealed=True)
+            self._load_indexes(segment)
         active = segments[-1]
         start = active.offset_index.last_entry()[1] if active.load_indexes() else 0
         next_offset = self._check_tail(active, start)
@@ -518,8 +529,7 @@ class Log:
         first_dirty = max(0, bisect.bisect_right([s.base_offset for s in segments],
                                                  recovery_point) - 1)
         for segment in segments[:first_dirty]:
-            if not segment.load_indexes():
-                self._rebuild_indexes(segment, sealed=True)
+            self._load_indexes(segment)
         next_offset = -1
         for position, segment in enumerate(segments[first_dirty:], start=first_dirty):
             start = self._trusted_start(segment, recovery_point) if position == first_dirty else 0
@@ -542,6 +552,12 @@ class Log:
         if next_offset < 0 or active.size_bytes == 0:
             next_offset = max(next_offset, active.base_offset)
         return segments, next_offset
+
+    def _load_indexes(self, segment: LogSegment) -> None:
+        """Load a sealed, flushed segment's indexes; rebuild them when they fail the sanity
+        check or the offset index file was missing (a bad byte then is damage)."""
+        if segment.base_offset in self._missing_index_bases or not segment.load_indexes():
+            self._rebuild_indexes(segment, sealed=True)
 
     @staticmethod
     def _rebuild_indexes(segment: LogSegment, sealed: bool) -> None:

@@ -236,6 +236,9 @@ def test_corrupt_sealed_segment_takes_only_its_partition_offline(tmp_path):
         errors = [line for line in broker.log_text().splitlines() if " ERROR " in line]
         assert len(errors) == 1 and str(segment) in errors[0] and f"byte {position}" in errors[0]
         _assert_offline_and_others_served(broker, topic, written)
+        broker.restart()  # the damage is met again, not forgotten
+        with RawClient(broker.bootstrap) as client:
+            assert _partition_errors(client, topic, 1)["produce"] == KAFKA_STORAGE_ERROR
     finally:
         broker.stop()
 
