@@ -291,3 +291,24 @@ def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
                             ).error_code == 0
     finally:
         broker.stop()
+
+
+def test_unreadable_offsets_partition_is_one_error_and_the_broker_serves(tmp_path):
+    broker = _start(tmp_path)
+    try:
+        assert broker.stop() == 0
+        segment = broker.data_dir / "__consumer_offsets-7" / "00000000000000000000.log"
+        segment.unlink()
+        segment.mkdir()  # opening it fails (EISDIR)
+        broker.start()
+        errors = [line for line in broker.log_text().splitlines() if " ERROR " in line]
+        assert len(errors) == 1 and "__consumer_offsets-7" in errors[0] and str(segment) in \
+            errors[0]
+        assert "Traceback" not in broker.log_text()
+        with RawClient(broker.bootstrap) as client:
+            _create(client, "beside-offline-offsets")
+            assert _produce(client, "beside-offline-offsets", _batch([b"x"])).error_code == 0
+            assert _partition_errors(client, "__consumer_offsets", 7)["produce"] == \
+                KAFKA_STORAGE_ERROR
+    finally:
+        broker.stop()
