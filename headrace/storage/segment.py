@@ -10,7 +10,9 @@ Owns: appending batches and maintaining the indexes (one entry per ``index.inter
 locating the batch that holds an offset (index lookup, then a short scan of 27-byte header
 prefixes), carving ``FileSlice`` ranges of whole batches for sendfile, recovery (a CRC scan
 from a known-good position that truncates at the first bad byte and rebuilds the index entries
-after it), renaming/removing its files, and its times as Kafka's ``LogSegment`` defines them:
+after it; ``scan_chunk`` is its step, shared with ``headrace repair``; without truncation, for
+sealed segments, a bad byte is a KafkaStorageError naming the file and byte), the header walk
+to a segment's end that finds its next offset (gap detection at load), renaming/removing its files, and its times as Kafka's ``LogSegment`` defines them:
 the largest timestamp (the largest valid batch max timestamp, else the log file's
 last-modified time, read through the injected file system: -1 is never read as 1970), the
 first batch's timestamp (Kafka's rolling base) and the creation time.

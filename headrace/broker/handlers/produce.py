@@ -9,8 +9,9 @@ Validation -- sizes, CRCs, Kafka's record checks (``storage.validation``: a reco
 key on a compacted topic, timestamps, structure), producer sequences -- is the log's
 (``Log.append`` with ``from_client``); its errors become per-partition error codes, with
 KIP-467 ``record_errors`` (index in the batch, message) and ``error_message`` in v8+, and an
-I/O error from the log (``OSError``: disk full, EIO...) answers KAFKA_STORAGE_ERROR for that
-partition only. A request carrying a transactional batch is answered
+I/O error from the log (``OSError``: disk full, EIO...) or an offline partition (its log failed
+to load) answers KAFKA_STORAGE_ERROR for that partition only -- NOT_LEADER_OR_FOLLOWER to v3
+requests, as Kafka down-converts it for producers that may not know the code. A request carrying a transactional batch is answered
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition, as Kafka answers one without a
 transactional id (and headrace supports no transactions).
 Unknown topics are not created here (Kafka creates them on Metadata): UNKNOWN_TOPIC_OR_PARTITION.
