@@ -89,7 +89,7 @@ from typing import Any
 
 from headrace.broker.config import BrokerConfig
 from headrace.broker.os_threads import name_this_thread
-from headrace.errors import UnknownTopicOrPartition
+from headrace.errors import KafkaStorageError, UnknownTopicOrPartition
 from headrace.storage.cleaner import Cleaner, span_bytes_for
 from headrace.storage.cleaner_manager import CleanerManager, CleaningRecord, Logs
 from headrace.storage.clock import Clock
@@ -357,7 +357,7 @@ class CleanerService:
             for partition in range(info.partitions):
                 try:
                     partition_log = self.log_manager.get_log(name, partition)
-                except UnknownTopicOrPartition:  # deleted meanwhile
+                except (UnknownTopicOrPartition, KafkaStorageError):  # deleted meanwhile, or offline
                     continue
                 logs[(name, partition)] = (partition_log.dir.parent, partition_log)
         return logs

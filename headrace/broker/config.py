@@ -242,6 +242,21 @@ def env_name(config_name: str) -> str:
     return ENV_PREFIX + config_name.upper().replace(".", "_").replace("-", "_")
 
 
+def read_properties_file(path: Path) -> str:
+    """The text of a properties file; InvalidConfig (one line, naming the file and byte) for
+    a file that is not text: bytes that are not UTF-8, or a NUL byte."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidConfig(f"{path} is not a properties file: byte {error.start} is not "
+                            "UTF-8 text") from None
+    if "\0" in text:
+        raise InvalidConfig(f"{path} is not a properties file: NUL byte at byte "
+                            f"{data.index(0)}")
+    return text
+
+
 def parse_override(text: str) -> tuple[str, str]:
     """``key=value`` from the command line (InvalidConfig without '=')."""
     key, separator, value = text.partition("=")
@@ -291,7 +306,7 @@ class BrokerConfig:
         """File, then HEADRACE_* environment variables, then ``key=value`` overrides."""
         static: dict[str, str] = {}
         if properties_file is not None:
-            static.update(parse_properties_text(Path(properties_file).read_text()))
+            static.update(parse_properties_text(read_properties_file(Path(properties_file))))
         env = os.environ if environment is None else environment
         for name in BROKER_CONFIGS:
             value = env.get(env_name(name))

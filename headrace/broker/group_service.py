@@ -178,6 +178,10 @@ class GroupService:
             try:
                 await self._load_partition(partition, buffer_bytes)
                 self.coordinator.finish_loading(partition, self._now_ms())
+            except errors.KafkaStorageError as error:  # offline: its ERROR is already logged
+                log.warning("%s-%d is offline; its groups start empty: %s", OFFSETS_TOPIC_NAME,
+                            partition, error)
+                self.coordinator.abandon_loading(partition)
             except Exception:
                 log.exception("loading %s-%d failed; its groups start empty",
                               OFFSETS_TOPIC_NAME, partition)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import time
 from pathlib import Path
@@ -240,12 +241,23 @@ async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:
     log.info("shut down cleanly")
 
 
+def raise_open_file_limit() -> None:
+    """Raise the soft limit on open files to the hard limit, as the JVM does for Kafka
+    (MaxFDLimit): every segment holds its log and index files open, so a data directory with
+    many partitions must not fail to load under a low default soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("raised the open-file limit from %d to %d", soft, hard)
+
+
 def run_broker(
     properties_file: Path | None, overrides: list[str], process_start_monotonic_s: float
 ) -> None:
     """Blocking: run a broker until SIGTERM/SIGINT, on the event loop ``HEADRACE_EVENT_LOOP``
     names (``EVENT_LOOPS``; default ``DEFAULT_EVENT_LOOP``)."""
     config = BrokerConfig.load(properties_file, overrides=overrides)
+    raise_open_file_limit()
     loop_name = os.environ.get(EVENT_LOOP_ENVIRONMENT_VARIABLE, DEFAULT_EVENT_LOOP)
     if loop_name not in EVENT_LOOPS:
         raise InvalidConfig(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from headrace.cli import bench, cluster, configs, consume, dump_log, produce, topics
+from headrace.cli import bench, cluster, configs, consume, dump_log, produce, repair, topics
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
     app.command("produce")(produce.produce)
     app.command("consume")(consume.consume)
     app.command("dump-log")(dump_log.dump_log)
+    app.command("repair")(repair.repair)
     app.add_typer(configs.app, name="configs")
     app.add_typer(cluster.app, name="cluster")
     app.add_typer(bench.app, name="bench")

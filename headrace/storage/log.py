@@ -8,7 +8,8 @@ writes ``<base>.log.cleaned``, renames it to ``<base>.log.swap`` (the commit poi
 segments it replaces and renames the swap file to ``<base>.log`` (``replace_segments``). On
 load, Kafka's rules: ``.cleaned`` files are deleted; a ``.swap`` file is completed (segments
 whose base offset lies in its offset range are deleted, it becomes ``.log``, and its indexes
-are rebuilt); a segment whose ``.index`` file is missing gets its indexes rebuilt.
+are rebuilt); a segment whose ``.index`` file is missing gets its indexes rebuilt (a full CRC
+scan of that segment).
 
 Appends are serialized by one lock and do no per-record work in Python: one compiled-kernel call
 checks every batch of the request (whole batches, magic, CRC-32C, and Kafka's LogValidator
@@ -51,10 +52,18 @@ timestamp is its records' largest (-1 when none has one), written into the store
 the producer's differs, as Kafka's setMaxTimestamp does. CreateTime bounds
 (message.timestamp.before/after.max.ms) are checked on every record's timestamp.
 
-Recovery: after a clean shutdown the index files are sanity-checked and only the tail after the
-last index entry of the active segment is walked. After an unclean shutdown every batch after the
-recovery point is CRC-checked; the log is truncated at the first bad byte and the indexes of the
-segments touched are rebuilt, so the work grows with the unflushed tail, not with the log.
+Recovery: after a clean shutdown the index files are sanity-checked and the active segment's
+tail after its last index entry is CRC-checked all the same (the marker does not vouch for the
+disk): a torn or garbled tail is truncated to its last valid batch with a WARNING naming the file
+and byte, so nothing is ever appended after unreadable bytes. After an unclean shutdown every
+batch after the recovery point is CRC-checked; the log is truncated at the first bad byte and the
+indexes of the segments touched are rebuilt, so the work grows with the unflushed tail, not with
+the log. Damage loading must not repair raises ``KafkaStorageError`` naming the file and byte
+(the log manager then takes the partition offline): a bad byte in a sealed segment whose index
+is being rebuilt (it may hold flushed, acknowledged records after it), and a gap or overlap
+between segments (a header walk of each sealed segment's tail). Compacted logs may have gaps;
+others only those listed in ``accepted-gaps`` (lines ``<end offset> <next base offset>``,
+written by ``headrace repair --accept-gap``).
 
 Time-based rolling uses Kafka's ``LogConfig.maxSegmentMs``: ``segment.ms``, or for a compacted
 log ``min(segment.ms, max.compaction.lag.ms)``, and Kafka's ``timeWaitedForRoll``: a segment
@@ -123,7 +132,12 @@ from headrace.protocol.batch import (
 )
 from headrace.protocol.kernel import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.config import LogConfig
-from headrace.storage.fs import FileSystem, RealFileSystem
+from headrace.storage.fs import (
+    FileSystem,
+    RealFileSystem,
+    read_whole_file,
+    write_file_atomically,
+)
 from headrace.storage.producer_state import (
     SEQUENCE_MODULUS,
     ProducerStateManager,
@@ -158,11 +172,35 @@ CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 LEFTOVER_SUFFIXES = (DELETED_SUFFIX, ".tmp", CLEANED_SUFFIX)
 MAX_READ_HINTS = 16  # remembered next-read positions per log (one per sequential reader)
+ACCEPTED_GAPS_FILE = "accepted-gaps"
 
 __all__ = [
     "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "AppendResult", "FileSlice",
     "Log", "ReadResult",
 ]
+
+
+def read_accepted_gaps(fs: FileSystem, directory: Path) -> set[tuple[int, int]]:
+    """The gaps between segments an operator accepted: ``ACCEPTED_GAPS_FILE`` in the
+    partition directory, one ``<end offset of a segment> <base offset of the next>`` per
+    line."""
+    path = directory / ACCEPTED_GAPS_FILE
+    if not fs.exists(path):
+        return set()
+    gaps = set()
+    for line in read_whole_file(fs, path).decode().splitlines():
+        fields = line.split()
+        if len(fields) != 2 or not all(field.isdigit() for field in fields):
+            raise KafkaStorageError(f"{path}: unreadable line {line!r}")
+        gaps.add((int(fields[0]), int(fields[1])))
+    return gaps
+
+
+def accept_gap(fs: FileSystem, directory: Path, end_offset: int, next_base_offset: int) -> None:
+    """Record that the hole [end_offset, next_base_offset) is known and accepted."""
+    gaps = read_accepted_gaps(fs, directory) | {(end_offset, next_base_offset)}
+    text = "".join(f"{end} {base}\n" for end, base in sorted(gaps))
+    write_file_atomically(fs, directory / ACCEPTED_GAPS_FILE, text.encode())
 
 
 class CleaningAborted(Exception):
@@ -278,13 +316,14 @@ class Log:
         self._cleaning_stopped = False
         self.producer_state = ProducerStateManager(fs, directory)
         fs.mkdir(directory)
-        segments = self._open_segments(now_ms, log_start_offset)
-        if clean_shutdown:
-            log_end_offset = self._load_clean(segments)
-            snapshot_limit = log_end_offset
-        else:
-            segments, log_end_offset = self._recover(segments, recovery_point)
-            snapshot_limit = recovery_point
+        self._segments: list[LogSegment] = []
+        self._missing_index_bases: set[int] = set()
+        try:
+            segments, log_end_offset, snapshot_limit = self._load(
+                now_ms, recovery_point, log_start_offset, clean_shutdown)
+        except BaseException:
+            self._abandon_loading()
+            raise
         self._segments = segments
         self.recovery_point = log_end_offset
         self.last_flush_ms = now_ms
@@ -346,6 +385,52 @@ class Log:
         return LogSegment(self.fs, self.dir, base_offset, self.config.segment_index_bytes,
                           self.config.index_interval_bytes, now_ms)
 
+    def _abandon_loading(self) -> None:
+        """Loading failed: close what ``_open_segments`` opened and remove the offset index
+        files it created for segments that had none, so the next start meets the same
+        damage rather than an empty index that passes the sanity check."""
+        for segment in self._segments:
+            segment.close()
+        for base in self._missing_index_bases:
+            path = self.dir / segment_file_name(base, INDEX_SUFFIX)
+            if self.fs.exists(path):
+                self.fs.remove(path)
+
+    def _load(self, now_ms: int, recovery_point: int, log_start_offset: int,
+              clean_shutdown: bool) -> tuple[list[LogSegment], int, int]:
+        """Open and check the segments: (segments, log end offset, snapshot limit). Raises
+        KafkaStorageError naming the file and byte for damage that loading must not repair
+        (a bad sealed segment, a gap or overlap between segments)."""
+        segments = self._open_segments(now_ms, log_start_offset)
+        if clean_shutdown:
+            log_end_offset = self._load_clean(segments)
+            snapshot_limit = log_end_offset
+        else:
+            segments, log_end_offset = self._recover(segments, recovery_point)
+            snapshot_limit = recovery_point
+        self._check_contiguous(segments)
+        return segments, log_end_offset, snapshot_limit
+
+    def _check_contiguous(self, segments: list[LogSegment]) -> None:
+        """Each segment must start where the one before it ends (a header walk from each
+        sealed segment's last index entry). A gap is a hole nobody was told about -- silent
+        data loss -- unless the log is compacted (the cleaner leaves gaps) or the operator
+        accepted it (``ACCEPTED_GAPS_FILE``, written by ``headrace repair --accept-gap``);
+        an overlap is always damage."""
+        accepted = read_accepted_gaps(self.fs, self.dir)
+        for previous, following in zip(segments, segments[1:], strict=False):
+            _, position = previous.offset_index.last_entry()
+            end = previous.next_offset_after(position)
+            end = previous.base_offset if end < 0 else end
+            gap = end < following.base_offset and not self.config.compact_enabled and \
+                (end, following.base_offset) not in accepted
+            if gap or end > following.base_offset:
+                kind = "gap" if end < following.base_offset else "overlap"
+                raise KafkaStorageError(
+                    f"{kind} between segments: {previous.log_path} ends at offset {end} "
+                    f"(byte {previous.size_bytes}) but {following.log_path.name} starts at "
+                    f"offset {following.base_offset}")
+
     def _open_segments(self, now_ms: int, log_start_offset: int) -> list[LogSegment]:
         needs_index_rebuild = self._complete_swaps()
         names = self.fs.listdir(self.dir)
@@ -361,9 +446,15 @@ class Log:
                 stem = name[: -len(suffix)]
                 if name.endswith(suffix) and stem.isdigit() and int(stem) not in bases:
                     self.fs.remove(self.dir / name)
+        # Kafka's sanity check: a flushed segment whose offset index file is missing is
+        # rebuilt (``_load_indexes``); one after the recovery point is recovered anyway
+        self._missing_index_bases = {base for base in bases if not self.fs.exists(
+            self.dir / segment_file_name(base, INDEX_SUFFIX))}
         if not bases:
             bases.add(max(log_start_offset, 0))
-        segments = [self._new_segment(base, now_ms) for base in sorted(bases)]
+        segments = self._segments  # closed by __init__ if loading fails
+        for base in sorted(bases):
+            segments.append(self._new_segment(base, now_ms))
         for segment in segments[:-1]:  # the active segment's tail is scanned anyway
             if segment.base_offset in needs_index_rebuild and segment.size_bytes:
                 self._rebuild_indexes(segment, sealed=True)
@@ -407,14 +498,30 @@ class Log:
             self.fs.close(fd)
 
     def _load_clean(self, segments: list[LogSegment]) -> int:
-        for segment in segments:
-            if not segment.load_indexes():
-                self._rebuild_indexes(segment, sealed=segment is not segments[-1])
+        """Clean shutdown: trust the sealed segments' indexes (sanity-checked), and still
+        CRC-check the active segment's tail from its last index entry, whatever the marker
+        says: a torn or garbled tail is truncated to its last valid batch, never appended
+        after."""
+        for segment in segments[:-1]:
+            self._load_indexes(segment)
         active = segments[-1]
-        next_offset = active.scan_tail_for_next_offset()
-        if active.size_bytes:
-            active.first_batch_timestamp_ms = next(active.iter_batches(0, 1))[1].max_timestamp
+        start = active.offset_index.last_entry()[1] if active.load_indexes() else 0
+        next_offset = self._check_tail(active, start)
         return max(next_offset, active.base_offset)
+
+    def _check_tail(self, segment: LogSegment, start_position: int) -> int:
+        """CRC-check ``segment`` from ``start_position`` (a batch boundary) to its end with
+        the kernel's ``index_batches`` scan, truncating at the first bad byte with a WARNING
+        naming the file and byte position. Returns the next offset (-1 if no batch)."""
+        next_offset, truncated = segment.recover(start_position)
+        if truncated:
+            logger.warning("%s-%d: truncated %d unreadable bytes of %s at byte %d",
+                           self.topic, self.partition, truncated, segment.log_path,
+                           segment.size_bytes)
+            segment.flush()
+        if next_offset < 0 and start_position > 0:  # the indexed batch itself was bad
+            return self._check_tail(segment, 0)
+        return next_offset
 
     def _recover(self, segments: list[LogSegment], recovery_point: int
                  ) -> tuple[list[LogSegment], int]:
@@ -422,8 +529,7 @@ class Log:
         first_dirty = max(0, bisect.bisect_right([s.base_offset for s in segments],
                                                  recovery_point) - 1)
         for segment in segments[:first_dirty]:
-            if not segment.load_indexes():
-                self._rebuild_indexes(segment, sealed=True)
+            self._load_indexes(segment)
         next_offset = -1
         for position, segment in enumerate(segments[first_dirty:], start=first_dirty):
             start = self._trusted_start(segment, recovery_point) if position == first_dirty else 0
@@ -447,10 +553,18 @@ class Log:
             next_offset = max(next_offset, active.base_offset)
         return segments, next_offset
 
+    def _load_indexes(self, segment: LogSegment) -> None:
+        """Load a sealed, flushed segment's indexes; rebuild them when they fail the sanity
+        check or the offset index file was missing (a bad byte then is damage)."""
+        if segment.base_offset in self._missing_index_bases or not segment.load_indexes():
+            self._rebuild_indexes(segment, sealed=True)
+
     @staticmethod
     def _rebuild_indexes(segment: LogSegment, sealed: bool) -> None:
-        """Rebuild damaged index files from the log (a full scan of this one segment)."""
-        segment.recover(0)
+        """Rebuild damaged index files from the log (a full scan of this one segment). A bad
+        byte in it is damage (KafkaStorageError naming the file and byte), never truncated:
+        the segment may hold acknowledged, flushed records after it."""
+        segment.recover(0, truncate=False)
         if sealed:
             segment.seal()
         segment.flush()

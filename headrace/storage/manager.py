@@ -31,6 +31,12 @@ would leave less than ``DESCRIPTOR_RESERVE_FRACTION`` of the process's descripto
 (RLIMIT_NOFILE) free: a creation that ran out of descriptors half-way would leave partial
 partitions behind and starve every connection.
 
+A partition whose log cannot be loaded at start-up (a bad sealed segment, a gap between
+segments, an unreadable file: any exception from ``Log``) goes offline, as Kafka's failed log:
+one ERROR naming the file and byte, ``get_log`` raises KAFKA_STORAGE_ERROR for it, and every
+other partition is served. It stays offline until the broker restarts (after ``headrace
+repair``); deleting its topic removes its directory.
+
 Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
 ``partition.metadata`` files, then of the new directories and once of each log directory)
 before the topic is published, so a topic a client has seen survives a crash.
@@ -51,6 +57,7 @@ and writes the files outside it.
 from __future__ import annotations
 
 import base64
+import errno
 import logging
 import os
 import re
@@ -64,6 +71,7 @@ from pathlib import Path
 from headrace.errors import (
     InvalidPartitions,
     InvalidTopic,
+    KafkaStorageError,
     PolicyViolation,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
@@ -119,6 +127,16 @@ class TopicInfo:
     overrides: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class OfflinePartition:
+    """A partition whose log could not be loaded at start-up (Kafka's failed log): its
+    directory and why (the file and byte position). Served as KAFKA_STORAGE_ERROR until an
+    operator repairs it (``headrace repair``) and restarts the broker."""
+
+    directory: Path
+    reason: str
+
+
 def validate_topic_name(name: str) -> None:
     """Kafka's rules: [a-zA-Z0-9._-], 1..249 characters, not "." or ".."."""
     if not name or name in (".", ".."):
@@ -128,6 +146,22 @@ def validate_topic_name(name: str) -> None:
     if not _LEGAL_TOPIC_NAME.match(name):
         raise InvalidTopic(f"Topic name '{name}' is illegal, it contains a character other than "
                            "ASCII alphanumerics, '.', '_' and '-'")
+
+
+def parse_partition_dir_name(name: str) -> tuple[str, int] | None:
+    """(topic, partition) of a ``<topic>-<partition>`` directory name, else None (a deleted
+    partition's ``-delete`` directory or another file)."""
+    if name.endswith(DELETE_DIR_SUFFIX) or name == TOPIC_CONFIGS_DIR:
+        return None
+    match = _PARTITION_DIR.match(name)
+    return None if match is None else (match.group(1), int(match.group(2)))
+
+
+def topic_overrides(log_dir: Path, topic: str) -> dict[str, str]:
+    """A topic's config overrides as stored under ``log_dir`` (the first data directory),
+    for tools reading a stopped broker's data; {} when it has none."""
+    path = log_dir / TOPIC_CONFIGS_DIR / topic
+    return parse_properties_text(path.read_text()) if path.exists() else {}
 
 
 def deleted_dir_name(topic: str, partition: int) -> str:
@@ -186,6 +220,7 @@ class LogManager:
         self._topics: dict[str, TopicInfo] = {}
         self._logs: dict[tuple[str, int], Log] = {}
         self._log_dir_of: dict[tuple[str, int], Path] = {}
+        self._offline: dict[tuple[str, int], OfflinePartition] = {}
         self._pending_dir_deletions: list[tuple[int, Path, list[Log]]] = []
         self._last_checkpoints: dict[Path, dict] = {}  # checkpoint file -> offsets written
         self._flush_due: set[tuple[str, int]] = set()  # logs a flusher round has not reached
@@ -271,11 +306,10 @@ class LogManager:
             if name.endswith(DELETE_DIR_SUFFIX):
                 remove_tree(self.fs, path)
                 continue
-            match = _PARTITION_DIR.match(name)
-            if match is None:
+            key = parse_partition_dir_name(name)
+            if key is None:
                 continue
-            topic, partition = match.group(1), int(match.group(2))
-            key = (topic, partition)
+            topic, partition = key
             self._startup_state[key] = (clean, recovery_points.get(key, 0),
                                         log_starts.get(key, 0))
             found.setdefault(topic, {})[partition] = (path, self._read_topic_id(path))
@@ -294,13 +328,31 @@ class LogManager:
         logs = dict(self._logs)
         for partition, (path, _) in sorted(partitions.items()):
             clean, recovery_point, log_start = self._startup_state[(topic, partition)]
-            logs[(topic, partition)] = Log(
-                topic, partition, path, config, self.fs, self.clock.now_ms(),
-                recovery_point=recovery_point, log_start_offset=log_start, clean_shutdown=clean)
+            try:
+                logs[(topic, partition)] = Log(
+                    topic, partition, path, config, self.fs, self.clock.now_ms(),
+                    recovery_point=recovery_point, log_start_offset=log_start,
+                    clean_shutdown=clean)
+            except Exception as error:  # any damage takes this partition offline, not the broker
+                self._take_offline(topic, partition, path, error)
+                continue
             self._log_dir_of[(topic, partition)] = path.parent
         self._logs = logs
         count = max(partitions) + 1
         self._set_topic(TopicInfo(topic, topic_id, count, config, dict(overrides)))
+
+    def _take_offline(self, topic: str, partition: int, path: Path, error: Exception) -> None:
+        reason = f"{type(error).__name__}: {error}"
+        out_of_files = isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE)
+        remedy = "raise the open-file limit and restart the broker" if out_of_files else \
+            "stop the broker and run headrace repair"
+        logger.error("%s-%d is offline: its log in %s cannot be loaded: %s (the other "
+                     "partitions are served; %s)", topic, partition, path, reason, remedy)
+        self._offline[(topic, partition)] = OfflinePartition(path, reason)
+
+    def offline_partitions(self) -> dict[tuple[str, int], OfflinePartition]:
+        """Partitions whose logs could not be loaded at start-up."""
+        return dict(self._offline)
 
     def _set_topic(self, info: TopicInfo) -> None:
         topics = dict(self._topics)
@@ -403,13 +455,18 @@ class LogManager:
             due_ms = self.clock.now_ms() + self._delete_delay_ms
             logs = dict(self._logs)
             for partition in range(info.partitions):
-                log = logs.pop((name, partition))
-                log.stop_cleaning()  # before the rename: no cleaner may write into the old path
-                log_dir = self._log_dir_of.pop((name, partition))
-                target = log_dir / deleted_dir_name(name, partition)
-                self.fs.rename(log.dir, target)
-                self.fs.fsync_dir(log_dir)
-                self._pending_dir_deletions.append((due_ms, target, [log]))
+                offline = self._offline.pop((name, partition), None)
+                if offline is not None:
+                    directory, doomed = offline.directory, []
+                else:
+                    log = logs.pop((name, partition))
+                    log.stop_cleaning()  # before the rename: no cleaner may write there
+                    self._log_dir_of.pop((name, partition))
+                    directory, doomed = log.dir, [log]
+                target = directory.parent / deleted_dir_name(name, partition)
+                self.fs.rename(directory, target)
+                self.fs.fsync_dir(directory.parent)
+                self._pending_dir_deletions.append((due_ms, target, doomed))
             self._logs = logs
             config_path = self._configs_dir / name
             if self.fs.exists(config_path):
@@ -443,6 +500,9 @@ class LogManager:
     def get_log(self, topic: str, partition: int) -> Log:
         log = self._logs.get((topic, partition))
         if log is None:
+            offline = self._offline.get((topic, partition))
+            if offline is not None:
+                raise KafkaStorageError(f"{topic}-{partition} is offline: {offline.reason}")
             raise UnknownTopicOrPartition(f"Unknown topic-partition {topic}-{partition}")
         return log
 
@@ -464,7 +524,9 @@ class LogManager:
     def _apply_config(self, info: TopicInfo) -> None:
         self._set_topic(info)
         for partition in range(info.partitions):
-            self._logs[(info.name, partition)].update_config(info.config)
+            log = self._logs.get((info.name, partition))
+            if log is not None:  # an offline partition gets the config at its next load
+                log.update_config(info.config)
 
     def set_broker_defaults(self, broker_properties: dict[str, str]) -> None:
         with self._lock:

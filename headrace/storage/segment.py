@@ -10,7 +10,9 @@ Owns: appending batches and maintaining the indexes (one entry per ``index.inter
 locating the batch that holds an offset (index lookup, then a short scan of 27-byte header
 prefixes), carving ``FileSlice`` ranges of whole batches for sendfile, recovery (a CRC scan
 from a known-good position that truncates at the first bad byte and rebuilds the index entries
-after it), renaming/removing its files, and its times as Kafka's ``LogSegment`` defines them:
+after it; ``scan_chunk`` is its step, shared with ``headrace repair``; without truncation, for
+sealed segments, a bad byte is a KafkaStorageError naming the file and byte), the header walk
+to a segment's end that finds its next offset (gap detection at load), renaming/removing its files, and its times as Kafka's ``LogSegment`` defines them:
 the largest timestamp (the largest valid batch max timestamp, else the log file's
 last-modified time, read through the injected file system: -1 is never read as 1970), the
 first batch's timestamp (Kafka's rolling base) and the creation time.
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from headrace.errors import CorruptMessage
+from headrace.errors import CorruptMessage, KafkaStorageError
 from headrace.protocol.batch import (
     BATCH_HEADER_BYTES,
     LOG_OVERHEAD_BYTES,
@@ -59,6 +61,26 @@ HEADER_PREFIX_BYTES = _HEADER_PREFIX.size
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
+
+
+def scan_chunk(pread, chunk: bytes, chunk_start: int, file_size: int, base_offset: int,
+               next_offset: int, index_interval_bytes: int, state: IndexState
+               ) -> tuple[IndexedBatches, bytes, bool]:
+    """One step of a segment's CRC scan (recovery, ``headrace repair``): validate and index
+    the batches of ``chunk`` (read at ``chunk_start`` of a ``file_size``-byte log) with the
+    kernel's ``index_batches``; a first batch larger than the chunk is read whole with
+    ``pread(size, position)``. Returns (the scan, the bytes it covered, whether the scan
+    stops here: a bad byte at ``chunk_start + scan.bytes_valid``, or the end of the file)."""
+    scan = index_batches(chunk, chunk_start, file_size, base_offset, next_offset,
+                         index_interval_bytes, state)
+    if scan.bytes_valid == 0 and not scan.stopped and len(chunk) >= BATCH_HEADER_BYTES:
+        chunk = pread(parse_header(chunk).size_bytes, chunk_start)
+        scan = index_batches(chunk, chunk_start, file_size, base_offset, next_offset,
+                             index_interval_bytes, state)
+    at_file_end = chunk_start + len(chunk) >= file_size
+    stop = scan.stopped or scan.bytes_valid == 0 or (
+        scan.bytes_valid < len(chunk) and at_file_end)
+    return scan, chunk, stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +229,7 @@ class LogSegment:
         """(base_offset, size_bytes, last_offset) of the batch at ``position``."""
         raw = os.pread(self.fd, HEADER_PREFIX_BYTES, position)
         if len(raw) < HEADER_PREFIX_BYTES:
-            raise CorruptMessage(f"{self.log_path}: batch header truncated at {position}")
+            raise CorruptMessage(f"{self.log_path}: batch header truncated at byte {position}")
         base_offset, length, _, _, _, _, last_offset_delta = _HEADER_PREFIX.unpack(raw)
         return base_offset, length + LOG_OVERHEAD_BYTES, base_offset + last_offset_delta
 
@@ -256,9 +278,17 @@ class LogSegment:
         end = self.size_bytes if end_position is None else end_position
         position = start_position
         while position < end:
-            header = parse_header(os.pread(self.fd, BATCH_HEADER_BYTES, position))
+            header = self.header_at(position)
             yield position, header
             position += header.size_bytes
+
+    def header_at(self, position: int) -> BatchHeader:
+        """The batch header at ``position``; a CorruptMessage names the file and the byte."""
+        try:
+            return parse_header(os.pread(self.fd, BATCH_HEADER_BYTES, position))
+        except CorruptMessage as error:
+            raise CorruptMessage(f"{self.log_path}: bad record batch header at byte "
+                                 f"{position}: {error}") from None
 
     def offset_at_or_after_timestamp(self, timestamp_ms: int, starting_offset: int,
                                      max_position: int) -> tuple[int, int] | None:
@@ -337,6 +367,22 @@ class LogSegment:
         self.bytes_since_last_index_entry = walked
         return next_offset
 
+    def next_offset_after(self, start_position: int) -> int:
+        """The offset after the last batch, walking headers (no CRC) from ``start_position``
+        (a batch boundary) to the end; -1 if there is none. KafkaStorageError naming the
+        file and byte for a bad header or a batch running past the end of the file."""
+        next_offset = -1
+        try:
+            for position, header in self.iter_batches(start_position):
+                if position + header.size_bytes > self.size_bytes:
+                    raise KafkaStorageError(
+                        f"{self.log_path}: record batch at byte {position} runs past the end "
+                        f"of the file ({self.size_bytes} bytes)")
+                next_offset = header.next_offset
+        except CorruptMessage as error:
+            raise KafkaStorageError(str(error)) from None
+        return next_offset
+
     def _note_timestamp(self, header: BatchHeader) -> None:
         if self.first_batch_timestamp_ms is None:
             self.first_batch_timestamp_ms = header.max_timestamp
@@ -344,10 +390,13 @@ class LogSegment:
             self.max_timestamp_ms = header.max_timestamp
             self.offset_of_max_timestamp = header.last_offset
 
-    def recover(self, start_position: int, on_batch=None) -> tuple[int, int]:
+    def recover(self, start_position: int, on_batch=None, truncate: bool = True
+                ) -> tuple[int, int]:
         """Validate every batch from ``start_position`` (a known batch boundary; index entries
         after it are dropped and rebuilt) and truncate at the first bad byte: a short or
-        implausible header, a batch running past the end of the file, a CRC mismatch.
+        implausible header, a batch running past the end of the file, a CRC mismatch. With
+        ``truncate`` False (a sealed segment, whose bytes are all below the recovery point)
+        a bad byte is damage: KafkaStorageError naming the file and the byte, file unchanged.
 
         Returns (next offset after the last valid batch or -1 if none, bytes truncated).
         ``on_batch(header)`` is called for each valid batch (producer-state replay)."""
@@ -364,6 +413,9 @@ class LogSegment:
             if stop:
                 break
         truncated = file_size - position
+        if truncated and not truncate:
+            raise KafkaStorageError(f"{self.log_path}: unreadable record batch at byte "
+                                    f"{position} of {file_size} in a sealed segment")
         if truncated:
             self.fs.truncate(self.fd, position)
         self.size_bytes = position
@@ -371,30 +423,21 @@ class LogSegment:
 
     def _recover_chunk(self, chunk: bytes, chunk_start: int, file_size: int, next_offset: int,
                        on_batch) -> tuple[int, int, bool]:
-        """Validate the batches in ``chunk`` and index them, in one kernel call (no Python
-        per batch unless ``on_batch`` is given): (bytes consumed, next offset, stop)."""
-        scan = self._index_chunk(chunk, chunk_start, file_size, next_offset)
-        if scan.bytes_valid == 0 and not scan.stopped and len(chunk) >= BATCH_HEADER_BYTES:
-            chunk = self.fs.pread(self.fd, parse_header(chunk).size_bytes, chunk_start)
-            scan = self._index_chunk(chunk, chunk_start, file_size, next_offset)
-        self.apply_index(scan)
-        if on_batch is not None:
-            for position in scan.batch_positions.tolist():
-                on_batch(parse_header(chunk, position))
-        at_file_end = chunk_start + len(chunk) >= file_size
-        stop = scan.stopped or scan.bytes_valid == 0 or (
-            scan.bytes_valid < len(chunk) and at_file_end)
-        return scan.bytes_valid, scan.next_offset, stop
-
-    def _index_chunk(self, chunk: bytes, chunk_start: int, file_size: int,
-                     next_offset: int) -> IndexedBatches:
+        """Validate the batches in ``chunk`` and index them, in one kernel call (no Python per
+        batch unless ``on_batch`` is given): (bytes consumed, next offset, stop)."""
         last_time_entry = self.time_index.last_entry()
         state = IndexState(self.bytes_since_last_index_entry, self.max_timestamp_ms,
                            self.offset_of_max_timestamp,
                            last_time_entry[0] if last_time_entry else 0,
                            last_time_entry is not None)
-        return index_batches(chunk, chunk_start, file_size, self.base_offset, next_offset,
-                             self.index_interval_bytes, state)
+        scan, chunk, stop = scan_chunk(
+            lambda size, position: self.fs.pread(self.fd, size, position), chunk, chunk_start,
+            file_size, self.base_offset, next_offset, self.index_interval_bytes, state)
+        self.apply_index(scan)
+        if on_batch is not None:
+            for position in scan.batch_positions.tolist():
+                on_batch(parse_header(chunk, position))
+        return scan.bytes_valid, scan.next_offset, stop
 
     def apply_index(self, scan: IndexedBatches) -> None:
         """Take the index entries and timestamp state ``index_batches`` computed (over this

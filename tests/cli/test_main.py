@@ -42,3 +42,22 @@ def test_broker_path_imports_no_client_command_module():
                 if line.startswith("import time:")}
     assert "headrace.cli" in imported  # the package of the module run as __main__
     assert not imported & set(CLIENT_COMMAND_MODULES)
+
+
+def test_binary_config_file_is_a_one_line_error(tmp_path):
+    config = tmp_path / "server.properties"
+    config.write_bytes(b"listeners=PLAINTEXT://127.0.0.1:0\n\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    result = _headrace("broker", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert str(config) in result.stderr and "byte 34" in result.stderr, result.stderr
+
+
+def test_config_file_with_a_nul_byte_is_a_one_line_error(tmp_path):
+    config = tmp_path / "server.properties"
+    text = f"listeners=PLAINTEXT://127.0.0.1:0\nlog.dirs={tmp_path / 'data'}\n".encode()
+    config.write_bytes(text + b"\x00\x00")
+    result = _headrace("broker", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"NUL byte at byte {len(text)}" in result.stderr, result.stderr

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from headrace.errors import KafkaStorageError
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
@@ -98,6 +99,47 @@ def test_a_corrupt_middle_segment_drops_it_tail_and_later_segments(scratch):
     assert recovered == sent[: len(recovered)]
     assert recovered[-1][0] < int(segments[2].stem)
     assert len(log.segments) == 2
+
+
+def test_unflushed_sealed_segment_without_its_index_is_recovered_not_failed(scratch):
+    """After a crash, a rolled segment past the recovery point may have lost its index file
+    and its tail: recovery truncates it (Kafka's recovery), it is not damage."""
+    source, sent = build_log(scratch / "src", 30, segment_bytes=600)
+    source.close()
+    segments = sorted((scratch / "src").glob("*.log"))
+    victim = segments[1]
+    victim.with_suffix(".index").unlink()
+    victim.write_bytes(victim.read_bytes()[:-9])
+    log = recover(scratch / "src", recovery_point=0, segment_bytes=600)
+    recovered = read_all(log)
+    assert recovered == sent[: len(recovered)] and recovered[-1][0] < int(segments[2].stem)
+    assert len(log.segments) == 2
+
+
+def test_flushed_sealed_segment_without_its_index_and_a_bad_byte_is_damage(scratch):
+    """Below the recovery point (or after a clean shutdown) a bad byte met while rebuilding
+    a missing index is damage: KafkaStorageError naming the file and byte, file untouched."""
+    source, sent = build_log(scratch / "src", 30, segment_bytes=600)
+    source.close()
+    victim = sorted((scratch / "src").glob("*.log"))[1]
+    victim.with_suffix(".index").unlink()
+    data = bytearray(victim.read_bytes())
+    data[-5] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    last_batch = _last_batch_position(bytes(data))
+    for clean in (True, False):
+        with pytest.raises(KafkaStorageError, match=f"{victim}.*at byte {last_batch} "):
+            Log("t", 0, scratch / "src", LogConfig(segment_bytes=600), RealFileSystem(),
+                NOW_MS, recovery_point=sent[-1][0] + 1, clean_shutdown=clean)
+        assert victim.read_bytes() == data
+
+
+def _last_batch_position(data: bytes) -> int:
+    position = last = 0
+    while position < len(data):
+        last = position
+        position += struct.unpack_from(">i", data, position + 8)[0] + 12
+    return last
 
 
 def test_unsynced_writes_torn_by_a_crash_lose_only_the_unflushed_tail(scratch):

@@ -59,7 +59,7 @@ def _sizes_by_dir(log_manager: Any, partitions: set[tuple[str, int]]
     for topic, index in sorted(partitions):
         try:
             log = log_manager.get_log(topic, index)
-        except UnknownTopicOrPartition:  # deleted since the listing
+        except (UnknownTopicOrPartition, KafkaStorageError):  # deleted since, or offline
             continue
         by_dir[os.path.abspath(log.dir.parent)][topic].append((index, log.size_bytes))
     return by_dir

@@ -7,7 +7,8 @@ limit, as in Kafka: a first batch larger than it is not returned). Every partiti
 the high watermark, the last stable offset (= high watermark: no transactions) and the log
 start offset; errors are per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
 UNKNOWN_TOPIC_ID for v13+ requests by an unknown topic id or the zero id, echoing the id
-sent, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError``).
+sent, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError`` or the partition is
+offline -- NOT_LEADER_OR_FOLLOWER instead before v6, as Kafka answers).
 read_committed is accepted and behaves as read_uncommitted.
 
 Topic ids (v13+) resolve through ``_TopicIds``, a per-broker id -> name map rebuilt from the
@@ -268,3 +269,4 @@ async def handle(ctx, request):
         _for_old_clients(version, plan, topics)
     parts, size = encode_fetch_body(version, 0, NO_SESSION_ID, topics)
     return RawResponse(tuple(parts), size)
+

@@ -1,6 +1,8 @@
 """Metadata (key 3), versions 0-13: brokers, cluster id, controller, topics and partitions.
 
-A single node leads every partition (leader = replicas = isr = this node, leader epoch 0).
+A single node leads every partition (leader = replicas = isr = this node, leader epoch 0),
+except a partition whose log failed to load at start-up: leader -1, LEADER_NOT_AVAILABLE, this
+node in ``offline_replicas`` (Kafka's offline partition).
 Unknown topics are created with ``num.partitions`` when ``auto.create.topics.enable`` and the
 request (v4+) allow it, answered at once with the new topic; otherwise
 UNKNOWN_TOPIC_OR_PARTITION (UNKNOWN_TOPIC_ID for an unknown or zero id, v12+). As Kafka,
@@ -32,6 +34,7 @@ from headrace.errors import (
     InvalidRequest,
     InvalidTopic,
     KafkaError,
+    LeaderNotAvailable,
     TopicAlreadyExists,
     UnknownTopicId,
     UnknownTopicOrPartition,
@@ -60,22 +63,28 @@ def topic_name_is_legal(name: str) -> bool:
 
 
 def topic_metadata(broker, info) -> dict:
-    node_id = broker.node_id
+    offline = broker.log_manager.offline_partitions()
     return {
         "error_code": 0,
         "name": info.name,
         "topic_id": info.topic_id,
         "is_internal": info.name in INTERNAL_TOPIC_NAMES,
-        "partitions": [
-            {
-                "error_code": 0, "partition_index": index, "leader_id": node_id,
-                "leader_epoch": 0, "replica_nodes": [node_id], "isr_nodes": [node_id],
-                "offline_replicas": [],
-            }
-            for index in range(info.partitions)
-        ],
+        "partitions": [_partition_metadata(broker.node_id, index, (info.name, index) in offline)
+                       for index in range(info.partitions)],
         "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }
+
+
+def _partition_metadata(node_id: int, index: int, offline: bool) -> dict:
+    """This node leads every partition; a partition whose log failed to load has no leader
+    (Kafka's offline partition: LEADER_NOT_AVAILABLE, leader -1, its replica offline)."""
+    if offline:
+        return {"error_code": LeaderNotAvailable.code, "partition_index": index,
+                "leader_id": -1, "leader_epoch": 0, "replica_nodes": [node_id],
+                "isr_nodes": [node_id], "offline_replicas": [node_id]}
+    return {"error_code": 0, "partition_index": index, "leader_id": node_id,
+            "leader_epoch": 0, "replica_nodes": [node_id], "isr_nodes": [node_id],
+            "offline_replicas": []}
 
 
 def _error_topic(code: int, name: str | None, topic_id: uuid.UUID | None = None) -> dict:

@@ -12,8 +12,9 @@ Validation -- sizes, CRCs, Kafka's record checks (``storage.validation``: a reco
 key on a compacted topic, timestamps, structure), producer sequences -- is the log's
 (``Log.append`` with ``from_client``); its errors become per-partition error codes, with
 KIP-467 ``record_errors`` (index in the batch, message) and ``error_message`` in v8+, and an
-I/O error from the log (``OSError``: disk full, EIO...) answers KAFKA_STORAGE_ERROR for that
-partition only. A request carrying a transactional batch is answered
+I/O error from the log (``OSError``: disk full, EIO...) or an offline partition (its log failed
+to load) answers KAFKA_STORAGE_ERROR for that partition only -- NOT_LEADER_OR_FOLLOWER to v3
+requests, as Kafka down-converts it for producers that may not know the code. A request carrying a transactional batch is answered
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition, as Kafka answers one without a
 transactional id (and headrace supports no transactions).
 Unknown topics are not created here (Kafka creates them on Metadata): UNKNOWN_TOPIC_OR_PARTITION.
@@ -62,6 +63,7 @@ from headrace.errors import (
     KafkaError,
     KafkaStorageError,
     NotEnoughReplicas,
+    NotLeaderOrFollower,
     TransactionalIdAuthorizationFailed,
     UnknownServerError,
 )
@@ -72,6 +74,7 @@ from headrace.protocol.batch import BATCH_HEADER_BYTES, TRANSACTIONAL_BIT
 API_KEY = 0
 MIN_VERSION = 0
 MAX_VERSION = 12
+FIRST_STORAGE_ERROR_VERSION = 4  # v3 gets NOT_LEADER_OR_FOLLOWER instead, as Kafka answers
 
 FIRST_MAGIC_V2_ONLY_VERSION = 3  # Kafka's ProduceRequest.validateRecords
 
@@ -176,6 +179,15 @@ def _appends_cannot_sync(manager, topic_data, now_ms: int) -> bool:
     return True
 
 
+def _storage_errors_as_not_leader(responses: list[dict]) -> None:
+    """Produce v3 clients may not know KAFKA_STORAGE_ERROR (a fatal unknown error to them):
+    Kafka answers NOT_LEADER_OR_FOLLOWER, so they refresh metadata and retry."""
+    for topic in responses:
+        for partition in topic["partition_responses"]:
+            if partition["error_code"] == KafkaStorageError.code:
+                partition["error_code"] = NotLeaderOrFollower.code
+
+
 def _reject_all(topic_data, error: KafkaError) -> list[dict]:
     return [{"name": topic.name,
              "partition_responses": [_partition_error(p.index, error)
@@ -204,6 +216,8 @@ async def handle(ctx, request):
                 _append_all, manager, request.topic_data, acks, ctx.now_ms, ctx.api_version)
     if acks == 0:
         return None
+    if ctx.api_version < FIRST_STORAGE_ERROR_VERSION:
+        _storage_errors_as_not_leader(responses)
     body = encode_produce_body(ctx.api_version, responses)
     return RawResponse((body,), len(body))
 
