@@ -224,6 +224,20 @@ def produce_until_cut(broker: PowerCutBroker, records: int, cut_after_acks: int,
     return recorder, outcome
 
 
+def produce_after_recovery(bootstrap: str, records: int) -> list[bytes]:
+    """Produce ``records`` values ``after-cut-<n>`` (acks=all) and wait for every report;
+    returns the values, all acknowledged."""
+    recorder = AckRecorder()
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                         "enable.idempotence": True, "log_level": 0})
+    values = [f"after-cut-{sequence}".encode() for sequence in range(records)]
+    for value in values:
+        producer.produce(TOPIC, value, key=b"k", partition=0, on_delivery=recorder)
+    _wait_for(lambda: recorder.reports >= records, producer, ACK_WAIT_TIMEOUT_S)
+    assert len(recorder.acknowledged) == records, "a record produced after recovery failed"
+    return values
+
+
 def _wait_for(condition, producer: Producer, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -255,9 +269,18 @@ def lost_acknowledged(acknowledged: list[tuple[int, bytes]],
     return [(offset, value) for offset, value in acknowledged if by_offset.get(offset) != value]
 
 
-def log_anomalies(stored: list[tuple[int, bytes]]) -> list[str]:
-    """How ``stored`` is not a prefix of what was produced: offsets 0.. contiguous, each
-    offset holding the value produced in that position (one idempotent producer)."""
-    return [f"offset {offset} holds {value!r} at position {position}"
-            for position, (offset, value) in enumerate(stored)
-            if offset != position or value != value_of(position)]
+def log_anomalies(stored: list[tuple[int, bytes]],
+                  appended_after_recovery: list[bytes] = ()) -> list[str]:
+    """How ``stored`` is not a prefix of what was produced before the cut (offsets 0..
+    contiguous, each offset holding the value produced in that position by the one
+    idempotent producer) followed by exactly ``appended_after_recovery``."""
+    before_cut = len(stored) - len(appended_after_recovery)
+    expected = [value_of(position) for position in range(max(0, before_cut))]
+    expected += list(appended_after_recovery)
+    anomalies = [f"offset {offset} holds {value!r} at position {position}"
+                 for position, (offset, value) in enumerate(stored)
+                 if offset != position or value != expected[position]]
+    if before_cut < 0:
+        anomalies.append(f"only {len(stored)} records stored, fewer than the "
+                         f"{len(appended_after_recovery)} appended after recovery")
+    return anomalies

@@ -4,7 +4,8 @@ seeded moment (SIGKILL, then only what was fsynced is kept, with a seeded torn t
 rest), the broker restarts on what is left and the partition is read back.
 
 With flush.messages=1 every acknowledged record survives at its offset; with the default
-flush policy the log is a prefix of what was produced (never a hole). A run whose shim turns
+flush policy the log is a prefix of what was produced (never a hole), and records produced
+after recovery follow it at the next offsets (a torn tail was cut off, not appended after). A run whose shim turns
 the segment files' fsyncs into no-ops must lose acknowledged records: the simulation has teeth.
 """
 
@@ -19,11 +20,13 @@ from tests.power_cut import (
     build_shim,
     log_anomalies,
     lost_acknowledged,
+    produce_after_recovery,
     produce_until_cut,
     read_back,
 )
 
 RECORDS_PER_CUT = 300
+RECORDS_AFTER_RECOVERY = 20
 FLUSH_EVERY_RECORD = {"log.flush.interval.messages": "1"}
 
 
@@ -33,7 +36,8 @@ def shim(tmp_path_factory):
 
 
 def _cut_and_recover(tmp_path, shim, seed: int, overrides: dict[str, str],
-                     drop_fsync_suffix: str = "", torn_tails: bool = True):
+                     drop_fsync_suffix: str = "", torn_tails: bool = True,
+                     records_after_recovery: int = 0):
     rng = random.Random(seed)
     broker = PowerCutBroker(tmp_path / "data", shim, overrides, drop_fsync_suffix)
     broker.data_dir.mkdir()
@@ -43,30 +47,34 @@ def _cut_and_recover(tmp_path, shim, seed: int, overrides: dict[str, str],
                                               rng.randint(1, RECORDS_PER_CUT),
                                               rng if torn_tails else None)
         broker.start()
+        appended = produce_after_recovery(broker.bootstrap, records_after_recovery)
         stored = read_back(broker.bootstrap)
     finally:
         broker.stop()
-    return recorder.acknowledged, stored, outcome
+    return recorder.acknowledged, stored, outcome, appended
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_every_acknowledged_record_survives_a_power_cut_with_flush_per_record(
         tmp_path, shim, seed):
-    acknowledged, stored, _ = _cut_and_recover(tmp_path, shim, seed, FLUSH_EVERY_RECORD)
+    acknowledged, stored, _, appended = _cut_and_recover(
+        tmp_path, shim, seed, FLUSH_EVERY_RECORD, records_after_recovery=RECORDS_AFTER_RECOVERY)
     assert acknowledged, "the cut came before any acknowledgement"
     assert lost_acknowledged(acknowledged, stored) == []
-    assert log_anomalies(stored) == []
+    assert log_anomalies(stored, appended) == []
 
 
 @pytest.mark.parametrize("seed", [11, 12])
 def test_default_flush_policy_loses_only_an_unsynced_suffix(tmp_path, shim, seed):
-    acknowledged, stored, outcome = _cut_and_recover(tmp_path, shim, seed, {})
+    _, stored, outcome, appended = _cut_and_recover(
+        tmp_path, shim, seed, {}, records_after_recovery=RECORDS_AFTER_RECOVERY)
     assert outcome.dropped_bytes > 0, "the cut dropped nothing: nothing was tested"
-    assert log_anomalies(stored) == []
+    assert outcome.torn_tail_bytes > 0, "no torn tail: recovery's truncation was not tested"
+    assert log_anomalies(stored, appended) == []
 
 
 def test_power_cut_loses_acknowledged_records_when_segment_fsyncs_are_dropped(tmp_path, shim):
-    acknowledged, stored, _ = _cut_and_recover(tmp_path, shim, 5, FLUSH_EVERY_RECORD,
+    acknowledged, stored, _, _ = _cut_and_recover(tmp_path, shim, 5, FLUSH_EVERY_RECORD,
                                                drop_fsync_suffix=".log", torn_tails=False)
     assert acknowledged
     assert lost_acknowledged(acknowledged, stored) != []
