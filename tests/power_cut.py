@@ -53,6 +53,7 @@ ACK_WAIT_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 30.0
 READ_BACK_MAX_FETCHES = 10_000
 MAX_UNACKNOWLEDGED_RECORDS = 20
+RECORDS_PER_CUT = 300
 
 
 def build_shim(build_dir: Path) -> Path:
@@ -260,6 +261,38 @@ def read_back(bootstrap: str) -> list[tuple[int, bytes]]:
             stored.extend((r.offset, r.value) for r in fresh)
             offset = fresh[-1].offset + 1
     raise AssertionError(f"more than {READ_BACK_MAX_FETCHES} fetches to read the topic")
+
+
+@dataclass
+class CutRun:
+    """One cut: what was acknowledged before it, what the partition holds after recovery and
+    after ``appended`` was produced, and what the cut dropped."""
+
+    acknowledged: list[tuple[int, bytes]]
+    stored: list[tuple[int, bytes]]
+    outcome: CutOutcome
+    appended: list[bytes]
+
+
+def cut_and_recover(work_dir: Path, shim: Path, seed: int, overrides: dict[str, str],
+                    records: int = RECORDS_PER_CUT, drop_fsync_suffix: str = "",
+                    torn_tails: bool = True, records_after_recovery: int = 0) -> CutRun:
+    """A broker on a fresh ``work_dir/data``: produce up to ``records``, cut the power after a
+    seeded number of acknowledgements (with seeded torn tails unless ``torn_tails`` is
+    false), restart, produce ``records_after_recovery`` more, read the partition back."""
+    rng = random.Random(seed)
+    broker = PowerCutBroker(work_dir / "data", shim, overrides, drop_fsync_suffix)
+    broker.data_dir.mkdir()
+    broker.start()
+    try:
+        recorder, outcome = produce_until_cut(broker, records, rng.randint(1, records),
+                                              rng if torn_tails else None)
+        broker.start()
+        appended = produce_after_recovery(broker.bootstrap, records_after_recovery)
+        stored = read_back(broker.bootstrap)
+    finally:
+        broker.stop()
+    return CutRun(recorder.acknowledged, stored, outcome, appended)
 
 
 def lost_acknowledged(acknowledged: list[tuple[int, bytes]],

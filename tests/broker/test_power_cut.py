@@ -11,21 +11,10 @@ the segment files' fsyncs into no-ops must lose acknowledged records: the simula
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from tests.power_cut import (
-    PowerCutBroker,
-    build_shim,
-    log_anomalies,
-    lost_acknowledged,
-    produce_after_recovery,
-    produce_until_cut,
-    read_back,
-)
+from tests.power_cut import build_shim, cut_and_recover, log_anomalies, lost_acknowledged
 
-RECORDS_PER_CUT = 300
 RECORDS_AFTER_RECOVERY = 20
 FLUSH_EVERY_RECORD = {"log.flush.interval.messages": "1"}
 
@@ -35,46 +24,27 @@ def shim(tmp_path_factory):
     return build_shim(tmp_path_factory.mktemp("power-cut-shim"))
 
 
-def _cut_and_recover(tmp_path, shim, seed: int, overrides: dict[str, str],
-                     drop_fsync_suffix: str = "", torn_tails: bool = True,
-                     records_after_recovery: int = 0):
-    rng = random.Random(seed)
-    broker = PowerCutBroker(tmp_path / "data", shim, overrides, drop_fsync_suffix)
-    broker.data_dir.mkdir()
-    broker.start()
-    try:
-        recorder, outcome = produce_until_cut(broker, RECORDS_PER_CUT,
-                                              rng.randint(1, RECORDS_PER_CUT),
-                                              rng if torn_tails else None)
-        broker.start()
-        appended = produce_after_recovery(broker.bootstrap, records_after_recovery)
-        stored = read_back(broker.bootstrap)
-    finally:
-        broker.stop()
-    return recorder.acknowledged, stored, outcome, appended
-
-
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_every_acknowledged_record_survives_a_power_cut_with_flush_per_record(
         tmp_path, shim, seed):
-    acknowledged, stored, _, appended = _cut_and_recover(
-        tmp_path, shim, seed, FLUSH_EVERY_RECORD, records_after_recovery=RECORDS_AFTER_RECOVERY)
-    assert acknowledged, "the cut came before any acknowledgement"
-    assert lost_acknowledged(acknowledged, stored) == []
-    assert log_anomalies(stored, appended) == []
+    run = cut_and_recover(tmp_path, shim, seed, FLUSH_EVERY_RECORD,
+                          records_after_recovery=RECORDS_AFTER_RECOVERY)
+    assert run.acknowledged, "the cut came before any acknowledgement"
+    assert lost_acknowledged(run.acknowledged, run.stored) == []
+    assert log_anomalies(run.stored, run.appended) == []
 
 
 @pytest.mark.parametrize("seed", [11, 12])
 def test_default_flush_policy_loses_only_an_unsynced_suffix(tmp_path, shim, seed):
-    _, stored, outcome, appended = _cut_and_recover(
-        tmp_path, shim, seed, {}, records_after_recovery=RECORDS_AFTER_RECOVERY)
-    assert outcome.dropped_bytes > 0, "the cut dropped nothing: nothing was tested"
-    assert outcome.torn_tail_bytes > 0, "no torn tail: recovery's truncation was not tested"
-    assert log_anomalies(stored, appended) == []
+    run = cut_and_recover(tmp_path, shim, seed, {},
+                          records_after_recovery=RECORDS_AFTER_RECOVERY)
+    assert run.outcome.dropped_bytes > 0, "the cut dropped nothing: nothing was tested"
+    assert run.outcome.torn_tail_bytes > 0, "no torn tail: recovery's truncation untested"
+    assert log_anomalies(run.stored, run.appended) == []
 
 
 def test_power_cut_loses_acknowledged_records_when_segment_fsyncs_are_dropped(tmp_path, shim):
-    acknowledged, stored, _, _ = _cut_and_recover(tmp_path, shim, 5, FLUSH_EVERY_RECORD,
-                                               drop_fsync_suffix=".log", torn_tails=False)
-    assert acknowledged
-    assert lost_acknowledged(acknowledged, stored) != []
+    run = cut_and_recover(tmp_path, shim, 5, FLUSH_EVERY_RECORD, drop_fsync_suffix=".log",
+                          torn_tails=False)
+    assert run.acknowledged
+    assert lost_acknowledged(run.acknowledged, run.stored) != []
