@@ -12,7 +12,12 @@ straight to the descriptor only under ``RealFileSystem``). The shim sits below b
 successful fsync/fdatasync of a file or directory under the data directory makes it copy what
 that call made durable (a file's content, a directory's entries) into a shadow directory. No
 write is intercepted, so nothing the broker does is changed or slowed except its syncs, and
-writes that bypass every Python wrapper are covered.
+writes that bypass every Python wrapper are covered. Wrapping ``headrace/storage/fs.py``
+instead would miss the kernel's writes unless the kernel reported them; a loop device needs
+root and a device-mapper target (dm-log-writes) to tell what was flushed, FUSE needs root and
+a binding not among the pinned dependencies; the shim needs only gcc. A sync call the shim does not know
+(sync_file_range, msync, syncfs, O_SYNC writes: headrace uses none) counts as no sync, so an
+unknown call can only make the model stricter, never hide a loss.
 
 Shadow directory format: ``files/<inode>`` the content of a file as of its last sync,
 ``dirs/<inode>`` its entries as of its last sync (lines ``f|d <inode> <name>``), ``root`` the
@@ -22,9 +27,11 @@ the broker starts (all of it durable: the test wrote it and syncs it).
 The model after a cut: the data directory holds the entries of each directory's last sync
 (an entry created or removed since is undone), each file the content of its last sync (a file
 never synced is empty); with a ``random.Random``, each file whose current content extends its
-durable content gets a seeded prefix of the unsynced extension (a torn tail). Limitation: a
-file that was never synced whose inode number reuses a deleted file's shows that file's last
-synced content.
+durable content gets a seeded prefix of the unsynced extension (a torn tail). Limitations:
+torn tails are prefixes (no later page persisted before an earlier one, no garbage); a file
+copied at its sync may include writes another thread made after the sync (which a disk may
+also have kept); a file never synced whose inode number reuses a deleted file's shows that
+file's last synced content.
 
 Thread-safety: none; one test drives one broker.
 """
