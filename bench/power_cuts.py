@@ -16,7 +16,8 @@ Kafka's default, where only the prefix rule holds).
 
     nice -n 5 .venv/bin/python bench/power_cuts.py --cuts 100 --seed 1
 
-Scratch data under a temporary directory (or ``--scratch``); brokers bind 127.0.0.1 only.
+Scratch data under a temporary directory, removed after a run without failures (or
+``--scratch``, kept); a failing cut's directory is kept. Brokers bind 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -94,7 +95,10 @@ def main() -> int:
           f"unsynced bytes dropped {totals['dropped']}, torn-tail bytes kept {totals['torn']}, "
           f"median {statistics.median(seconds):.1f} s per cut")
     must_keep_every_ack = args.flush_messages == 1
-    return 1 if totals["bad_logs"] or (must_keep_every_ack and totals["lost"]) else 0
+    failed = totals["bad_logs"] or (must_keep_every_ack and totals["lost"])
+    if not failed and args.scratch is None:
+        shutil.rmtree(scratch)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
