@@ -61,6 +61,7 @@ DRAIN_TIMEOUT_S = 30.0
 READ_BACK_MAX_FETCHES = 10_000
 MAX_UNACKNOWLEDGED_RECORDS = 20
 RECORDS_PER_CUT = 300
+MAX_POLLS_BEFORE_CUT = 5_000
 
 
 def build_shim(build_dir: Path) -> Path:
@@ -201,12 +202,28 @@ class AckRecorder:
                 self.acknowledged.append((message.offset(), message.value()))
 
 
-def produce_until_cut(broker: PowerCutBroker, records: int, cut_after_acks: int,
+@dataclass(frozen=True)
+class CutMoment:
+    """When to cut: once ``after_acks`` records are acknowledged, produce ``extra_records``
+    more (without waiting) and poll the producer ``polls`` times (a bounded spin, no sleep),
+    so the cut lands anywhere in the broker's handling of a request, not only between them."""
+
+    after_acks: int
+    extra_records: int
+    polls: int
+
+    @staticmethod
+    def seeded(rng: random.Random, records: int) -> CutMoment:
+        return CutMoment(rng.randint(1, records), rng.randint(0, MAX_UNACKNOWLEDGED_RECORDS),
+                         rng.randint(0, MAX_POLLS_BEFORE_CUT))
+
+
+def produce_until_cut(broker: PowerCutBroker, records: int, moment: CutMoment,
                       rng: random.Random | None = None) -> tuple[AckRecorder, CutOutcome]:
     """Produce up to ``records`` values (acks=all, idempotent, at most
-    ``MAX_UNACKNOWLEDGED_RECORDS`` awaiting their report) and cut the power once
-    ``cut_after_acks`` are acknowledged, with records still in flight; returns every
-    acknowledgement the producer received before the cut, and the cut's outcome."""
+    ``MAX_UNACKNOWLEDGED_RECORDS`` awaiting their report until the cut nears) and cut the
+    power at ``moment`` (torn tails drawn from ``rng``); returns every acknowledgement the
+    producer received before the cut, and the cut's outcome."""
     with RawClient(broker.bootstrap) as client:
         _create(client, TOPIC)
     recorder = AckRecorder()
@@ -215,9 +232,9 @@ def produce_until_cut(broker: PowerCutBroker, records: int, cut_after_acks: int,
                          "message.timeout.ms": 60_000})
     produced = 0
     deadline = time.monotonic() + ACK_WAIT_TIMEOUT_S
-    while len(recorder.acknowledged) < cut_after_acks and recorder.reports < records:
+    while len(recorder.acknowledged) < moment.after_acks and recorder.reports < records:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{cut_after_acks} acknowledgements took over "
+            raise TimeoutError(f"{moment.after_acks} acknowledgements took over "
                                f"{ACK_WAIT_TIMEOUT_S} s")
         if produced < records and produced - recorder.reports < MAX_UNACKNOWLEDGED_RECORDS:
             producer.produce(TOPIC, value_of(produced), key=b"k", partition=0,
@@ -226,6 +243,12 @@ def produce_until_cut(broker: PowerCutBroker, records: int, cut_after_acks: int,
             producer.poll(0)
         else:
             producer.poll(0.001)
+    for sequence in range(produced, min(records, produced + moment.extra_records)):
+        producer.produce(TOPIC, value_of(sequence), key=b"k", partition=0,
+                         on_delivery=recorder)
+        produced += 1
+    for _ in range(moment.polls):
+        producer.poll(0)
     outcome = broker.power_cut(rng)
     producer.purge()
     _wait_for(lambda: recorder.reports >= produced, producer, DRAIN_TIMEOUT_S)
@@ -292,7 +315,7 @@ def cut_and_recover(work_dir: Path, shim: Path, seed: int, overrides: dict[str, 
     broker.data_dir.mkdir()
     broker.start()
     try:
-        recorder, outcome = produce_until_cut(broker, records, rng.randint(1, records),
+        recorder, outcome = produce_until_cut(broker, records, CutMoment.seeded(rng, records),
                                               rng if torn_tails else None)
         broker.start()
         appended = produce_after_recovery(broker.bootstrap, records_after_recovery)
