@@ -22,7 +22,7 @@ unknown call can only make the model stricter, never hide a loss.
 Shadow directory format: ``files/<inode>`` the content of a file as of its last sync,
 ``dirs/<inode>`` its entries as of its last sync (lines ``f|d <inode> <name>``), ``root`` the
 data directory's inode. ``record_baseline`` seeds it with the data directory as it is before
-the broker starts (all of it durable: the test wrote it and syncs it).
+the broker starts (all of it durable: there was no power cut before the broker started).
 
 The model after a cut: the data directory holds the entries of each directory's last sync
 (an entry created or removed since is undone), each file the content of its last sync (a file
@@ -93,7 +93,6 @@ def record_baseline(data_dir: Path, shadow_dir: Path) -> None:
             lines.append(f"f {inode} {name}\n")
         inode = Path(directory).stat().st_ino
         (shadow_dir / "dirs" / str(inode)).write_text("".join(lines))
-    os.sync()
 
 
 def _listing(shadow_dir: Path, inode: str) -> list[tuple[str, str, str]]:
@@ -114,7 +113,8 @@ def _current_files_by_inode(data_dir: Path) -> dict[str, Path]:
 
 @dataclass
 class CutOutcome:
-    """What a cut did: unsynced bytes dropped, and of those, torn-tail bytes kept."""
+    """What a cut did to unsynced bytes: how many it dropped, how many it kept as torn
+    tails."""
 
     dropped_bytes: int = 0
     torn_tail_bytes: int = 0
@@ -158,7 +158,6 @@ def rebuild_after_power_cut(data_dir: Path, shadow_dir: Path,
                  outcome)
     shutil.rmtree(data_dir)
     staging.rename(data_dir)
-    os.sync()
     return outcome
 
 
