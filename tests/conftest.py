@@ -4,7 +4,8 @@
 ``python -m headrace.cli.main broker`` with a fresh data directory under pytest's tmp dir and
 yield a ``BrokerProcess`` with ``.bootstrap`` ("127.0.0.1:PORT"), ``.port``, ``.pid``,
 ``.data_dir``, ``.restart()`` (SIGTERM, wait, start again on the same port and data) and
-``.kill()`` (SIGKILL, no clean shutdown). Readiness is detected by connecting to the port.
+``.kill()`` (SIGKILL, no clean shutdown); ``env`` (optional) is the broker's whole environment.
+Readiness is detected by connecting to the port.
 
 ``tansu_peer(log_dir)`` runs the Tansu peer (a broker we did not write, in memory) for the
 suites that can also run against it (HEADRACE_TEST_PEER=tansu): the binary is the one
@@ -65,8 +66,10 @@ def free_port() -> int:
 
 
 class BrokerProcess:
-    def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.env = env
         self.port = free_port()
         self.overrides = dict(overrides or {})
         self.process: subprocess.Popen | None = None
@@ -90,7 +93,8 @@ class BrokerProcess:
         for key, value in settings.items():
             command += ["--override", f"{key}={value}"]
         log_file = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the subprocess
-        self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                                        env=self.env)
         log_file.close()
         self._wait_until_serving()
 
