@@ -1,0 +1,178 @@
+"""The oldest versions Kafka 3.9 serves of OffsetCommit (v0-1), OffsetFetch (v0),
+DeleteTopics (v0) and DescribeLogDirs (v0), against a real broker process: kafka-python with
+``api_version=(0, 8, 2)`` (OffsetCommit / OffsetFetch v1) keeping a group's position, raw
+requests for each new version, and malformed frames closing only their connection."""
+
+from __future__ import annotations
+
+import struct
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as RdTopicPartition
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as PyTopicPartition
+
+from headrace.protocol import wire
+from tests.broker.raw_client import RawClient
+from tests.broker.test_clients import _create_topic
+from tests.broker.test_malformed_requests import _one_warning_for, _send_and_wait_for_close
+
+OFFSET_COMMIT, OFFSET_FETCH, DELETE_TOPICS, DESCRIBE_LOG_DIRS, API_VERSIONS = 8, 9, 20, 35, 18
+UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION = 3, 35
+CLIENT_TIMEOUT_S = 30
+OLD_KAFKA_PYTHON = (0, 8, 2)  # OffsetCommit v1, OffsetFetch v1, FindCoordinator v0
+
+
+def _kafka_python_consume(bootstrap: str, topic: str, group: str, count: int) -> list:
+    """``count`` records of partition 0 from ``group``'s committed position, then a commit."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, api_version=OLD_KAFKA_PYTHON,
+                             group_id=group, enable_auto_commit=False,
+                             auto_offset_reset="earliest", consumer_timeout_ms=2000)
+    consumer.assign([PyTopicPartition(topic, 0)])
+    received = []
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while len(received) < count and time.monotonic() < deadline:
+        for message in consumer:  # ends after consumer_timeout_ms without a message
+            received.append(message)
+            if len(received) == count:
+                break
+    consumer.commit()
+    consumer.close()
+    return received
+
+
+def test_kafka_python_0_8_2_resumes_a_group_from_its_committed_offset(broker):
+    topic = _create_topic(broker.bootstrap, partitions=1)
+    group = f"old-group-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=OLD_KAFKA_PYTHON)
+    for i in range(20):
+        producer.send(topic, value=b"v%d" % i, partition=0)
+    producer.flush(CLIENT_TIMEOUT_S)
+    producer.close()
+    first = _kafka_python_consume(broker.bootstrap, topic, group, 12)
+    assert [m.offset for m in first] == list(range(12))
+    rest = _kafka_python_consume(broker.bootstrap, topic, group, 8)
+    assert [(m.offset, m.value) for m in rest] == [(i, b"v%d" % i) for i in range(12, 20)]
+    modern = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    committed = modern.committed([RdTopicPartition(topic, 0)], timeout=CLIENT_TIMEOUT_S)
+    modern.close()
+    assert committed[0].offset == 20  # v1 commits are the coordinator's, seen by v8 fetches
+
+
+def _offset_commit(bootstrap: str, version: int, group: str, topic: str,
+                   partition: int, offset: int) -> list[tuple[str, int, int]]:
+    """(topic, partition, error_code) of a hand-made OffsetCommit v0-1 (v1: generation -1,
+    no member, commit_timestamp -1)."""
+    body = struct.pack(">h", len(group)) + group.encode()
+    if version == 1:
+        body += struct.pack(">ih", -1, 0)
+    body += struct.pack(">ih", 1, len(topic)) + topic.encode() + struct.pack(">iiq", 1, partition,
+                                                                             offset)
+    if version == 1:
+        body += struct.pack(">q", -1)
+    body += struct.pack(">h", 2) + b"md"
+    with RawClient(bootstrap) as client:
+        client.send_bytes(struct.pack(">i", 10 + len("raw") + len(body)) +
+                          struct.pack(">hhih", OFFSET_COMMIT, version, 7, 3) + b"raw" + body)
+        frame = client.receive_frame()
+    correlation_id, decoded = wire.decode_response(OFFSET_COMMIT, version, frame)
+    assert correlation_id == 7
+    return [(t.name, p.partition_index, p.error_code) for t in decoded.topics
+            for p in t.partitions]
+
+
+def _committed(bootstrap: str, version: int, group: str, topic: str) -> list[tuple]:
+    with RawClient(bootstrap) as client:
+        response = client.request(OFFSET_FETCH, version, {
+            "group_id": group, "topics": [{"name": topic, "partition_indexes": [0]}]})
+    return [(p.partition_index, p.committed_offset, p.metadata, p.error_code)
+            for t in response.topics for p in t.partitions]
+
+
+def test_offset_commit_v1_is_stored_by_the_coordinator(broker):
+    topic = _create_topic(broker.bootstrap, partitions=1)
+    group = f"v1-{uuid.uuid4().hex[:8]}"
+    assert _offset_commit(broker.bootstrap, 1, group, topic, 0, 42) == [(topic, 0, 0)]
+    assert _committed(broker.bootstrap, 1, group, topic) == [(0, 42, "md", 0)]
+    assert _offset_commit(broker.bootstrap, 1, group, topic, 5, 1) == [
+        (topic, 5, UNKNOWN_TOPIC_OR_PARTITION)]
+
+
+def test_offset_commit_and_fetch_v0_answer_unsupported_version_as_kraft_kafka(broker):
+    """v0 is ZooKeeper's: a Kafka 3.9 broker without it refuses it per partition."""
+    topic = _create_topic(broker.bootstrap, partitions=1)
+    group = f"v0-{uuid.uuid4().hex[:8]}"
+    assert _offset_commit(broker.bootstrap, 0, group, topic, 0, 42) == [
+        (topic, 0, UNSUPPORTED_VERSION)]
+    assert _offset_commit(broker.bootstrap, 0, group, "no-such-topic", 0, 42) == [
+        ("no-such-topic", 0, UNKNOWN_TOPIC_OR_PARTITION)]
+    assert _committed(broker.bootstrap, 1, group, topic) == [(0, -1, "", 0)]  # nothing stored
+    assert _offset_commit(broker.bootstrap, 1, group, topic, 0, 42) == [(topic, 0, 0)]
+    assert _committed(broker.bootstrap, 0, group, topic) == [(0, -1, "", UNSUPPORTED_VERSION)]
+
+
+def _delete_topics_v0(bootstrap: str, names: list[str]) -> list[tuple[str, int]]:
+    body = struct.pack(">i", len(names))
+    for name in names:
+        body += struct.pack(">h", len(name)) + name.encode()
+    body += struct.pack(">i", 30_000)
+    with RawClient(bootstrap) as client:
+        client.send_bytes(struct.pack(">i", 10 + len("raw") + len(body)) +
+                          struct.pack(">hhih", DELETE_TOPICS, 0, 9, 3) + b"raw" + body)
+        frame = client.receive_frame()
+    correlation_id, count = struct.unpack_from(">ii", frame)
+    assert correlation_id == 9
+    position, answers = 8, []
+    for _ in range(count):
+        (length,) = struct.unpack_from(">h", frame, position)
+        name = frame[position + 2:position + 2 + length].decode()
+        (error_code,) = struct.unpack_from(">h", frame, position + 2 + length)
+        answers.append((name, error_code))
+        position += 4 + length
+    assert position == len(frame)  # no throttle_time_ms in v0
+    return answers
+
+
+def test_delete_topics_v0_deletes_and_answers_without_throttle_time(broker):
+    topic = _create_topic(broker.bootstrap, partitions=1)
+    assert _delete_topics_v0(broker.bootstrap, [topic, "no-such-topic"]) == [
+        (topic, 0), ("no-such-topic", UNKNOWN_TOPIC_OR_PARTITION)]
+    with RawClient(broker.bootstrap) as client:
+        metadata = client.request(3, 4, {"topics": [{"name": topic}],
+                                             "allow_auto_topic_creation": False})
+    assert metadata.topics[0].error_code == UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_describe_log_dirs_v0_answers_as_v1(broker):
+    topic = _create_topic(broker.bootstrap, partitions=2)
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(DESCRIBE_LOG_DIRS, 0, {
+            "topics": [{"topic": topic, "partitions": [0, 1, 7]}]})
+    [result] = response.results
+    assert result.error_code == 0
+    assert [(t.name, [p.partition_index for p in t.partitions]) for t in result.topics] == [
+        (topic, [0, 1])]
+
+
+def test_api_versions_lists_the_old_versions(broker):
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(API_VERSIONS, 3, {"client_software_name": "t",
+                                                     "client_software_version": "1"})
+    ranges = {key.api_key: (key.min_version, key.max_version) for key in response.api_keys}
+    assert [ranges[key][0] for key in (OFFSET_COMMIT, OFFSET_FETCH, DELETE_TOPICS,
+                                       DESCRIBE_LOG_DIRS)] == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_a_truncated_offset_commit_v0_or_v1_closes_with_one_warning(fresh_broker, version):
+    body = struct.pack(">h", 1) + b"g" + (struct.pack(">ih", -1, 0) if version else b"")
+    body += struct.pack(">ih", 1, 1) + b"t" + struct.pack(">ii", 1, 0)  # the offset is cut
+    frame = struct.pack(">hhih", OFFSET_COMMIT, version, 1, 3) + b"cut" + body
+    port = _send_and_wait_for_close(fresh_broker.bootstrap, struct.pack(">i", len(frame)) + frame)
+    assert f"api key {OFFSET_COMMIT} v{version}" in _one_warning_for(fresh_broker, port)
+    assert fresh_broker.process.poll() is None
+    with RawClient(fresh_broker.bootstrap) as other:
+        assert other.request(API_VERSIONS, 0, {}).error_code == 0
