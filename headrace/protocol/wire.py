@@ -53,7 +53,10 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
   kio has (``SAME_REQUEST_FORMAT``, ``SAME_RESPONSE_FORMAT``: OffsetFetch v0 = v1,
   CreateTopics v1 request = v2, DeleteTopics v0 request = v1, DescribeLogDirs v0 = v1,
   OffsetCommit v0-1 response = v2): ``request_class`` / ``response_class`` answer that
-  version's class, so they are pre-passed, decoded and encoded as it is.
+  version's class, so they are pre-passed, decoded and encoded as it is. CreateTopics v0 and
+  DescribeConfigs v0 requests are v2's and v1's without their last field, a bool
+  (``REQUEST_WITHOUT_LAST_BOOL``): read as those with false appended. Responses kio has no
+  format for (``HAND_ENCODED_RESPONSE_VERSIONS``) are encoded by their handlers.
 * ``encode_response(header, body)`` produces a complete length-prefixed response frame.
 * ``encode_request`` / ``decode_response`` are the client-side mirror, used by headrace's
   own tools and tests.
@@ -127,20 +130,29 @@ OFFSET_COMMIT_KEY = 8
 OFFSET_FETCH_KEY = 9
 CREATE_TOPICS_KEY = 19
 DELETE_TOPICS_KEY = 20
+DESCRIBE_CONFIGS_KEY = 32
 DESCRIBE_LOG_DIRS_KEY = 35
 HAND_DECODED_PRODUCE_VERSIONS = range(3, 13)  # v13 names topics by id: left to kio
 LEGACY_FETCH_VERSIONS = range(0, 4)  # kio 0.6.5 knows Fetch from v4 only
 FIRST_FETCH_MAX_BYTES_VERSION = 3
 # Versions served whose schemas kio lacks: encoded and decoded by hand, never flexible.
 HAND_CODED_VERSIONS = {PRODUCE_KEY: range(0, 3), FETCH_KEY: LEGACY_FETCH_VERSIONS,
-                       LIST_OFFSETS_KEY: range(0, 1), OFFSET_COMMIT_KEY: range(0, 2)}
+                       LIST_OFFSETS_KEY: range(0, 1), OFFSET_COMMIT_KEY: range(0, 2),
+                       CREATE_TOPICS_KEY: range(0, 1), DESCRIBE_CONFIGS_KEY: range(0, 1)}
+# Hand-coded versions whose request is a later version's without its last field, a bool
+# (CreateTopics v0 = v2 without validate_only, DescribeConfigs v0 = v1 without
+# include_synonyms): read as that version with the bool appended as false, Kafka's default.
+# (api key, version) -> kio version.
+REQUEST_WITHOUT_LAST_BOOL = {(CREATE_TOPICS_KEY, 0): 2, (DESCRIBE_CONFIGS_KEY, 0): 1}
+_FALSE = b"\x00"
 # Old versions kio lacks whose request or response is byte for byte that of a later version
 # kio has (Kafka's schemas: "Version 1 is the same as version 0"): that version's kio class
 # decodes (after the pre-pass) and encodes them. (api key, version) -> kio version.
 SAME_REQUEST_FORMAT = {(OFFSET_FETCH_KEY, 0): 1, (CREATE_TOPICS_KEY, 1): 2,
                        (DELETE_TOPICS_KEY, 0): 1, (DESCRIBE_LOG_DIRS_KEY, 0): 1}
 # Responses kio has no format for, encoded by their handlers (not flexible).
-HAND_ENCODED_RESPONSE_VERSIONS = {DELETE_TOPICS_KEY: range(0, 1)}
+HAND_ENCODED_RESPONSE_VERSIONS = {CREATE_TOPICS_KEY: range(0, 2), DELETE_TOPICS_KEY: range(0, 1),
+                                  DESCRIBE_CONFIGS_KEY: range(0, 1)}
 SAME_RESPONSE_FORMAT = {(OFFSET_COMMIT_KEY, 0): 2, (OFFSET_COMMIT_KEY, 1): 2,
                         (OFFSET_FETCH_KEY, 0): 1, (DESCRIBE_LOG_DIRS_KEY, 0): 1}
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
@@ -507,10 +519,13 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
 def _decode_hand_coded(header: RequestHeader, frame: bytes | bytearray | memoryview,
                        position: int) -> Any:
     """The body of a version kio lacks (``HAND_CODED_VERSIONS``: Produce v0-2, Fetch v0-3,
-    ListOffsets v0, OffsetCommit v0-1). Their readers bound every length and count by the
-    frame themselves (no pre-pass: it walks kio's schemas)."""
+    ListOffsets v0, OffsetCommit v0-1, CreateTopics v0, DescribeConfigs v0). Their readers
+    bound every length and count by the frame themselves (no pre-pass: it walks kio's
+    schemas), but for ``REQUEST_WITHOUT_LAST_BOOL``, pre-passed as a later version."""
     if header.api_key == PRODUCE_KEY:
         return _ProduceReader(frame, position, flexible=False, transactional=False).request()
+    if (header.api_key, header.api_version) in REQUEST_WITHOUT_LAST_BOOL:
+        return _read_without_last_bool(header, frame, position)
     reader = _LegacyReader(frame, position, header.api_key, header.api_version)
     try:
         if header.api_key == FETCH_KEY:
@@ -521,6 +536,20 @@ def _decode_hand_coded(header: RequestHeader, frame: bytes | bytearray | memoryv
     except (struct.error, UnicodeDecodeError) as error:
         raise MalformedFrame(f"cannot decode api key {header.api_key} v{header.api_version}: "
                              f"{error}") from error
+
+
+def _read_without_last_bool(header: RequestHeader, frame: bytes | bytearray | memoryview,
+                            position: int) -> Any:
+    """A ``REQUEST_WITHOUT_LAST_BOOL`` body as the later version's kio dataclass, pre-passed
+    like any other (the appended false byte cannot complete a truncated frame: the later
+    version needs one byte more than the frame plus it)."""
+    kio_version = REQUEST_WITHOUT_LAST_BOOL[header.api_key, header.api_version]
+    body_class = _payload_class(header.api_key, kio_version, EntityType.request)
+    padded = bytes(frame) + _FALSE
+    problem = problem_in(body_class, padded, position)
+    if problem is not None:
+        raise MalformedFrame(problem)
+    return read_entity(body_class, padded, position)[0]
 
 
 class _ProduceReader:
@@ -798,6 +827,15 @@ def skip_tagged_fields(buf: bytes, position: int) -> int:
     if position > len(buf):
         raise MalformedFrame("tagged fields overrun the frame")
     return position
+
+
+def legacy_string(text: str | None) -> bytes:
+    """A non-flexible (nullable) string: int16 length, -1 for null, then UTF-8 bytes; for
+    the responses handlers encode by hand."""
+    if text is None:
+        return _INT16.pack(-1)
+    data = text.encode()
+    return _INT16.pack(len(data)) + data
 
 
 def response_is_flexible(api_key: int, api_version: int) -> bool:

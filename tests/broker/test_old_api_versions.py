@@ -176,3 +176,82 @@ def test_a_truncated_offset_commit_v0_or_v1_closes_with_one_warning(fresh_broker
     assert fresh_broker.process.poll() is None
     with RawClient(fresh_broker.bootstrap) as other:
         assert other.request(API_VERSIONS, 0, {}).error_code == 0
+
+
+# ---------------------------------------------------------------- admin APIs
+
+
+def _old_admin(bootstrap: str, api_version: tuple[int, ...]):
+    from kafka import KafkaAdminClient
+    return KafkaAdminClient(bootstrap_servers=bootstrap, api_version=api_version,
+                            request_timeout_ms=CLIENT_TIMEOUT_S * 1000)
+
+
+def _topic_names(bootstrap: str) -> set[str]:
+    with RawClient(bootstrap) as client:
+        return {topic.name for topic in client.request(3, 1, {"topics": None}).topics}
+
+
+@pytest.mark.parametrize("api_version", [(0, 10, 1), (0, 10, 2)])  # CreateTopics v0, v1
+def test_kafka_python_old_admin_creates_and_deletes_topics(broker, api_version):
+    from kafka.admin import NewTopic as PyNewTopic
+    name = f"old-admin-{uuid.uuid4().hex[:8]}"
+    admin = _old_admin(broker.bootstrap, api_version)
+    try:
+        admin.create_topics([PyNewTopic(name, 3, 1, topic_configs={"retention.ms": "60000"})])
+        assert name in _topic_names(broker.bootstrap)
+        admin.delete_topics([name])  # DeleteTopics v0
+        assert name not in _topic_names(broker.bootstrap)
+    finally:
+        admin.close()
+
+
+def _create_topics_v0_v1(bootstrap: str, version: int, name: str, partitions: int) -> list:
+    """(name, error_code, error_message or "v0") of a hand-made CreateTopics v0-1."""
+    body = struct.pack(">ih", 1, len(name)) + name.encode()
+    body += struct.pack(">ihii", partitions, 1, 0, 0) + struct.pack(">i", 30_000)
+    if version == 1:
+        body += b"\x00"  # validate_only
+    with RawClient(bootstrap) as client:
+        client.send_bytes(struct.pack(">i", 10 + len("raw") + len(body)) +
+                          struct.pack(">hhih", 19, version, 4, 3) + b"raw" + body)
+        frame = client.receive_frame()
+    correlation_id, count = struct.unpack_from(">ii", frame)
+    assert (correlation_id, count) == (4, 1)
+    (length,) = struct.unpack_from(">h", frame, 8)
+    topic = frame[10:10 + length].decode()
+    (error_code,) = struct.unpack_from(">h", frame, 10 + length)
+    message: str | None = "v0"
+    position = 12 + length
+    if version == 1:
+        (message_length,) = struct.unpack_from(">h", frame, position)
+        position += 2 + max(message_length, 0)
+        message = None if message_length < 0 else frame[position - message_length:position].decode()
+    assert position == len(frame)  # no throttle_time_ms before v2
+    return [(topic, error_code, message)]
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_create_topics_v0_v1_answer_without_throttle_time(broker, version):
+    name = f"raw-create-{uuid.uuid4().hex[:8]}"
+    assert _create_topics_v0_v1(broker.bootstrap, version, name, 2) == [
+        (name, 0, None if version else "v0")]
+    [(_, error_code, message)] = _create_topics_v0_v1(broker.bootstrap, version, name, 2)
+    assert error_code == 36  # TOPIC_ALREADY_EXISTS
+    assert (message == "v0") if version == 0 else ("already exists" in message)
+
+
+def test_kafka_python_0_11_describes_configs_with_v0(broker):
+    from kafka.admin import ConfigResource, ConfigResourceType
+    topic = _create_topic(broker.bootstrap, partitions=1)
+    admin = _old_admin(broker.bootstrap, (0, 11))
+    try:
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, ["retention.ms", "cleanup.policy"])],
+            config_filter="all")
+    finally:
+        admin.close()
+    configs = {name: (c["value"], c["read_only"], c["is_default"], c["is_sensitive"])
+               for name, c in described["topic"][topic].items()}  # is_default: v0 only
+    assert configs == {"retention.ms": ("604800000", False, False, False),
+                       "cleanup.policy": ("delete", False, False, False)}

@@ -26,6 +26,7 @@ from typing import Any
 from headrace.broker.context import RawResponse
 from headrace.broker.handlers.metadata import INTERNAL_TOPIC_NAMES
 from headrace.errors import InvalidRequest, KafkaError, UnknownTopicId, UnknownTopicOrPartition
+from headrace.protocol.wire import legacy_string
 
 API_KEY = 20
 MIN_VERSION = 0
@@ -110,6 +111,5 @@ async def handle(ctx, request):
 def _v0_response(responses: list[dict[str, Any]]) -> RawResponse:
     body = bytearray(_INT32.pack(len(responses)))
     for response in responses:
-        name = response["name"].encode()
-        body += _INT16.pack(len(name)) + name + _INT16.pack(response["error_code"])
+        body += legacy_string(response["name"]) + _INT16.pack(response["error_code"])
     return RawResponse((bytes(body),), len(body))
