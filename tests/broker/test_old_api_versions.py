@@ -164,6 +164,8 @@ def test_api_versions_lists_the_old_versions(broker):
     ranges = {key.api_key: (key.min_version, key.max_version) for key in response.api_keys}
     assert [ranges[key][0] for key in (OFFSET_COMMIT, OFFSET_FETCH, DELETE_TOPICS,
                                        DESCRIBE_LOG_DIRS)] == [0, 0, 0, 0]
+    assert ranges[19][0] == ranges[32][0] == 0  # CreateTopics, DescribeConfigs
+    assert ranges[2] == (0, 9)  # ListOffsets, as Kafka 3.9
 
 
 @pytest.mark.parametrize("version", [0, 1])
@@ -255,3 +257,32 @@ def test_kafka_python_0_11_describes_configs_with_v0(broker):
                for name, c in described["topic"][topic].items()}  # is_default: v0 only
     assert configs == {"retention.ms": ("604800000", False, False, False),
                        "cleanup.policy": ("delete", False, False, False)}
+
+
+# ---------------------------------------------------------------- ListOffsets v8-9
+
+
+def _list_offsets(bootstrap: str, version: int, topic: str, timestamp: int) -> tuple:
+    with RawClient(bootstrap) as client:
+        response = client.request(2, version, {"replica_id": -1, "topics": [
+            {"name": topic, "partitions": [{"partition_index": 0, "timestamp": timestamp}]}]})
+    [partition] = response.topics[0].partitions
+    return partition.error_code, partition.offset, partition.timestamp, partition.leader_epoch
+
+
+def test_list_offsets_v8_v9_special_timestamps_as_kafka_without_tiered_storage(broker):
+    topic = _create_topic(broker.bootstrap, partitions=1)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for i in range(5):
+        producer.send(topic, value=b"v%d" % i, partition=0)
+    producer.flush(CLIENT_TIMEOUT_S)
+    producer.close()
+    with RawClient(broker.bootstrap) as client:
+        client.request(21, 2, {"topics": [{"name": topic, "partitions": [
+            {"partition_index": 0, "offset": 2}]}], "timeout": 30_000})  # log start 2
+    assert _list_offsets(broker.bootstrap, 8, topic, -4)[:3] == (0, 2, -1)  # earliest local
+    assert _list_offsets(broker.bootstrap, 9, topic, -5) == (0, -1, -1, -1)  # nothing tiered
+    assert _list_offsets(broker.bootstrap, 9, topic, -1)[:2] == (0, 5)
+    for version, timestamp in ((7, -4), (8, -5), (6, -3), (9, -6)):  # before their version
+        assert _list_offsets(broker.bootstrap, version, topic, timestamp) == (
+            UNSUPPORTED_VERSION, -1, -1, -1)
