@@ -165,7 +165,7 @@ def test_api_versions_lists_the_old_versions(broker):
     assert [ranges[key][0] for key in (OFFSET_COMMIT, OFFSET_FETCH, DELETE_TOPICS,
                                        DESCRIBE_LOG_DIRS)] == [0, 0, 0, 0]
     assert ranges[19][0] == ranges[32][0] == 0  # CreateTopics, DescribeConfigs
-    assert ranges[2] == (0, 9)  # ListOffsets, as Kafka 3.9
+    assert (ranges[1][1], ranges[2]) == (17, (0, 9))  # Fetch, ListOffsets: as Kafka 3.9
 
 
 @pytest.mark.parametrize("version", [0, 1])
@@ -286,3 +286,22 @@ def test_list_offsets_v8_v9_special_timestamps_as_kafka_without_tiered_storage(b
     for version, timestamp in ((7, -4), (8, -5), (6, -3), (9, -6)):  # before their version
         assert _list_offsets(broker.bootstrap, version, topic, timestamp) == (
             UNSUPPORTED_VERSION, -1, -1, -1)
+
+
+def test_fetch_v17_reads_records_as_v16(broker):
+    topic = _create_topic(broker.bootstrap, partitions=1)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    producer.send(topic, value=b"seventeen", partition=0)
+    producer.flush(CLIENT_TIMEOUT_S)
+    producer.close()
+    with RawClient(broker.bootstrap) as client:
+        topic_id = client.request(3, 12, {"topics": [{"name": topic}]}).topics[0].topic_id
+        answers = [client.request(1, version, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+            "topics": [{"topic_id": topic_id, "partitions": [
+                {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20,
+                 "current_leader_epoch": -1, "log_start_offset": -1}]}]})
+            for version in (16, 17)]
+    v16, v17 = ([(p.error_code, p.high_watermark, bytes(p.records))
+                 for t in a.responses for p in t.partitions] for a in answers)
+    assert v17 == v16 and v17[0][:2] == (0, 1) and b"seventeen" in v17[0][2]
