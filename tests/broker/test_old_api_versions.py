@@ -305,3 +305,42 @@ def test_fetch_v17_reads_records_as_v16(broker):
     v16, v17 = ([(p.error_code, p.high_watermark, bytes(p.records))
                  for t in a.responses for p in t.partitions] for a in answers)
     assert v17 == v16 and v17[0][:2] == (0, 1) and b"seventeen" in v17[0][2]
+
+
+def _read_string(frame: bytes, position: int) -> tuple[str | None, int]:
+    (length,) = struct.unpack_from(">h", frame, position)
+    if length < 0:
+        return None, position + 2
+    return frame[position + 2:position + 2 + length].decode(), position + 2 + length
+
+
+def test_describe_configs_v0_answers_an_unknown_topic_with_its_error(broker):
+    body = struct.pack(">ibh", 2, 2, len("no-such-topic")) + b"no-such-topic"
+    body += struct.pack(">i", -1)  # every config
+    body += struct.pack(">bh", 4, 1) + b"1" + struct.pack(">ih", 1, len("log.dirs")) + b"log.dirs"
+    with RawClient(broker.bootstrap) as client:
+        client.send_bytes(struct.pack(">i", 10 + len("raw") + len(body)) +
+                          struct.pack(">hhih", 32, 0, 6, 3) + b"raw" + body)
+        frame = client.receive_frame()
+    correlation_id, throttle_time_ms, count = struct.unpack_from(">iii", frame)
+    assert (correlation_id, throttle_time_ms, count) == (6, 0, 2)
+    results, position = [], 12
+    for _ in range(count):
+        (error_code,) = struct.unpack_from(">h", frame, position)
+        message, position = _read_string(frame, position + 2)
+        (resource_type,) = struct.unpack_from(">b", frame, position)
+        name, position = _read_string(frame, position + 1)
+        (config_count,) = struct.unpack_from(">i", frame, position)
+        position += 4
+        configs = []
+        for _ in range(config_count):
+            config_name, position = _read_string(frame, position)
+            value, position = _read_string(frame, position)
+            configs.append((config_name, value is not None, *struct.unpack_from(">???", frame,
+                                                                                 position)))
+            position += 3
+        results.append((error_code, message is not None, resource_type, name, configs))
+    assert position == len(frame)
+    assert results == [
+        (UNKNOWN_TOPIC_OR_PARTITION, True, 2, "no-such-topic", []),
+        (0, False, 4, "1", [("log.dirs", True, True, False, False)])]  # read-only, not default
