@@ -15,6 +15,13 @@ from confluent_kafka import TopicPartition as RdTopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as PyTopicPartition
 
+from headrace.coordinator.records import (
+    OffsetCommitKey,
+    OffsetCommitValue,
+    decode_key,
+    decode_offset_commit_value,
+    partition_for_group,
+)
 from headrace.protocol import wire
 from tests.broker.raw_client import RawClient
 from tests.broker.test_clients import _create_topic
@@ -62,17 +69,17 @@ def test_kafka_python_0_8_2_resumes_a_group_from_its_committed_offset(broker):
     assert committed[0].offset == 20  # v1 commits are the coordinator's, seen by v8 fetches
 
 
-def _offset_commit(bootstrap: str, version: int, group: str, topic: str,
-                   partition: int, offset: int) -> list[tuple[str, int, int]]:
+def _offset_commit(bootstrap: str, version: int, group: str, topic: str, partition: int,
+                   offset: int, commit_timestamp: int = -1) -> list[tuple[str, int, int]]:
     """(topic, partition, error_code) of a hand-made OffsetCommit v0-1 (v1: generation -1,
-    no member, commit_timestamp -1)."""
+    no member)."""
     body = struct.pack(">h", len(group)) + group.encode()
     if version == 1:
         body += struct.pack(">ih", -1, 0)
     body += struct.pack(">ih", 1, len(topic)) + topic.encode() + struct.pack(">iiq", 1, partition,
                                                                              offset)
     if version == 1:
-        body += struct.pack(">q", -1)
+        body += struct.pack(">q", commit_timestamp)
     body += struct.pack(">h", 2) + b"md"
     with RawClient(bootstrap) as client:
         client.send_bytes(struct.pack(">i", 10 + len("raw") + len(body)) +
@@ -99,6 +106,31 @@ def test_offset_commit_v1_is_stored_by_the_coordinator(broker):
     assert _committed(broker.bootstrap, 1, group, topic) == [(0, 42, "md", 0)]
     assert _offset_commit(broker.bootstrap, 1, group, topic, 5, 1) == [
         (topic, 5, UNKNOWN_TOPIC_OR_PARTITION)]
+
+
+def _stored_commit(bootstrap: str, group: str, topic: str) -> OffsetCommitValue:
+    """The last value ``__consumer_offsets`` holds for ``group``'s commit of partition 0."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader",
+                         "enable.auto.commit": False})
+    consumer.assign([RdTopicPartition("__consumer_offsets", partition_for_group(group), 0)])
+    wanted, found = OffsetCommitKey(group, topic, 0), None
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while found is None and time.monotonic() < deadline:
+        for message in consumer.consume(1000, timeout=1):
+            if message.error() is None and decode_key(message.key()) == wanted:
+                found = decode_offset_commit_value(message.value())
+    consumer.close()
+    assert found is not None
+    return found
+
+
+def test_offset_commit_v1_keeps_its_commit_timestamp(broker):
+    topic = _create_topic(broker.bootstrap, partitions=1)
+    group = f"v1-time-{uuid.uuid4().hex[:8]}"
+    assert _offset_commit(broker.bootstrap, 1, group, topic, 0, 7,
+                          commit_timestamp=1_234_567_890) == [(topic, 0, 0)]
+    stored = _stored_commit(broker.bootstrap, group, topic)
+    assert (stored.offset, stored.metadata, stored.commit_timestamp_ms) == (7, "md", 1_234_567_890)
 
 
 def test_offset_commit_and_fetch_v0_answer_unsupported_version_as_kraft_kafka(broker):
