@@ -135,7 +135,8 @@ DESCRIBE_LOG_DIRS_KEY = 35
 HAND_DECODED_PRODUCE_VERSIONS = range(3, 13)  # v13 names topics by id: left to kio
 LEGACY_FETCH_VERSIONS = range(0, 4)  # kio 0.6.5 knows Fetch from v4 only
 FIRST_FETCH_MAX_BYTES_VERSION = 3
-# Versions served whose schemas kio lacks: encoded and decoded by hand, never flexible.
+# Versions served whose request schemas kio lacks: decoded by hand, never flexible (their
+# responses are encoded by hand too, or with a later version's class: SAME_RESPONSE_FORMAT).
 HAND_CODED_VERSIONS = {PRODUCE_KEY: range(0, 3), FETCH_KEY: LEGACY_FETCH_VERSIONS,
                        LIST_OFFSETS_KEY: range(0, 1), OFFSET_COMMIT_KEY: range(0, 2),
                        CREATE_TOPICS_KEY: range(0, 1), DESCRIBE_CONFIGS_KEY: range(0, 1)}
