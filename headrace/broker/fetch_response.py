@@ -1,4 +1,4 @@
-"""A hand-written Fetch response encoder (versions 0-16) that never copies record data.
+"""A hand-written Fetch response encoder (versions 0-17) that never copies record data.
 
 Kafka's FetchResponse body, per version (v12+ "flexible": compact arrays/strings/bytes as
 unsigned varint length+1, and an empty tagged-field section after each struct)::

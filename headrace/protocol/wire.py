@@ -42,6 +42,21 @@ Owns the byte-level conversation between a Kafka client and the broker, with no 
 
       replica_id int32, topics [ name string, partitions [ partition_index int32,
                                  timestamp int64, max_num_offsets int32 ] ]
+
+  and OffsetCommit v0-1 a ``LegacyOffsetCommitRequest``::
+
+      group_id string, generation_id int32 (v1), member_id string (v1),
+      topics [ name string, partitions [ partition_index int32, committed_offset int64,
+               commit_timestamp int64 (v1), committed_metadata nullable string ] ]
+
+  Other old versions kio lacks share their request or response format with a later version
+  kio has (``SAME_REQUEST_FORMAT``, ``SAME_RESPONSE_FORMAT``: OffsetFetch v0 = v1,
+  CreateTopics v1 request = v2, DeleteTopics v0 request = v1, DescribeLogDirs v0 = v1,
+  OffsetCommit v0-1 response = v2): ``request_class`` / ``response_class`` answer that
+  version's class, so they are pre-passed, decoded and encoded as it is. CreateTopics v0 and
+  DescribeConfigs v0 requests are v2's and v1's without their last field, a bool
+  (``REQUEST_WITHOUT_LAST_BOOL``): read as those with false appended. Responses kio has no
+  format for (``HAND_ENCODED_RESPONSE_VERSIONS``) are encoded by their handlers.
 * ``encode_response(header, body)`` produces a complete length-prefixed response frame.
 * ``encode_request`` / ``decode_response`` are the client-side mirror, used by headrace's
   own tools and tests.
@@ -111,12 +126,36 @@ API_VERSIONS_KEY = 18
 PRODUCE_KEY = 0
 FETCH_KEY = 1
 LIST_OFFSETS_KEY = 2
+OFFSET_COMMIT_KEY = 8
+OFFSET_FETCH_KEY = 9
+CREATE_TOPICS_KEY = 19
+DELETE_TOPICS_KEY = 20
+DESCRIBE_CONFIGS_KEY = 32
+DESCRIBE_LOG_DIRS_KEY = 35
 HAND_DECODED_PRODUCE_VERSIONS = range(3, 13)  # v13 names topics by id: left to kio
 LEGACY_FETCH_VERSIONS = range(0, 4)  # kio 0.6.5 knows Fetch from v4 only
 FIRST_FETCH_MAX_BYTES_VERSION = 3
-# Versions served whose schemas kio lacks: encoded and decoded by hand, never flexible.
+# Versions served whose request schemas kio lacks: decoded by hand, never flexible (their
+# responses are encoded by hand too, or with a later version's class: SAME_RESPONSE_FORMAT).
 HAND_CODED_VERSIONS = {PRODUCE_KEY: range(0, 3), FETCH_KEY: LEGACY_FETCH_VERSIONS,
-                       LIST_OFFSETS_KEY: range(0, 1)}
+                       LIST_OFFSETS_KEY: range(0, 1), OFFSET_COMMIT_KEY: range(0, 2),
+                       CREATE_TOPICS_KEY: range(0, 1), DESCRIBE_CONFIGS_KEY: range(0, 1)}
+# Hand-coded versions whose request is a later version's without its last field, a bool
+# (CreateTopics v0 = v2 without validate_only, DescribeConfigs v0 = v1 without
+# include_synonyms): read as that version with the bool appended as false, Kafka's default.
+# (api key, version) -> kio version.
+REQUEST_WITHOUT_LAST_BOOL = {(CREATE_TOPICS_KEY, 0): 2, (DESCRIBE_CONFIGS_KEY, 0): 1}
+_FALSE = b"\x00"
+# Old versions kio lacks whose request or response is byte for byte that of a later version
+# kio has (Kafka's schemas: "Version 1 is the same as version 0"): that version's kio class
+# decodes (after the pre-pass) and encodes them. (api key, version) -> kio version.
+SAME_REQUEST_FORMAT = {(OFFSET_FETCH_KEY, 0): 1, (CREATE_TOPICS_KEY, 1): 2,
+                       (DELETE_TOPICS_KEY, 0): 1, (DESCRIBE_LOG_DIRS_KEY, 0): 1}
+# Responses kio has no format for, encoded by their handlers (not flexible).
+HAND_ENCODED_RESPONSE_VERSIONS = {CREATE_TOPICS_KEY: range(0, 2), DELETE_TOPICS_KEY: range(0, 1),
+                                  DESCRIBE_CONFIGS_KEY: range(0, 1)}
+SAME_RESPONSE_FORMAT = {(OFFSET_COMMIT_KEY, 0): 2, (OFFSET_COMMIT_KEY, 1): 2,
+                        (OFFSET_FETCH_KEY, 0): 1, (DESCRIBE_LOG_DIRS_KEY, 0): 1}
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
 RECEIVE_BUFFER_BYTES = 128 * 1024  # FrameReceiver's reused buffer, per connection
 LARGE_FRAME_MIN_BYTES = 64 * 1024  # larger frames are received into a buffer of their own
@@ -129,6 +168,8 @@ _PRODUCE_ACKS_TIMEOUT = struct.Struct(">hi")
 _LEGACY_FETCH_HEAD = struct.Struct(">iii")  # replica_id, max_wait_ms, min_bytes
 _LEGACY_FETCH_PARTITION = struct.Struct(">iqi")  # partition, fetch_offset, partition_max_bytes
 _LEGACY_LIST_OFFSETS_PARTITION = struct.Struct(">iqi")  # partition, timestamp, max_num_offsets
+_LEGACY_COMMIT_PARTITION = struct.Struct(">iq")  # partition_index, committed_offset
+_INT64 = struct.Struct(">q")
 _REQUEST_HEADER = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -372,6 +413,30 @@ class LegacyListOffsetsRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class LegacyOffsetCommitPartition:
+    partition_index: int
+    committed_offset: int
+    commit_timestamp: int  # ms, v1 only; -1 (v0 too): the time the broker receives it
+    committed_metadata: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyOffsetCommitTopic:
+    name: str
+    partitions: tuple[LegacyOffsetCommitPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyOffsetCommitRequest:
+    """An OffsetCommit v0-1 request, with kio's field names (v0: no generation, member)."""
+
+    group_id: str
+    generation_id_or_member_epoch: int  # -1 in v0
+    member_id: str  # "" in v0
+    topics: tuple[LegacyOffsetCommitTopic, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RequestHeader:
     api_key: int
     api_version: int
@@ -403,13 +468,16 @@ def parse_request_header(frame: bytes | bytearray | memoryview) -> tuple[Request
 
 @cache
 def request_class(api_key: int, api_version: int) -> type:
-    """kio's request dataclass for an API key and version (UnsupportedVersion if none)."""
-    return _payload_class(api_key, api_version, EntityType.request)
+    """kio's request dataclass for an API key and version (UnsupportedVersion if none); for
+    a version in ``SAME_REQUEST_FORMAT``, that of the later version with its format."""
+    kio_version = SAME_REQUEST_FORMAT.get((api_key, api_version), api_version)
+    return _payload_class(api_key, kio_version, EntityType.request)
 
 
 @cache
 def response_class(api_key: int, api_version: int) -> type:
-    return _payload_class(api_key, api_version, EntityType.response)
+    kio_version = SAME_RESPONSE_FORMAT.get((api_key, api_version), api_version)
+    return _payload_class(api_key, kio_version, EntityType.response)
 
 
 def _payload_class(api_key: int, api_version: int, entity_type: EntityType) -> type:
@@ -452,18 +520,37 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
 def _decode_hand_coded(header: RequestHeader, frame: bytes | bytearray | memoryview,
                        position: int) -> Any:
     """The body of a version kio lacks (``HAND_CODED_VERSIONS``: Produce v0-2, Fetch v0-3,
-    ListOffsets v0). Their readers bound every length and count by the frame themselves (no
-    pre-pass: it walks kio's schemas)."""
+    ListOffsets v0, OffsetCommit v0-1, CreateTopics v0, DescribeConfigs v0). Their readers
+    bound every length and count by the frame themselves (no pre-pass: it walks kio's
+    schemas), but for ``REQUEST_WITHOUT_LAST_BOOL``, pre-passed as a later version."""
     if header.api_key == PRODUCE_KEY:
         return _ProduceReader(frame, position, flexible=False, transactional=False).request()
+    if (header.api_key, header.api_version) in REQUEST_WITHOUT_LAST_BOOL:
+        return _read_without_last_bool(header, frame, position)
     reader = _LegacyReader(frame, position, header.api_key, header.api_version)
     try:
         if header.api_key == FETCH_KEY:
             return reader.fetch_request()
+        if header.api_key == OFFSET_COMMIT_KEY:
+            return reader.offset_commit_request()
         return reader.list_offsets_request()
     except (struct.error, UnicodeDecodeError) as error:
         raise MalformedFrame(f"cannot decode api key {header.api_key} v{header.api_version}: "
                              f"{error}") from error
+
+
+def _read_without_last_bool(header: RequestHeader, frame: bytes | bytearray | memoryview,
+                            position: int) -> Any:
+    """A ``REQUEST_WITHOUT_LAST_BOOL`` body as the later version's kio dataclass, pre-passed
+    like any other (the appended false byte cannot complete a truncated frame: the later
+    version needs one byte more than the frame plus it)."""
+    kio_version = REQUEST_WITHOUT_LAST_BOOL[header.api_key, header.api_version]
+    body_class = _payload_class(header.api_key, kio_version, EntityType.request)
+    padded = bytes(frame) + _FALSE
+    problem = problem_in(body_class, padded, position)
+    if problem is not None:
+        raise MalformedFrame(problem)
+    return read_entity(body_class, padded, position)[0]
 
 
 class _ProduceReader:
@@ -549,7 +636,7 @@ class _ProduceReader:
 
 
 class _LegacyReader:
-    """Reads the non-flexible bodies of Fetch v0-3 and ListOffsets v0 from ``frame`` at
+    """Reads the non-flexible bodies of Fetch v0-3, ListOffsets v0 and OffsetCommit v0-1 from ``frame`` at
     ``position``. Raises MalformedFrame (or struct.error, UnicodeDecodeError) for anything
     that does not parse."""
 
@@ -583,6 +670,24 @@ class _LegacyReader:
             for _ in range(self._array_length()))
         return LegacyListOffsetsRequest(replica_id, topics)
 
+    def offset_commit_request(self) -> LegacyOffsetCommitRequest:
+        group_id = self._string()
+        generation, member_id = -1, ""
+        if self._version >= 1:
+            (generation,) = self._unpack(_INT32)
+            member_id = self._string()
+        topics = tuple(
+            LegacyOffsetCommitTopic(self._string(), tuple(
+                self._offset_commit_partition() for _ in range(self._array_length())))
+            for _ in range(self._array_length()))
+        return LegacyOffsetCommitRequest(group_id, generation, member_id, topics)
+
+    def _offset_commit_partition(self) -> LegacyOffsetCommitPartition:
+        index, offset = self._unpack(_LEGACY_COMMIT_PARTITION)
+        commit_timestamp = self._unpack(_INT64)[0] if self._version >= 1 else -1
+        return LegacyOffsetCommitPartition(index, offset, commit_timestamp,
+                                           self._string(nullable=True))
+
     def _unpack(self, layout: struct.Struct) -> tuple:
         values = layout.unpack_from(self._frame, self._position)
         self._position += layout.size
@@ -594,8 +699,10 @@ class _LegacyReader:
             raise MalformedFrame(f"{self._name}: array of {count} items overruns its frame")
         return count
 
-    def _string(self) -> str:
+    def _string(self, nullable: bool = False) -> str | None:
         (length,) = self._unpack(_INT16)
+        if nullable and length == -1:
+            return None
         end = self._position + length
         if length < 0 or end > len(self._frame):
             raise MalformedFrame(f"{self._name}: string overruns its frame")
@@ -723,10 +830,21 @@ def skip_tagged_fields(buf: bytes, position: int) -> int:
     return position
 
 
+def legacy_string(text: str | None) -> bytes:
+    """A non-flexible (nullable) string: int16 length, -1 for null, then UTF-8 bytes; for
+    the responses handlers encode by hand."""
+    if text is None:
+        return _INT16.pack(-1)
+    data = text.encode()
+    return _INT16.pack(len(data)) + data
+
+
 def response_is_flexible(api_key: int, api_version: int) -> bool:
     """Whether the response of this version is flexible (header v1): kio's schema says,
     except for the hand-coded versions kio lacks, none of which are."""
     if api_version in HAND_CODED_VERSIONS.get(api_key, ()):
+        return False
+    if api_version in HAND_ENCODED_RESPONSE_VERSIONS.get(api_key, ()):
         return False
     return response_class(api_key, api_version).__flexible__
 

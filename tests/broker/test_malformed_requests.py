@@ -51,9 +51,15 @@ def _frame_with_huge_first_array(key: int, version: int) -> bytes | None:
 def _hand_coded_frame_with_huge_first_array(key: int, version: int) -> bytes:
     """The same for a version kio has no schema for (``wire.HAND_CODED_VERSIONS``): Produce
     v0-2 (acks, timeout_ms, topics), Fetch v0-3 (replica_id, max_wait_ms, min_bytes,
-    max_bytes from v3, topics) and ListOffsets v0 (replica_id, topics)."""
+    max_bytes from v3, topics), ListOffsets v0 (replica_id, topics) and OffsetCommit v0-1
+    (group_id, generation_id and member_id from v1, topics); CreateTopics v0 and
+    DescribeConfigs v0 start with their array."""
     if key == wire.PRODUCE_KEY:
         fixed = struct.pack(">hi", -1, 0)
+    elif key in (wire.CREATE_TOPICS_KEY, wire.DESCRIBE_CONFIGS_KEY):
+        fixed = b""
+    elif key == wire.OFFSET_COMMIT_KEY:
+        fixed = struct.pack(">h", 0) + (struct.pack(">ih", -1, 0) if version >= 1 else b"")
     elif key == wire.LIST_OFFSETS_KEY:
         fixed = struct.pack(">i", -1)
     else:
@@ -139,7 +145,8 @@ def test_the_generated_frames_cover_every_advertised_version_with_an_array():
                    if _is_hand_coded(key, version)
                    or _has_array(wire.request_class(key, version))}
     assert set(CRASH_FRAMES) == with_arrays
-    assert {(3, 12), (8, 8), (1, 12), (0, 9), (0, 0), (1, 3), (2, 0)} <= with_arrays
+    assert {(3, 12), (8, 8), (1, 12), (0, 9), (0, 0), (1, 3), (2, 0), (8, 0), (8, 1), (9, 0),
+            (19, 0), (19, 1), (20, 0), (32, 0), (35, 0)} <= with_arrays
 
 
 def test_a_huge_array_count_in_any_request_closes_only_that_connection(fresh_broker, clients):

@@ -255,7 +255,7 @@ def test_a_large_frame_buffer_is_reused_only_once_nothing_references_it():
     assert id(third.obj) == first_id and third == second_body and second == second_body
 
 
-# --- hand-coded old versions (Produce v0-2, Fetch v0-3, ListOffsets v0) -----------------------
+# --- hand-coded old versions (Produce v0-2, Fetch v0-3, ListOffsets v0, OffsetCommit v0-1) ----
 
 
 def _old_request(api_key: int, version: int, body: bytes) -> bytes:
@@ -268,6 +268,13 @@ _OLD_BODIES = {
     (1, 3): struct.pack(">iiiiih", -1, 100, 1, 900, 1, 1) + b"t"
     + struct.pack(">iiqi", 1, 2, 7, 512),
     (2, 0): struct.pack(">iih", -1, 1, 1) + b"t" + struct.pack(">iiqi", 1, 0, -2, 1),
+    (8, 0): struct.pack(">h", 1) + b"g" + struct.pack(">ih", 1, 1) + b"t"
+    + struct.pack(">iiqh", 1, 3, 42, 2) + b"md",
+    (8, 1): struct.pack(">h", 1) + b"g" + struct.pack(">ih", 5, 1) + b"m"
+    + struct.pack(">ih", 1, 1) + b"t" + struct.pack(">iiqqh", 1, 3, 42, 1234, -1),
+    (19, 0): struct.pack(">ih", 1, 1) + b"t" + struct.pack(">ihiih", 3, 1, 0, 1, 2) + b"rm"
+    + struct.pack(">h", 4) + b"1000" + struct.pack(">i", 5000),
+    (32, 0): struct.pack(">ibh", 1, 2, 1) + b"t" + struct.pack(">ih", 1, 2) + b"rm",
 }
 
 
@@ -281,6 +288,38 @@ def test_hand_coded_old_versions_decode_with_kios_field_names():
     assert wire.decode_request(_old_request(1, 1, _OLD_BODIES[1, 1])).body.max_bytes is None
     offsets = wire.decode_request(_old_request(2, 0, _OLD_BODIES[2, 0])).body
     assert offsets.topics[0].partitions[0] == wire.LegacyListOffsetsPartition(0, -2, 1)
+    commit_v0 = wire.decode_request(_old_request(8, 0, _OLD_BODIES[8, 0])).body
+    assert commit_v0 == wire.LegacyOffsetCommitRequest("g", -1, "", (
+        wire.LegacyOffsetCommitTopic("t", (wire.LegacyOffsetCommitPartition(3, 42, -1, "md"),)),))
+    commit_v1 = wire.decode_request(_old_request(8, 1, _OLD_BODIES[8, 1])).body
+    assert commit_v1 == wire.LegacyOffsetCommitRequest("g", 5, "m", (
+        wire.LegacyOffsetCommitTopic("t", (wire.LegacyOffsetCommitPartition(3, 42, 1234, None),)),))
+    create = wire.decode_request(_old_request(19, 0, _OLD_BODIES[19, 0])).body
+    assert type(create) is wire.request_class(19, 2) and create.validate_only is False
+    topic = create.topics[0]
+    assert (topic.name, topic.num_partitions, topic.replication_factor) == ("t", 3, 1)
+    assert [(c.name, c.value) for c in topic.configs] == [("rm", "1000")]
+    assert wire.milliseconds(create.timeout) == 5000
+    describe = wire.decode_request(_old_request(32, 0, _OLD_BODIES[32, 0])).body
+    assert type(describe) is wire.request_class(32, 1) and describe.include_synonyms is False
+    assert [(r.resource_type, r.resource_name, r.configuration_keys)
+            for r in describe.resources] == [(2, "t", ("rm",))]
+
+
+def test_old_versions_with_a_later_versions_format_use_its_kio_classes():
+    assert wire.request_class(9, 0) is wire.request_class(9, 1)  # OffsetFetch
+    assert wire.response_class(9, 0) is wire.response_class(9, 1)
+    assert wire.request_class(20, 0) is wire.request_class(20, 1)  # DeleteTopics
+    assert wire.request_class(35, 0) is wire.request_class(35, 1)  # DescribeLogDirs
+    assert wire.response_class(35, 0) is wire.response_class(35, 1)
+    assert wire.response_class(8, 0) is wire.response_class(8, 2)  # OffsetCommit
+    assert wire.response_is_flexible(20, 0) is wire.response_is_flexible(8, 0) is False
+    assert wire.response_is_flexible(19, 1) is wire.response_is_flexible(32, 0) is False
+
+
+def test_legacy_string_is_an_int16_length_and_utf8_or_minus_one():
+    assert wire.legacy_string("hé") == b"\x00\x03h\xc3\xa9"
+    assert wire.legacy_string(None) == b"\xff\xff"
 
 
 @pytest.mark.parametrize("key_version", sorted(_OLD_BODIES), ids=str)

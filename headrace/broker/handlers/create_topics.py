@@ -27,7 +27,12 @@ over the bound creates nothing and every topic is answered POLICY_VIOLATION ("Un
 perform excessively large batch operation."), checked before any topic is created; the log
 manager also refuses partitions its file-descriptor budget cannot hold (POLICY_VIOLATION).
 
-``validate_only`` stops after validation. v5+ responses carry the partition count, replication
+``validate_only`` (v1+) stops after validation. v0 and v1 (kio lacks them: wire.py reads v0
+as v2 without validate_only, v1 is v2's request) answer without throttle time, encoded here::
+
+    topics [ name string, error_code int16, error_message nullable string (v1) ]
+
+v5+ responses carry the partition count, replication
 factor and every config with its source. Runs on the event loop thread; the log manager
 is changed on the broker's append thread (``BrokerState.run_append``).
 """
@@ -35,11 +40,13 @@ is changed on the broker's append thread (``BrokerState.run_append``).
 from __future__ import annotations
 
 import re
+import struct
 import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from headrace.broker.context import RawResponse
 from headrace.broker.handlers.describe_configs import topic_config_descriptions
 from headrace.broker.handlers.metadata import INTERNAL_TOPIC_NAMES
 from headrace.errors import (
@@ -53,11 +60,16 @@ from headrace.errors import (
     PolicyViolation,
     TopicAlreadyExists,
 )
+from headrace.protocol.wire import legacy_string
 from headrace.storage.config import LogConfig, validate_topic_overrides
 
 API_KEY = 19
-MIN_VERSION = 2
+MIN_VERSION = 0
 MAX_VERSION = 7
+
+FIRST_ERROR_MESSAGE_VERSION = 1
+FIRST_THROTTLE_TIME_VERSION = 2
+_INT16, _INT32 = struct.Struct(">h"), struct.Struct(">i")
 
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
@@ -262,8 +274,7 @@ async def handle(ctx, request):
         check_records_per_user_op(sum(plan.metadata_records for plan in plans
                                       if isinstance(plan, _Creation)))
     except PolicyViolation as error:  # nothing is created: every topic gets the error
-        return ctx.respond({"throttle_time": 0,
-                            "topics": [_failure(name, error) for name in names]})
+        return _respond(ctx, [_failure(name, error) for name in names])
     results = []
     for name, plan in zip(names, plans, strict=True):
         if isinstance(plan, KafkaError):
@@ -273,4 +284,15 @@ async def handle(ctx, request):
             results.append(await _create_one(ctx.broker, plan, request.validate_only))
         except KafkaError as error:
             results.append(_failure(name, error))
-    return ctx.respond({"throttle_time": 0, "topics": results})
+    return _respond(ctx, results)
+
+
+def _respond(ctx, results: list[dict[str, Any]]):
+    if ctx.api_version >= FIRST_THROTTLE_TIME_VERSION:
+        return ctx.respond({"throttle_time": 0, "topics": results})
+    body = bytearray(_INT32.pack(len(results)))
+    for result in results:
+        body += legacy_string(result["name"]) + _INT16.pack(result["error_code"])
+        if ctx.api_version >= FIRST_ERROR_MESSAGE_VERSION:
+            body += legacy_string(result["error_message"])
+    return RawResponse((bytes(body),), len(body))

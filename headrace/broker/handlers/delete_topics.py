@@ -1,4 +1,4 @@
-"""DeleteTopics (api key 20): delete topics by name (v1+) or by topic id (v6+).
+"""DeleteTopics (api key 20): delete topics by name (v0+) or by topic id (v6+).
 
 As Kafka's controller (ControllerApis.deleteTopics): a name or id given twice is
 INVALID_REQUEST ("Duplicate topic name." / "Duplicate topic id."); in v6 a state with neither
@@ -7,22 +7,33 @@ an unknown id UNKNOWN_TOPIC_ID. An internal topic (``__consumer_offsets``) is IN
 unlike Kafka, whose FindCoordinator recreates a missing offsets topic with its internal layout:
 headrace's group coordinator owns that layout from start-up and would lose every group (see
 create_topics). The answer names the topic and, in v6, its id, whichever one the client sent. Deletion itself is the log manager's (renamed away, removed later).
+v0 has v1's request (kio lacks v0: wire.py decodes it with v1's class); its response, without
+throttle_time_ms, is encoded here::
+
+    responses [ name string, error_code int16 ]
+
 Runs on the event loop thread; deletes run on the broker's append thread.
 """
 
 from __future__ import annotations
 
+import struct
 import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from headrace.broker.context import RawResponse
 from headrace.broker.handlers.metadata import INTERNAL_TOPIC_NAMES
 from headrace.errors import InvalidRequest, KafkaError, UnknownTopicId, UnknownTopicOrPartition
+from headrace.protocol.wire import legacy_string
 
 API_KEY = 20
-MIN_VERSION = 1
+MIN_VERSION = 0
 MAX_VERSION = 6
+
+NO_THROTTLE_TIME_VERSION = 0
+_INT16, _INT32 = struct.Struct(">h"), struct.Struct(">i")
 
 ZERO_UUID = uuid.UUID(int=0)
 
@@ -92,4 +103,13 @@ async def handle(ctx, request):
                 error = raised
         responses.append({"name": target.name, "topic_id": target.topic_id or ZERO_UUID,
                           "error_code": error.code, "error_message": error.message})
+    if ctx.api_version == NO_THROTTLE_TIME_VERSION:
+        return _v0_response(responses)
     return ctx.respond({"throttle_time": 0, "responses": responses})
+
+
+def _v0_response(responses: list[dict[str, Any]]) -> RawResponse:
+    body = bytearray(_INT32.pack(len(responses)))
+    for response in responses:
+        body += legacy_string(response["name"]) + _INT16.pack(response["error_code"])
+    return RawResponse((bytes(body),), len(body))

@@ -9,22 +9,41 @@ node's id describes every broker config with its synonyms (per-broker, cluster-d
 and default values, in that order).
 
 ``topic_config_descriptions`` is shared with CreateTopics (v5+ returns configs) and the alter
-handlers use ``check_broker_resource``. Stateless; runs on the event loop thread.
+handlers use ``check_broker_resource``.
+
+v0 (kio lacks it: wire.py reads it as v1 with include_synonyms false) answers without config
+sources or synonyms, encoded here::
+
+    throttle_time_ms int32, results [ error_code int16, error_message nullable string,
+      resource_type int8, resource_name string, configs [ name string,
+      value nullable string, read_only bool, is_default bool, is_sensitive bool ] ]
+
+``is_default`` is false for every config, as Kafka 3.9 answers it: its ``ConfigHelper``
+never sets the field, so v0 carries the schema's default (a v0 client cannot tell defaults
+from overrides). Stateless; runs on the event loop thread.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from headrace.broker.config import BROKER_CONFIGS
+from headrace.broker.context import RawResponse
 from headrace.errors import InvalidRequest, KafkaError, UnknownTopicOrPartition
+from headrace.protocol.wire import legacy_string
 from headrace.storage.config import TOPIC_CONFIGS, ConfigDef, LogConfig
 
 API_KEY = 32
-MIN_VERSION = 1
+MIN_VERSION = 0
 MAX_VERSION = 4
+
+NO_CONFIG_SOURCE_VERSION = 0
+V0_IS_DEFAULT = False  # never set by Kafka 3.9's ConfigHelper
+_INT16, _INT32 = struct.Struct(">h"), struct.Struct(">i")
+_INT8, _V0_FLAGS = struct.Struct(">b"), struct.Struct(">???")  # read_only, is_default, sensitive
 
 TOPIC_RESOURCE_TYPE = 2
 BROKER_RESOURCE_TYPE = 4
@@ -194,4 +213,18 @@ def _describe_resource(broker: Any, resource: Any, request: Any) -> dict[str, An
 
 async def handle(ctx, request):
     results = [_describe_resource(ctx.broker, resource, request) for resource in request.resources]
+    if ctx.api_version == NO_CONFIG_SOURCE_VERSION:
+        return _v0_response(results)
     return ctx.respond({"throttle_time": 0, "results": results})
+
+
+def _v0_response(results: list[dict[str, Any]]) -> RawResponse:
+    body = bytearray(_INT32.pack(0) + _INT32.pack(len(results)))  # throttle_time_ms, count
+    for result in results:
+        body += _INT16.pack(result["error_code"]) + legacy_string(result["error_message"])
+        body += _INT8.pack(result["resource_type"]) + legacy_string(result["resource_name"])
+        body += _INT32.pack(len(result["configs"]))
+        for config in result["configs"]:
+            body += legacy_string(config["name"]) + legacy_string(config["value"])
+            body += _V0_FLAGS.pack(config["read_only"], V0_IS_DEFAULT, config["is_sensitive"])
+    return RawResponse((bytes(body),), len(body))

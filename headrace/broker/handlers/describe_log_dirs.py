@@ -1,4 +1,4 @@
-"""DescribeLogDirs (api key 35), versions 1-5: size on disk per partition, per log directory.
+"""DescribeLogDirs (api key 35), versions 0-5: size on disk per partition, per log directory.
 
 Kafka's semantics (``ReplicaManager.describeLogDirs``): one result per configured log directory,
 named by its absolute path, even when it holds none of the requested partitions. Within it, the
@@ -17,7 +17,8 @@ offline log directory. The top-level error code is NONE (no authorizer, so
 CLUSTER_AUTHORIZATION_FAILED never applies).
 
 Stateless; runs on the event loop thread. ``Log.size_bytes`` reads the log's immutable view,
-safe to call concurrently with appends.
+safe to call concurrently with appends. v0 has v1's format (kio lacks it; wire.py answers
+v1's classes for it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 from headrace.errors import KafkaError, KafkaStorageError, UnknownTopicOrPartition
 
 API_KEY = 35
-MIN_VERSION = 1
+MIN_VERSION = 0
 MAX_VERSION = 5
 
 UNKNOWN_BYTES = -1  # Kafka's default for total_bytes/usable_bytes when not known

@@ -1,4 +1,4 @@
-"""Fetch (key 1), versions 0-16: read records, long-polling until min_bytes or max_wait.
+"""Fetch (key 1), versions 0-17: read records, long-polling until min_bytes or max_wait.
 
 Limits: each partition returns at most ``partition_max_bytes`` and the response at most
 ``max_bytes`` (v3+; none before), except that from v3 on the first partition with data
@@ -9,7 +9,9 @@ start offset; errors are per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PA
 UNKNOWN_TOPIC_ID for v13+ requests by an unknown topic id or the zero id, echoing the id
 sent, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError`` or the partition is
 offline -- NOT_LEADER_OR_FOLLOWER instead before v6, as Kafka answers).
-read_committed is accepted and behaves as read_uncommitted.
+read_committed is accepted and behaves as read_uncommitted. v17 (KIP-853) only adds a
+follower's ``replica_directory_id`` tagged field, which a consumer does not send; its response
+is v16's.
 
 Topic ids (v13+) resolve through ``_TopicIds``, a per-broker id -> name map rebuilt from the
 log manager only when an id is missing from it or names a topic that no longer has that id.
@@ -60,7 +62,7 @@ from headrace.protocol import message_format, wire
 
 API_KEY = 1
 MIN_VERSION = 0
-MAX_VERSION = 16
+MAX_VERSION = 17
 
 FIRST_MAX_BYTES_VERSION = 3  # v0-2: no response limit, a hard partition limit (no KIP-74)
 NO_RESPONSE_MAX_BYTES = 2**31 - 1  # Kafka's max_bytes for v0-2

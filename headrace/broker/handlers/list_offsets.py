@@ -1,9 +1,14 @@
-"""ListOffsets (key 2), versions 0-7: offsets by time.
+"""ListOffsets (key 2), versions 0-9: offsets by time.
 
 Timestamps: -2 earliest (log start offset), -1 latest (log end offset = high watermark =
 last stable offset on one node, so read_committed sees the same), -3 the record with the
-largest timestamp (v7+), or a time in ms: the first offset whose timestamp is >= it, or
-offset -1 / timestamp -1 when there is none. Errors per partition (UNKNOWN_TOPIC_OR_PARTITION).
+largest timestamp (v7+), -4 earliest local (v8+, KIP-405: without tiered storage the log
+start offset, as -2), -5 latest tiered (v9+, KIP-1005: without tiered storage offset -1,
+timestamp -1, leader epoch -1), or a time in ms: the first offset whose timestamp is >= it,
+or offset -1 / timestamp -1 when there is none. As Kafka's
+``handleListOffsetRequestV1AndAbove``, any other negative timestamp, or one older than the
+version that introduced it, answers UNSUPPORTED_VERSION for its partition. Errors per
+partition (UNKNOWN_TOPIC_OR_PARTITION).
 
 v0 (clients that skip ApiVersions; decoded by hand in wire.py, kio lacks it) answers Kafka's
 legacy "offsets before": up to ``max_num_offsets`` offsets, descending, from the list of
@@ -28,20 +33,35 @@ from headrace.errors import KafkaError, UnsupportedVersion
 
 API_KEY = 2
 MIN_VERSION = 0
-MAX_VERSION = 7
+MAX_VERSION = 9
 
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL_TIMESTAMP = -4
+LATEST_TIERED_TIMESTAMP = -5
+# Kafka's timestampMinSupportedVersion: the first version taking each special timestamp.
+FIRST_VERSION_BY_SPECIAL_TIMESTAMP = {EARLIEST_TIMESTAMP: 1, LATEST_TIMESTAMP: 1,
+                                      MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8,
+                                      LATEST_TIERED_TIMESTAMP: 9}
 CONSUMER_REPLICA_ID = -1
 _INT16, _INT32, _INT64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 _PARTITION_HEAD = struct.Struct(">ihi")  # partition_index, error_code, offsets count
 
 
-def _partition(manager, topic: str, partition) -> dict:
+def _partition(manager, topic: str, partition, version: int) -> dict:
     index = partition.partition_index
+    wanted = partition.timestamp
     try:
+        if wanted < 0 and version < FIRST_VERSION_BY_SPECIAL_TIMESTAMP.get(wanted, MAX_VERSION + 1):
+            raise UnsupportedVersion(f"timestamp {wanted} needs a later version than {version}")
         log = manager.get_log(topic, index)
-        found = log.offset_for_timestamp(partition.timestamp)
+        if wanted == LATEST_TIERED_TIMESTAMP:  # nothing is tiered
+            return {"partition_index": index, "error_code": 0, "timestamp": -1, "offset": -1,
+                    "leader_epoch": -1}
+        if wanted == EARLIEST_LOCAL_TIMESTAMP:  # every segment is local
+            wanted = EARLIEST_TIMESTAMP
+        found = log.offset_for_timestamp(wanted)
     except KafkaError as error:
         return {"partition_index": index, "error_code": error.code, "timestamp": -1,
                 "offset": -1, "leader_epoch": -1}
@@ -49,7 +69,7 @@ def _partition(manager, topic: str, partition) -> dict:
         offset, timestamp = -1, -1
     else:
         offset, timestamp = found
-    if partition.timestamp in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
+    if wanted in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
         timestamp = -1
     return {"partition_index": index, "error_code": 0, "timestamp": timestamp,
             "offset": offset, "leader_epoch": 0}
@@ -114,7 +134,8 @@ async def handle(ctx, request):
         "throttle_time": 0,
         "topics": [
             {"name": topic.name,
-             "partitions": [_partition(manager, topic.name, p) for p in topic.partitions]}
+             "partitions": [_partition(manager, topic.name, p, ctx.api_version)
+                            for p in topic.partitions]}
             for topic in request.topics
         ],
     })

@@ -1,4 +1,4 @@
-"""OffsetCommit (key 8), versions 2-10: commit consumed offsets with metadata strings.
+"""OffsetCommit (key 8), versions 0-10: commit consumed offsets with metadata strings.
 
 Members of a group commit with their generation and member id (checked by the coordinator:
 ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID);
@@ -13,18 +13,26 @@ UNKNOWN_TOPIC_ID for its partitions. As Kafka's ``KafkaApis.handleOffsetCommitRe
 that does not exist, or a partition index beyond its partition count, answers
 UNKNOWN_TOPIC_OR_PARTITION and is not stored (admin clients' AlterConsumerGroupOffsets is this
 request too); only the existing partitions reach the coordinator, and when none does the
-coordinator is not asked at all. Event loop thread.
+coordinator is not asked at all.
+
+v0-1 (clients that skip ApiVersions; decoded by hand in wire.py, kio lacks them; their
+response is v2's). v1 commits to the coordinator like v2, its per-partition commit_timestamp
+(-1: now) becoming the commit's timestamp, as Kafka's. v0 stored offsets in ZooKeeper: a
+Kafka 3.9 broker without ZooKeeper (KRaft, like this one) answers it, once the unknown topics
+and partitions are sorted out as above, UNSUPPORTED_VERSION on every partition of the
+request, storing nothing. Event loop thread.
 """
 
 from __future__ import annotations
 
 from headrace.coordinator.messages import OffsetAndMetadata, OffsetCommitRequest
-from headrace.errors import UnknownTopicId, UnknownTopicOrPartition
+from headrace.errors import UnknownTopicId, UnknownTopicOrPartition, UnsupportedVersion
 
 API_KEY = 8
-MIN_VERSION = 2
+MIN_VERSION = 0
 MAX_VERSION = 10
 
+ZOOKEEPER_VERSION = 0  # stored in ZooKeeper by Kafka, refused without it
 TOPIC_ID_VERSION = 10
 
 
@@ -56,6 +64,7 @@ def _to_coordinator(request, names: list[str | None],
                 offset=p.committed_offset,
                 leader_epoch=getattr(p, "committed_leader_epoch", -1),
                 metadata=p.committed_metadata or "",
+                commit_timestamp_ms=getattr(p, "commit_timestamp", -1),
             )
     return OffsetCommitRequest(
         group_id=request.group_id,
@@ -72,6 +81,8 @@ async def handle(ctx, request):
                         for name, info in ctx.broker.log_manager.topics().items()}
     commit = _to_coordinator(request, names, partition_counts)
     errors = {}
+    if commit.offsets and ctx.api_version == ZOOKEEPER_VERSION:
+        return _every_partition_error(ctx, request, UnsupportedVersion.code)
     if commit.offsets:
         errors = (await ctx.broker.groups.call(commit)).partition_errors
     topics = []
@@ -86,3 +97,13 @@ async def handle(ctx, request):
             "name": name}
         topics.append({**named, "partitions": partitions})
     return ctx.respond({"throttle_time": 0, "topics": topics})
+
+
+def _every_partition_error(ctx, request, error_code: int):
+    """Kafka's error response (``OffsetCommitRequest.getErrorResponse``): one error on every
+    partition of a (topic-named) request."""
+    return ctx.respond({"throttle_time": 0, "topics": [
+        {"name": topic.name,
+         "partitions": [{"partition_index": p.partition_index, "error_code": error_code}
+                        for p in topic.partitions]}
+        for topic in request.topics]})

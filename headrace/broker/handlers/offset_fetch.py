@@ -1,4 +1,4 @@
-"""OffsetFetch (key 9), versions 1-10: committed offsets of a group, from the coordinator's
+"""OffsetFetch (key 9), versions 0-10: committed offsets of a group, from the coordinator's
 in-memory cache (a commit whose append has not completed yet is not visible).
 
 v1-7 ask for one group (v2+: null topics = every committed partition, and a top-level error
@@ -9,17 +9,22 @@ topics that no longer exist are left out of an every-partition answer. ``require
 (v7+) only matters for transactional commits, which this coordinator does not hold pending.
 A partition without a commit answers offset -1 and empty metadata. Errors such as
 COORDINATOR_LOAD_IN_PROGRESS go in the group error (v2+) and, for v1, on every partition.
+v0 (the same format as v1; kio lacks it) read offsets from ZooKeeper: a Kafka 3.9 broker
+without ZooKeeper (KRaft, like this one) answers every requested partition offset -1, empty
+metadata and UNSUPPORTED_VERSION (``OffsetFetchRequest.getErrorResponse``), as this one does.
 Event loop thread.
 """
 
 from __future__ import annotations
 
 from headrace.coordinator.messages import NO_OFFSET, FetchedOffset, OffsetFetchRequest
-from headrace.errors import UnknownTopicId
+from headrace.errors import UnknownTopicId, UnsupportedVersion
 
 API_KEY = 9
-MIN_VERSION = 1
+MIN_VERSION = 0
 MAX_VERSION = 10
+
+ZOOKEEPER_VERSION = 0  # read from ZooKeeper by Kafka, refused without it
 
 BATCHED_GROUPS_VERSION = 8
 TOP_LEVEL_ERROR_VERSION = 2
@@ -91,7 +96,18 @@ async def _fetch_group(ctx, naming, group_id: str, topics, per_partition_errors:
             "topics": _topics(response, wanted, naming, partition_error)}
 
 
+def _every_partition_error(ctx, request, error_code: int):
+    """Kafka's error response for v0-1: no offset and ``error_code`` on every partition."""
+    return ctx.respond({"topics": [
+        {"name": topic.name, "partitions": [
+            {"partition_index": index, "committed_offset": NO_OFFSET, "metadata": "",
+             "error_code": error_code} for index in topic.partition_indexes]}
+        for topic in request.topics]})
+
+
 async def handle(ctx, request):
+    if ctx.api_version == ZOOKEEPER_VERSION:
+        return _every_partition_error(ctx, request, UnsupportedVersion.code)
     naming = _TopicNaming(ctx)
     if ctx.api_version >= BATCHED_GROUPS_VERSION:
         groups = [await _fetch_group(ctx, naming, g.group_id, g.topics, False)
