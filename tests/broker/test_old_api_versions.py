@@ -205,8 +205,9 @@ def test_a_truncated_offset_commit_v0_or_v1_closes_with_one_warning(fresh_broker
     body = struct.pack(">h", 1) + b"g" + (struct.pack(">ih", -1, 0) if version else b"")
     body += struct.pack(">ih", 1, 1) + b"t" + struct.pack(">ii", 1, 0)  # the offset is cut
     frame = struct.pack(">hhih", OFFSET_COMMIT, version, 1, 3) + b"cut" + body
+    log_start = fresh_broker.log_bytes()
     port = _send_and_wait_for_close(fresh_broker.bootstrap, struct.pack(">i", len(frame)) + frame)
-    assert f"api key {OFFSET_COMMIT} v{version}" in _one_warning_for(fresh_broker, port)
+    assert f"api key {OFFSET_COMMIT} v{version}" in _one_warning_for(fresh_broker, port, log_start)
     assert fresh_broker.process.poll() is None
     with RawClient(fresh_broker.bootstrap) as other:
         assert other.request(API_VERSIONS, 0, {}).error_code == 0
