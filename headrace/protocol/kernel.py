@@ -33,7 +33,6 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from crc32c import crc32c as _crc32c
 
 from headrace.errors import CorruptMessage
 from headrace.protocol import _kernel
@@ -556,7 +555,7 @@ def _seal_compressed(batch: memoryview, codec: int) -> bytearray:
     sealed = bytearray(batch[:BATCH_HEADER_BYTES])
     sealed += compress(codec, batch[BATCH_HEADER_BYTES:])
     struct.pack_into(">i", sealed, LENGTH_OFFSET, len(sealed) - LOG_OVERHEAD_BYTES)
-    struct.pack_into(">I", sealed, CRC_OFFSET, _crc32c(memoryview(sealed)[ATTRIBUTES_OFFSET:]))
+    struct.pack_into(">I", sealed, CRC_OFFSET, crc32c(memoryview(sealed)[ATTRIBUTES_OFFSET:]))
     return sealed
 
 

@@ -24,6 +24,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 
 from headrace.errors import CorruptMessage
 from headrace.protocol import compression, kernel
+from headrace.protocol.varint import encode_signed, read_signed
 
 SNAPPY_RAW = "snappy-raw"  # librdkafka's unframed snappy; codec id 2 like xerial
 CODECS = [0, 1, 2, 3, 4, SNAPPY_RAW]
@@ -34,19 +35,8 @@ LOG_APPEND_TIME_BIT = 0x08
 # ---------------------------------------------------------------- reference encoder
 
 
-def zigzag_varint(value: int) -> bytes:
-    unsigned = (value << 1) ^ (value >> 63)
-    unsigned &= (1 << 64) - 1
-    out = bytearray()
-    while unsigned >= 0x80:
-        out.append((unsigned & 0x7F) | 0x80)
-        unsigned >>= 7
-    out.append(unsigned)
-    return bytes(out)
-
-
 def length_prefixed(data: bytes | None) -> bytes:
-    return zigzag_varint(-1) if data is None else zigzag_varint(len(data)) + data
+    return encode_signed(-1) if data is None else encode_signed(len(data)) + data
 
 
 @dataclass(frozen=True)
@@ -75,15 +65,15 @@ def encode_record(rec: Rec) -> bytes:
     body = b"".join(
         [
             b"\x00",
-            zigzag_varint(rec.timestamp_delta),
-            zigzag_varint(rec.offset_delta),
+            encode_signed(rec.timestamp_delta),
+            encode_signed(rec.offset_delta),
             length_prefixed(rec.key),
             length_prefixed(rec.value),
-            zigzag_varint(len(rec.headers)),
+            encode_signed(len(rec.headers)),
             *(length_prefixed(k.encode()) + length_prefixed(v) for k, v in rec.headers),
         ]
     )
-    return zigzag_varint(len(body)) + body
+    return encode_signed(len(body)) + body
 
 
 def compress_records(codec: int | str, data: bytes) -> tuple[int, bytes]:
@@ -129,19 +119,8 @@ class Decoded:
     headers: tuple[tuple[str, bytes | None], ...]
 
 
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    shift = unsigned = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        unsigned |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return (unsigned >> 1) ^ -(unsigned & 1), pos
-
-
 def read_blob(data: bytes, pos: int) -> tuple[bytes | None, int]:
-    length, pos = read_varint(data, pos)
+    length, pos = read_signed(data, pos)
     return (None, pos) if length < 0 else (data[pos : pos + length], pos + length)
 
 
@@ -167,12 +146,12 @@ def reference_decode(buf: bytes, skip_control: bool = True) -> tuple[list[Decode
 def reference_records(records, count, base_offset, attrs, base_ts, max_ts):
     pos = 0
     for _ in range(count):
-        _, pos = read_varint(records, pos)
-        ts_delta, pos = read_varint(records, pos + 1)
-        offset_delta, pos = read_varint(records, pos)
+        _, pos = read_signed(records, pos)
+        ts_delta, pos = read_signed(records, pos + 1)
+        offset_delta, pos = read_signed(records, pos)
         key, pos = read_blob(records, pos)
         value, pos = read_blob(records, pos)
-        header_count, pos = read_varint(records, pos)
+        header_count, pos = read_signed(records, pos)
         headers = []
         for _ in range(header_count):
             header_key, pos = read_blob(records, pos)

@@ -29,50 +29,13 @@ from headrace.protocol.records import (
     decode_legacy,
     is_legacy,
     iter_records,
-    read_varint,
     recompress_batch,
     section_chunks,
     walk_records_section,
-    write_varint,
 )
 
 ALL_CODECS = [NONE, GZIP, SNAPPY, LZ4, ZSTD]
 LEGACY_CODECS = [NONE, GZIP, SNAPPY, LZ4]
-
-# ---------------------------------------------------------------- varints
-
-
-@given(st.integers(-(2**31), 2**31 - 1))
-def test_varint_round_trips_int32(value):
-    encoded = bytearray()
-    write_varint(encoded, value)
-    assert len(encoded) <= 5
-    assert read_varint(bytes(encoded), 0, len(encoded)) == (value, len(encoded))
-
-
-@given(st.integers(-(2**63), 2**63 - 1))
-def test_varlong_round_trips_int64(value):
-    encoded = bytearray()
-    write_varint(encoded, value)
-    assert read_varint(bytes(encoded), 0, len(encoded), max_bytes=10) == (value, len(encoded))
-
-
-@pytest.mark.parametrize(
-    "encoded",
-    [b"\x80\x80", b"\xff\xff\xff\xff\xff\x01", b"\xff\xff\xff\xff\x1f"],
-    ids=["truncated", "six-bytes", "past-32-bits"],
-)
-def test_bad_varints_are_corrupt(encoded):
-    with pytest.raises(CorruptMessage):
-        read_varint(encoded, 0, len(encoded))
-
-
-def test_zigzag_examples_from_the_protocol_docs():
-    for value, expected in [(0, b"\x00"), (-1, b"\x01"), (1, b"\x02"), (-2, b"\x03"), (300, b"\xd8\x04")]:
-        encoded = bytearray()
-        write_varint(encoded, value)
-        assert bytes(encoded) == expected
-
 
 # ---------------------------------------------------------------- golden v2 batch
 
