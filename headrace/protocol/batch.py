@@ -124,13 +124,6 @@ def peek_magic(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
     return buf[pos + MAGIC_OFFSET] if len(buf) - pos > MAGIC_OFFSET else -1
 
 
-def peek_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
-    """Total bytes of the entry at ``pos`` (batch or legacy message), or -1 if too short."""
-    if len(buf) - pos < LOG_OVERHEAD_BYTES:
-        return -1
-    return _LENGTH.unpack_from(buf, pos)[1] + LOG_OVERHEAD_BYTES
-
-
 def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size_bytes: int) -> int:
     """CRC-32C over the attributes..end part of the batch at ``pos``."""
     view = memoryview(buf)[pos + ATTRIBUTES_OFFSET : pos + size_bytes]

@@ -118,15 +118,6 @@ class RecordBatch:
     header: BatchHeader
     records: tuple[Record, ...]
 
-    @property
-    def has_contiguous_offsets(self) -> bool:
-        """True when the records fill base_offset..last_offset with no gap (a produced
-        batch must; a compacted one need not)."""
-        expected = range(self.header.base_offset, self.header.next_offset)
-        return len(self.records) == len(expected) and all(
-            record.offset == offset for record, offset in zip(self.records, expected, strict=True)
-        )
-
 
 # ---------------------------------------------------------------- building v2 batches
 
