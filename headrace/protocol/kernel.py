@@ -257,13 +257,6 @@ def hash_keys(buf: BufferLike, *, verify_crc: bool = True) -> KeyHashes:
     return KeyHashes(*arrays, next_offset=scan.next_offset, bytes_consumed=scan.bytes_consumed)
 
 
-def count_records(buf: BufferLike, *, skip_control: bool = True) -> int:
-    """Number of records in the whole batches of ``buf``, from batch headers alone
-    (no CRC check, no decompression): equals ``decode_columns(buf).count`` on valid input."""
-    with _byte_view(buf) as view:
-        return _scan(view, skip_control, False, decompress_sections=False).record_count
-
-
 def murmur3_x64_128(data: BufferLike, seed: int = 0) -> tuple[int, int]:
     """MurmurHash3 x64 128 of ``data``: ``(h1, h2)``, the hash ``hash_keys`` uses."""
     if not 0 <= seed <= 0xFFFFFFFF:

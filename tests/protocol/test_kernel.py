@@ -245,7 +245,7 @@ def test_decode_columns_matches_reference(log, skip_control):
     expected, next_offset = reference_decode(buf, skip_control)
     columns = kernel.decode_columns(buf, skip_control=skip_control)
     assert columns_to_records(columns) == expected
-    assert columns.count == len(expected) == kernel.count_records(buf, skip_control=skip_control)
+    assert columns.count == len(expected)
     assert columns.next_offset == next_offset
     assert columns.bytes_consumed == len(buf)
 
@@ -323,8 +323,7 @@ def test_control_batches_are_skipped_but_advance_next_offset():
     assert columns.next_offset == 105
     assert kernel.decode_columns(buf, skip_control=False).offsets.tolist() == [100, 102, 103, 104]
     assert kernel.hash_keys(buf).count == 3
-    assert kernel.count_records(buf) == 3
-    assert kernel.count_records(buf, skip_control=False) == 4
+    assert kernel.decode_columns(buf).count == 3
 
 
 def test_log_append_time_uses_max_timestamp_for_every_record():
@@ -368,7 +367,7 @@ def test_accepts_every_buffer_kind(tmp_path):
         assert kernel.decode_columns(kind(buf)).count == 6
     padded = memoryview(b"xx" + buf)[2:]
     assert kernel.decode_columns(padded).offsets.tolist() == [100, 102, 103] * 2
-    assert kernel.count_records(memoryview(buf).cast("c")) == 6
+    assert kernel.decode_columns(memoryview(buf).cast("c")).count == 6
 
 
 def test_rejects_non_buffers_and_strided_views():
@@ -397,7 +396,7 @@ def test_wrong_magic_and_short_length_are_corrupt():
     short = bytearray(simple_batch())
     short[8:12] = struct.pack(">i", 10)
     with pytest.raises(CorruptMessage, match="length"):
-        kernel.count_records(short)
+        kernel.decode_columns(short)
 
 
 def test_record_count_mismatch_is_corrupt():
@@ -458,10 +457,6 @@ def check_clean_outcome(buf: bytes, verify_crc: bool) -> None:
         assert c.bytes_consumed <= len(buf)
     try:
         kernel.hash_keys(buf, verify_crc=verify_crc)
-    except CorruptMessage:
-        pass
-    try:
-        kernel.count_records(buf)
     except CorruptMessage:
         pass
 
