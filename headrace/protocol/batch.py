@@ -47,7 +47,6 @@ NO_TIMESTAMP = -1
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _OFFSET = struct.Struct(">q")
-_LENGTH = struct.Struct(">qi")
 
 
 @dataclass(frozen=True, slots=True)
