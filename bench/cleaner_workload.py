@@ -15,23 +15,17 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from crc32c import crc32c
 
 from headrace.protocol.batch import ATTRIBUTES_OFFSET, BATCH_HEADER_BYTES, LOG_OVERHEAD_BYTES
+from headrace.protocol.kernel import crc32c
+from headrace.protocol.varint import encode_signed
 
 NOW_MS = 1_700_000_000_000
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _POWERS_OF_TEN = 10 ** np.arange(18, -1, -1, dtype=np.int64)
 
 
-def _varint(value: int) -> bytes:
-    unsigned = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while unsigned >= 0x80:
-        out.append((unsigned & 0x7F) | 0x80)
-        unsigned >>= 7
-    out.append(unsigned)
-    return bytes(out)
+
 
 
 class BatchBuilder:
@@ -46,16 +40,16 @@ class BatchBuilder:
         template, key_starts, self._record_starts = bytearray(), [], []
         for delta in range(records_per_batch):
             self._record_starts.append(len(template))
-            head = b"\x00" + _varint(0) + _varint(delta) + _varint(key_bytes)
-            tail = _varint(value_bytes) + b"\x00" * value_bytes + _varint(0)
+            head = b"\x00" + encode_signed(0) + encode_signed(delta) + encode_signed(key_bytes)
+            tail = encode_signed(value_bytes) + b"\x00" * value_bytes + encode_signed(0)
             body_bytes = len(head) + key_bytes + len(tail)
-            template += _varint(body_bytes) + head
+            template += encode_signed(body_bytes) + head
             key_starts.append(len(template))
             template += b"0" * key_bytes + tail
         self._template = np.frombuffer(bytes(template), np.uint8)
         digits_at = np.arange(key_bytes - len(_POWERS_OF_TEN), key_bytes)
         self._digit_positions = np.asarray(key_starts)[:, None] + digits_at[None, :]
-        value_at = np.arange(value_bytes) + len(_varint(value_bytes)) + key_bytes
+        value_at = np.arange(value_bytes) + len(encode_signed(value_bytes)) + key_bytes
         self._value_positions = np.asarray(key_starts)[:, None] + value_at[None, :]
 
     def build(self, key_ids: np.ndarray, version: int) -> bytearray:

@@ -22,6 +22,8 @@ import time
 from functools import partial
 
 from headrace.protocol import prepass, wire
+from headrace.protocol.varint import read_unsigned
+from headrace.protocol.wire import MalformedFrame
 
 FETCH_PARTITIONS = 6
 _INT16, _INT32 = struct.Struct(">h"), struct.Struct(">i")
@@ -114,7 +116,7 @@ class PythonWalk:
             return value - 1, position
         return legacy.unpack_from(frame, position)[0], position + legacy.size
 
-    uvarint = staticmethod(wire._read_uvarint)
+    uvarint = staticmethod(partial(read_unsigned, error=MalformedFrame))
 
     @staticmethod
     def fits(frame: bytes, end: int) -> int:

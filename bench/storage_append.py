@@ -33,10 +33,10 @@ import sys
 import time
 from pathlib import Path
 
-import crc32c
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from headrace.protocol.kernel import crc32c  # noqa: E402
+from headrace.protocol.varint import encode_signed  # noqa: E402
 from headrace.storage.config import LogConfig  # noqa: E402
 from headrace.storage.fs import RealFileSystem  # noqa: E402
 from headrace.storage.log import Log  # noqa: E402
@@ -46,22 +46,16 @@ RUNS = 3
 NOW_MS = 1_700_000_000_000
 
 
-def _varint(value: int) -> bytes:
-    zigzag, out = (value << 1) ^ (value >> 63), bytearray()
-    while zigzag >= 0x80:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
+
 
 
 def build_batch(batch_bytes: int, timestamp_ms: int = NOW_MS) -> bytes:
     """An uncompressed v2 batch of 1 KiB-value records, about ``batch_bytes`` long."""
     records, index, total = [], 0, 61
     while True:
-        body = b"\x00" + _varint(0) + _varint(index) + _varint(-1)
-        body += _varint(RECORD_VALUE_BYTES) + bytes(RECORD_VALUE_BYTES) + _varint(0)
-        record = _varint(len(body)) + body
+        body = b"\x00" + encode_signed(0) + encode_signed(index) + encode_signed(-1)
+        body += encode_signed(RECORD_VALUE_BYTES) + bytes(RECORD_VALUE_BYTES) + encode_signed(0)
+        record = encode_signed(len(body)) + body
         if total + len(record) > batch_bytes:
             break
         records.append(record)
@@ -69,7 +63,7 @@ def build_batch(batch_bytes: int, timestamp_ms: int = NOW_MS) -> bytes:
         index += 1
     after_crc = struct.pack(">hiqqqhii", 0, index - 1, timestamp_ms, timestamp_ms, -1, -1, -1,
                             index) + b"".join(records)
-    body = struct.pack(">ibI", 0, 2, crc32c.crc32c(after_crc)) + after_crc
+    body = struct.pack(">ibI", 0, 2, crc32c(after_crc)) + after_crc
     return struct.pack(">qi", 0, len(body)) + body
 
 

@@ -28,10 +28,9 @@ from pathlib import Path
 import cramjam
 import crc32c
 
-from headrace.broker.fetch_response import uvarint
 from headrace.protocol import compression, wire
 from headrace.protocol.compression import SNAPPY
-from headrace.protocol.records import write_varint
+from headrace.protocol.varint import encode_unsigned, write_signed
 
 PRODUCE = 0
 PRODUCE_VERSION = 9
@@ -45,13 +44,13 @@ def record_prefix(value_bytes: int) -> bytes:
     """Length and fields of a record with key b"k" up to its value's first byte; the one
     header-count byte (0) follows the value."""
     body = bytearray(b"\x00")  # attributes
-    write_varint(body, 0)  # timestamp delta
-    write_varint(body, 0)  # offset delta
-    write_varint(body, 1)
+    write_signed(body, 0)  # timestamp delta
+    write_signed(body, 0)  # offset delta
+    write_signed(body, 1)
     body += b"k"
-    write_varint(body, value_bytes)
+    write_signed(body, value_bytes)
     prefix = bytearray()
-    write_varint(prefix, len(body) + value_bytes + 1)
+    write_signed(prefix, len(body) + value_bytes + 1)
     return bytes(prefix + body)
 
 
@@ -68,8 +67,8 @@ def lying_snappy_block(shape: str, inflated_bytes: int) -> bytes:
     """One raw snappy block of 1 MiB of the section whose preamble declares all of it."""
     head = record_prefix(inflated_bytes) if shape == "record" else b""
     block = bytes(cramjam.snappy.compress_raw(head + ZERO_CHUNK))
-    true_preamble_bytes = len(uvarint(cramjam.snappy.decompress_raw_len(block)))
-    return uvarint(len(head) + inflated_bytes + 1) + block[true_preamble_bytes:]
+    true_preamble_bytes = len(encode_unsigned(cramjam.snappy.decompress_raw_len(block)))
+    return encode_unsigned(len(head) + inflated_bytes + 1) + block[true_preamble_bytes:]
 
 
 @cache

@@ -210,10 +210,6 @@ class CleanerService:
         self._status_lock = threading.Lock()
         self._last_status: dict[Path, Any] = {}
 
-    @property
-    def threads_count(self) -> int:
-        return self.settings.threads
-
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:

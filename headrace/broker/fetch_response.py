@@ -25,6 +25,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from headrace.protocol.varint import encode_unsigned
+
 NO_PREFERRED_READ_REPLICA = -1
 NO_ABORTED_TRANSACTIONS = 0
 FIRST_FLEXIBLE_VERSION = 12
@@ -62,22 +64,13 @@ class TopicData:
     partitions: list[PartitionData] = field(default_factory=list)
 
 
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _array_length(count: int, flexible: bool) -> bytes:
-    return uvarint(count + 1) if flexible else _INT32.pack(count)
+    return encode_unsigned(count + 1) if flexible else _INT32.pack(count)
 
 
 def _string(text: str, flexible: bool) -> bytes:
     encoded = text.encode()
-    prefix = uvarint(len(encoded) + 1) if flexible else _INT16.pack(len(encoded))
+    prefix = encode_unsigned(len(encoded) + 1) if flexible else _INT16.pack(len(encoded))
     return prefix + encoded
 
 
@@ -88,7 +81,7 @@ def _partition_head(partition: PartitionData, version: int) -> bytes:
     if version >= FIRST_FLEXIBLE_VERSION:
         return _FLEXIBLE_PARTITION_HEAD.pack(
             *fields, partition.log_start_offset, _EMPTY_COMPACT_ARRAY,
-            NO_PREFERRED_READ_REPLICA) + uvarint(size + 1)
+            NO_PREFERRED_READ_REPLICA) + encode_unsigned(size + 1)
     if version >= 11:
         return _V11_PARTITION_HEAD.pack(*fields, partition.log_start_offset,
                                         NO_ABORTED_TRANSACTIONS, NO_PREFERRED_READ_REPLICA, size)

@@ -25,9 +25,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import crc32c
-
 from headrace.errors import CorruptMessage
+from headrace.protocol import _kernel
 
 LOG_OVERHEAD_BYTES = 12  # base_offset + batch_length: the part not counted by batch_length
 BATCH_HEADER_BYTES = 61
@@ -48,7 +47,6 @@ NO_TIMESTAMP = -1
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _OFFSET = struct.Struct(">q")
-_LENGTH = struct.Struct(">qi")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,17 +123,10 @@ def peek_magic(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
     return buf[pos + MAGIC_OFFSET] if len(buf) - pos > MAGIC_OFFSET else -1
 
 
-def peek_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
-    """Total bytes of the entry at ``pos`` (batch or legacy message), or -1 if too short."""
-    if len(buf) - pos < LOG_OVERHEAD_BYTES:
-        return -1
-    return _LENGTH.unpack_from(buf, pos)[1] + LOG_OVERHEAD_BYTES
-
-
 def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size_bytes: int) -> int:
     """CRC-32C over the attributes..end part of the batch at ``pos``."""
     view = memoryview(buf)[pos + ATTRIBUTES_OFFSET : pos + size_bytes]
-    return crc32c.crc32c(view)
+    return _kernel.crc32c(view)  # kernel.crc32c's own function: kernel.py imports this module
 
 
 def crc_is_valid(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> bool:

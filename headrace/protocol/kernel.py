@@ -33,7 +33,6 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from crc32c import crc32c as _crc32c
 
 from headrace.errors import CorruptMessage
 from headrace.protocol import _kernel
@@ -256,13 +255,6 @@ def hash_keys(buf: BufferLike, *, verify_crc: bool = True) -> KeyHashes:
         raw = _kernel.hash_keys(view, scan.sections, True)
     arrays = [np.frombuffer(data, dtype) for data, dtype in zip(raw, _KEY_HASH_DTYPES, strict=True)]
     return KeyHashes(*arrays, next_offset=scan.next_offset, bytes_consumed=scan.bytes_consumed)
-
-
-def count_records(buf: BufferLike, *, skip_control: bool = True) -> int:
-    """Number of records in the whole batches of ``buf``, from batch headers alone
-    (no CRC check, no decompression): equals ``decode_columns(buf).count`` on valid input."""
-    with _byte_view(buf) as view:
-        return _scan(view, skip_control, False, decompress_sections=False).record_count
 
 
 def murmur3_x64_128(data: BufferLike, seed: int = 0) -> tuple[int, int]:
@@ -556,7 +548,7 @@ def _seal_compressed(batch: memoryview, codec: int) -> bytearray:
     sealed = bytearray(batch[:BATCH_HEADER_BYTES])
     sealed += compress(codec, batch[BATCH_HEADER_BYTES:])
     struct.pack_into(">i", sealed, LENGTH_OFFSET, len(sealed) - LOG_OVERHEAD_BYTES)
-    struct.pack_into(">I", sealed, CRC_OFFSET, _crc32c(memoryview(sealed)[ATTRIBUTES_OFFSET:]))
+    struct.pack_into(">I", sealed, CRC_OFFSET, crc32c(memoryview(sealed)[ATTRIBUTES_OFFSET:]))
     return sealed
 
 

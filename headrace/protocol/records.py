@@ -13,7 +13,9 @@ v2 record (magic 2), inside a batch's records section, possibly compressed as a 
     header_count varint, then per header:
         key_length varint, key (UTF-8, never null), value_length varint, value (-1: null)
 
-varint/varlong are zigzag-encoded base-128 (protobuf style), at most 5/10 bytes.
+varint/varlong are zigzag-encoded base-128 (protobuf style), at most 5/10 bytes, decoded by
+``headrace.protocol.varint`` with Kafka's rule (bits beyond 32/64 in the last byte dropped),
+as the kernel's ``read_record`` decodes them.
 
 Legacy message set entry (magic 0 and 1)::
 
@@ -48,8 +50,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import crc32c
-
 from headrace.errors import (
     CorruptMessage,
     InvalidRecord,
@@ -73,7 +73,8 @@ from headrace.protocol.batch import (
     parse_header,
     peek_magic,
 )
-from headrace.protocol.kernel import WALK_MALFORMED, walk_records
+from headrace.protocol.kernel import WALK_MALFORMED, crc32c, walk_records
+from headrace.protocol.varint import VARINT_MAX_BYTES, VARLONG_MAX_BYTES, read_signed, write_signed
 
 MAGIC_V0 = 0
 MAGIC_V1 = 1
@@ -81,10 +82,7 @@ LEGACY_TIMESTAMP_TYPE_BIT = 0x08
 LEGACY_V0_HEADER_BYTES = 6  # crc, magic, attributes
 LEGACY_V1_HEADER_BYTES = 14  # crc, magic, attributes, timestamp
 LEGACY_KEY_VALUE_LENGTHS_BYTES = 8
-VARINT_MAX_BYTES = 5
-VARLONG_MAX_BYTES = 10
 INT32_MAX = (1 << 31) - 1
-_VALUE_BITS = {VARINT_MAX_BYTES: 32, VARLONG_MAX_BYTES: 64}
 
 _BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
 _CRC_FIELD = struct.Struct(">I")
@@ -120,51 +118,6 @@ class RecordBatch:
     header: BatchHeader
     records: tuple[Record, ...]
 
-    @property
-    def has_contiguous_offsets(self) -> bool:
-        """True when the records fill base_offset..last_offset with no gap (a produced
-        batch must; a compacted one need not)."""
-        expected = range(self.header.base_offset, self.header.next_offset)
-        return len(self.records) == len(expected) and all(
-            record.offset == offset for record, offset in zip(self.records, expected, strict=True)
-        )
-
-
-# ---------------------------------------------------------------- varint encoding
-
-
-def _zigzag(value: int) -> int:
-    return (value << 1) ^ (value >> 63)
-
-
-def write_varint(out: bytearray, value: int) -> None:
-    """Append ``value`` zigzag-encoded as a base-128 varint (varint or varlong)."""
-    encoded = _zigzag(value) & 0xFFFFFFFFFFFFFFFF
-    while encoded >= 0x80:
-        out.append((encoded & 0x7F) | 0x80)
-        encoded >>= 7
-    out.append(encoded)
-
-
-def read_varint(
-    buf: bytes | memoryview, pos: int, end: int, max_bytes: int = VARINT_MAX_BYTES
-) -> tuple[int, int]:
-    """Decode a zigzag varint at ``pos`` (not past ``end``); returns ``(value, next_pos)``."""
-    result = shift = 0
-    for index in range(pos, min(end, pos + max_bytes)):
-        byte = buf[index]
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            if result >> _VALUE_BITS[max_bytes]:
-                raise CorruptMessage(
-                    f"varint at byte {pos} overflows {_VALUE_BITS[max_bytes]} bits"
-                )
-            return (result >> 1) ^ -(result & 1), index + 1
-        shift += 7
-    if end - pos < max_bytes:
-        raise CorruptMessage(f"varint truncated at byte {pos}")
-    raise CorruptMessage(f"varint at byte {pos} is longer than {max_bytes} bytes")
-
 
 # ---------------------------------------------------------------- building v2 batches
 
@@ -188,9 +141,9 @@ def _header_fields(header: Header | tuple[str, bytes | None]) -> tuple[str, byte
 
 def _write_nullable_bytes(out: bytearray, data: bytes | None) -> None:
     if data is None:
-        write_varint(out, -1)
+        write_signed(out, -1)
         return
-    write_varint(out, len(data))
+    write_signed(out, len(data))
     out += data
 
 
@@ -203,18 +156,18 @@ def _encode_record(
     headers: Sequence[Any],
 ) -> None:
     body = bytearray(b"\x00")  # attributes
-    write_varint(body, timestamp_delta)
-    write_varint(body, offset_delta)
+    write_signed(body, timestamp_delta)
+    write_signed(body, offset_delta)
     _write_nullable_bytes(body, key)
     _write_nullable_bytes(body, value)
-    write_varint(body, len(headers))
+    write_signed(body, len(headers))
     for header in headers:
         header_key, header_value = _header_fields(header)
         encoded_key = header_key.encode()
-        write_varint(body, len(encoded_key))
+        write_signed(body, len(encoded_key))
         body += encoded_key
         _write_nullable_bytes(body, header_value)
-    write_varint(out, len(body))
+    write_signed(out, len(body))
     out += body
 
 
@@ -294,7 +247,7 @@ def seal_batch(header_fields: tuple[int, ...], records_section: bytes) -> bytes:
     fields = (base_offset, batch_length, partition_leader_epoch, CURRENT_MAGIC, 0, *rest)
     batch = bytearray(_BATCH_HEADER.pack(*fields))
     batch += records_section
-    _CRC_FIELD.pack_into(batch, CRC_OFFSET, crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+    _CRC_FIELD.pack_into(batch, CRC_OFFSET, crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
     return bytes(batch)
 
 
@@ -422,7 +375,7 @@ def _hold_next_record(reader: _SectionReader, index: int, window_bytes: int) -> 
     """Join chunks until the record at the reader is wholly held, if it is at most
     ``window_bytes``; False (nothing joined past its length) for a larger one."""
     reader.ensure(VARINT_MAX_BYTES)  # fewer at the end of the section
-    length, body = _parsed(read_varint, reader.buf, reader.pos, len(reader.buf))
+    length, body = _parsed(read_signed, reader.buf, reader.pos, len(reader.buf))
     if length > window_bytes:
         return False
     _ensure_record_bytes(reader, body - reader.pos + max(length, 0), index)
@@ -436,7 +389,7 @@ def _walk_record(reader: _SectionReader, header: BatchHeader, index: int,
         raise InvalidRecord(f"incorrect declared batch size: the section ends before record "
                             f"{index} of {header.records_count}")
     reader.ensure(VARINT_MAX_BYTES)  # fewer at the end of the section
-    length, body = _parsed(read_varint, reader.buf, reader.pos, len(reader.buf))
+    length, body = _parsed(read_signed, reader.buf, reader.pos, len(reader.buf))
     if length <= 0:
         raise InvalidRecord(f"record {index} has length {length}")
     reader.pos = body
@@ -461,9 +414,9 @@ def _ensure_record_bytes(reader: _SectionReader, size_bytes: int, index: int) ->
 
 def _record_prefix(data: bytes | bytearray, pos: int, end: int) -> tuple[int, bool]:
     pos += 1  # attributes
-    _, pos = read_varint(data, pos, end, VARLONG_MAX_BYTES)  # timestamp delta
-    offset_delta, pos = read_varint(data, pos, end)
-    key_length, pos = read_varint(data, pos, end)
+    _, pos = read_signed(data, pos, end, VARLONG_MAX_BYTES)  # timestamp delta
+    offset_delta, pos = read_signed(data, pos, end)
+    key_length, pos = read_signed(data, pos, end)
     if key_length < -1:
         raise CorruptMessage(f"invalid key length {key_length}")
     return offset_delta, key_length >= 0
@@ -545,7 +498,7 @@ def _decode_records(section: bytes | memoryview, header: BatchHeader) -> Iterato
     pos, end, previous_delta = 0, len(section), -1
     log_append_time = header.max_timestamp if header.is_log_append_time else None
     for _ in range(header.records_count):
-        length, pos = read_varint(section, pos, end)
+        length, pos = read_signed(section, pos, end)
         if length <= 0 or pos + length > end:
             raise CorruptMessage(f"record length {length} at byte {pos} is out of bounds")
         record, offset_delta, pos = _decode_record(section, pos + 1, pos + length, header)
@@ -565,11 +518,11 @@ def _decode_record(
     data: bytes | memoryview, pos: int, end: int, header: BatchHeader
 ) -> tuple[Record, int, int]:
     """Decode the record body in ``data[pos:end]`` (after its attributes byte)."""
-    timestamp_delta, pos = read_varint(data, pos, end, VARLONG_MAX_BYTES)
-    offset_delta, pos = read_varint(data, pos, end)
+    timestamp_delta, pos = read_signed(data, pos, end, VARLONG_MAX_BYTES)
+    offset_delta, pos = read_signed(data, pos, end)
     key, pos = _read_varint_bytes(data, pos, end)
     value, pos = _read_varint_bytes(data, pos, end)
-    header_count, pos = read_varint(data, pos, end)
+    header_count, pos = read_signed(data, pos, end)
     if header_count < 0:
         raise CorruptMessage(f"negative record header count {header_count}")
     headers = []
@@ -587,7 +540,7 @@ def _decode_record(
 
 
 def _read_varint_bytes(data: bytes | memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
-    length, pos = read_varint(data, pos, end)
+    length, pos = read_signed(data, pos, end)
     if length < 0:
         if length != -1:
             raise CorruptMessage(f"invalid length {length} at byte {pos}")

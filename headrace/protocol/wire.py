@@ -121,6 +121,7 @@ from kio.static.constants import EntityType  # noqa: E402
 from headrace.errors import InvalidRequest, UnsupportedVersion  # noqa: E402
 from headrace.protocol.buffers import RegionPool, lazily_committed_region  # noqa: E402
 from headrace.protocol.prepass import problem_in  # noqa: E402
+from headrace.protocol.varint import read_unsigned  # noqa: E402
 
 API_VERSIONS_KEY = 18
 PRODUCE_KEY = 0
@@ -797,25 +798,8 @@ def _read_field(entity_class: type, field, buf: bytes, position: int, flexible: 
 
 
 def _read_uvarint(buf: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if position >= len(buf) or shift > 28:
-            raise MalformedFrame("bad unsigned varint")
-        byte = buf[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, position
-        shift += 7
-
-
-def _write_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    """An unsigned varint of the frame at ``position``; MalformedFrame when bad."""
+    return read_unsigned(buf, position, error=MalformedFrame)
 
 
 def skip_tagged_fields(buf: bytes, position: int) -> int:

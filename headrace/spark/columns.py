@@ -40,7 +40,6 @@ BASE_COLUMNS_DDL = (
 )
 HEADERS_COLUMN_DDL = "headers array<struct<key: string, value: binary>>"
 
-NO_TIMESTAMP_TYPE = -1
 CREATE_TIME = 0
 LOG_APPEND_TIME = 1
 

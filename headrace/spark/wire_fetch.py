@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from headrace.errors import error_for_code
 from headrace.protocol import wire
 from headrace.protocol.buffers import RegionPool
+from headrace.protocol.varint import read_unsigned
 from headrace.spark.wire_connection import (
     NO_ERROR,
     BrokerConnection,
@@ -361,14 +362,8 @@ class _Reader:
         return value
 
     def uvarint(self) -> int:
-        value = shift = 0
-        while True:
-            byte = self.view[self.position]
-            self.position += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
+        value, self.position = read_unsigned(self.view, self.position, error=FetchClientError)
+        return value
 
     def length(self) -> int:
         """An array, string or bytes length; -1 for null."""

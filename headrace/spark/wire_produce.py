@@ -57,6 +57,7 @@ from headrace.errors import (
 from headrace.protocol import wire
 from headrace.protocol.compression import NONE, codec_by_name
 from headrace.protocol.kernel import increment_sequence
+from headrace.protocol.varint import encode_unsigned
 from headrace.spark.wire_connection import (
     NO_ERROR,
     BrokerConnection,
@@ -539,15 +540,6 @@ def _failure_text(batch: _Batch, code: int, message: str | None) -> str:
     return f"{text}: {message}" if message else text
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_produce_request(header: bytes, version: int, timeout_ms: int,
                            batches: list[_Batch]) -> list:
     """The pieces of a Produce request (v3-v12, acks=all, no transactional id) carrying one
@@ -558,7 +550,7 @@ def encode_produce_request(header: bytes, version: int, timeout_ms: int,
         by_topic.setdefault(batch.topic_partition[0], []).append(batch)
 
     def count(n: int) -> bytes:
-        return _uvarint(n + 1) if flexible else _INT32.pack(n)
+        return encode_unsigned(n + 1) if flexible else _INT32.pack(n)
 
     prefix = bytearray(header)
     prefix += b"\x00" if flexible else _INT16.pack(-1)  # transactional_id: null
@@ -566,7 +558,7 @@ def encode_produce_request(header: bytes, version: int, timeout_ms: int,
     pieces: list = []
     for topic, topic_batches in by_topic.items():
         name = topic.encode()
-        prefix += (_uvarint(len(name) + 1) if flexible else _INT16.pack(len(name))) + name
+        prefix += (encode_unsigned(len(name) + 1) if flexible else _INT16.pack(len(name))) + name
         prefix += count(len(topic_batches))
         for index, batch in enumerate(topic_batches):
             prefix += _INT32.pack(batch.topic_partition[1]) + count(len(batch.data))

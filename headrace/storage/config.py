@@ -351,9 +351,6 @@ def _broker_value(definition: ConfigDef, broker_properties: Mapping[str, str]) -
     return definition.default
 
 
-_FieldParser = Callable[[ConfigDef, Mapping[str, str]], object]
-
-
 @dataclass(frozen=True, slots=True)
 class LogConfig:
     """The effective configuration of one partition log (Kafka topic config names in

@@ -24,7 +24,6 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-READ_WRITE_CREATE_FLAGS = os.O_RDWR | os.O_CREAT
 APPEND_CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND
 FILE_MODE = 0o644
 

@@ -68,11 +68,6 @@ NOT_FOUND = -1
 MIN_EXPECTED_VALUES = 4096  # a sized map holds at least this many keys (a few pages)
 
 
-def hash_range_values(hash_lo: np.ndarray) -> np.ndarray:
-    """The value (0 .. 2**32 - 1) that places each key in a pass's hash range."""
-    return hash_lo >> np.uint64(32)
-
-
 class OffsetMap:
     """Key hash -> latest offset for one pass of the cleaner, within a fixed buffer."""
 

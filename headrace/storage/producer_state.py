@@ -34,10 +34,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import crc32c
-
 from headrace.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
 from headrace.protocol.batch import BatchHeader
+from headrace.protocol.kernel import crc32c
 from headrace.storage.fs import FileSystem, read_whole_file, write_file_atomically
 
 BATCHES_RETAINED_PER_PRODUCER = 5
@@ -135,7 +134,7 @@ class ProducerStateManager:
             parts.extend(_BATCH.pack(b.first_seq, b.last_seq, b.first_offset, b.last_offset)
                          for b in entry.batches)
         body = b"".join(parts)
-        return _PREAMBLE.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, crc32c.crc32c(body)) + body
+        return _PREAMBLE.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, crc32c(body)) + body
 
     @staticmethod
     def decode(raw: bytes) -> dict[int, ProducerEntry] | None:
@@ -144,7 +143,7 @@ class ProducerStateManager:
             return None
         magic, version, crc = _PREAMBLE.unpack_from(raw)
         body = raw[_PREAMBLE.size:]
-        if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION or crc32c.crc32c(body) != crc:
+        if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION or crc32c(body) != crc:
             return None
         producers: dict[int, ProducerEntry] = {}
         (count,), pos = _COUNT.unpack_from(body), _COUNT.size

@@ -354,19 +354,6 @@ class LogSegment:
         last_offset, _ = self.offset_index.last_entry()
         return last_offset + MAX_RELATIVE_OFFSET
 
-    def scan_tail_for_next_offset(self) -> int:
-        """The offset after the last batch, walking headers from the last index entry; also
-        restores the per-segment timestamp state from the batches walked."""
-        _, position = self.offset_index.last_entry()
-        next_offset = self.base_offset
-        walked = 0
-        for _, header in self.iter_batches(position):
-            next_offset = header.next_offset
-            walked += header.size_bytes
-            self._note_timestamp(header)
-        self.bytes_since_last_index_entry = walked
-        return next_offset
-
     def next_offset_after(self, start_position: int) -> int:
         """The offset after the last batch, walking headers (no CRC) from ``start_position``
         (a batch boundary) to the end; -1 if there is none. KafkaStorageError naming the
@@ -492,12 +479,6 @@ class LogSegment:
     def _bytes_after_last_entry(self, position: int) -> int:
         _, indexed_position = self.offset_index.last_entry()
         return position - indexed_position if self.offset_index.entries else position
-
-    def truncate_to(self, position: int) -> None:
-        """Drop everything from ``position`` (a batch boundary) on."""
-        self._drop_index_entries_from(position)
-        self.fs.truncate(self.fd, position)
-        self.size_bytes = position
 
     # ---- deletion ------------------------------------------------------------------------
 

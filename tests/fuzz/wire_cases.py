@@ -50,6 +50,7 @@ from kio.serial._serialize import get_field_writer
 from headrace.broker.handlers import HANDLERS
 from headrace.protocol import wire
 from headrace.protocol.records import build_batch
+from headrace.protocol.varint import encode_unsigned, read_unsigned
 from tests.fuzz.recording_proxy import load_client_requests
 
 FRAME_LENGTH_BYTES = 4
@@ -242,13 +243,13 @@ class _SpanWriter:
     def _prefix_end(self, start: int, flexible: bool, legacy_width: int) -> int:
         if not flexible:
             return start + legacy_width
-        _, end = wire._read_uvarint(self.buffer.getvalue(), start - self.base)
+        _, end = read_unsigned(self.buffer.getvalue(), start - self.base)
         return end + self.base
 
 
 def _uvarint(value: int) -> bytes:
     """An unsigned varint; a negative value as its 64-bit two's complement (10 bytes)."""
-    return wire._write_uvarint(value & UVARINT_MASK)
+    return encode_unsigned(value & UVARINT_MASK)
 
 
 def _header(api_key: int, api_version: int, correlation_id: int,
@@ -343,7 +344,7 @@ def _prefix_bytes(span: Span, value: int) -> bytes:
 
 def _current_prefix(frame: bytes, span: Span) -> int:
     if span.flexible:
-        return wire._read_uvarint(frame, span.start)[0] - 1
+        return read_unsigned(frame, span.start)[0] - 1
     fmt = ">h" if span.prefix_end - span.start == 2 else ">i"
     return struct.unpack_from(fmt, frame, span.start)[0]
 

@@ -19,7 +19,6 @@ from headrace.protocol.batch import (
     iter_headers,
     parse_header,
     peek_magic,
-    peek_size,
     set_base_offset,
     set_log_append_time,
 )
@@ -78,10 +77,10 @@ def test_parse_header_rejects_a_length_shorter_than_the_header():
         parse_header(short_length)
 
 
-def test_peek_magic_and_size():
+def test_peek_magic():
     batch = _batch()
-    assert peek_magic(batch) == 2 and peek_size(batch) == len(batch)
-    assert peek_magic(batch[:16]) == -1 and peek_size(batch[:11]) == -1
+    assert peek_magic(batch) == 2
+    assert peek_magic(batch[:16]) == -1
 
 
 def test_iter_headers_walks_consecutive_batches():

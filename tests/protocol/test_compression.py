@@ -13,7 +13,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kafka import codec as kafka_codec
 
-from headrace.broker.fetch_response import uvarint
 from headrace.errors import CorruptMessage, UnsupportedCompressionType
 from headrace.protocol import compression
 from headrace.protocol.compression import (
@@ -27,6 +26,7 @@ from headrace.protocol.compression import (
     decompress,
     xxh32,
 )
+from headrace.protocol.varint import encode_unsigned
 
 ALL_CODECS = [NONE, GZIP, SNAPPY, LZ4, ZSTD]
 COMPRESSED_CODECS = [GZIP, SNAPPY, LZ4, ZSTD]
@@ -197,8 +197,8 @@ def test_a_bomb_is_inflated_a_chunk_at_a_time_and_refused_past_the_limit(codec):
 
 def _snappy_with_declared_length(data, declared_bytes):
     block = bytes(cramjam.snappy.compress_raw(data))
-    true_preamble_bytes = len(uvarint(cramjam.snappy.decompress_raw_len(block)))
-    return uvarint(declared_bytes) + block[true_preamble_bytes:]
+    true_preamble_bytes = len(encode_unsigned(cramjam.snappy.decompress_raw_len(block)))
+    return encode_unsigned(declared_bytes) + block[true_preamble_bytes:]
 
 
 @pytest.mark.parametrize("framing", ["raw", "xerial"])

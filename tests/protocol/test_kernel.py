@@ -24,6 +24,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 
 from headrace.errors import CorruptMessage
 from headrace.protocol import compression, kernel
+from headrace.protocol.varint import encode_signed, read_signed
 
 SNAPPY_RAW = "snappy-raw"  # librdkafka's unframed snappy; codec id 2 like xerial
 CODECS = [0, 1, 2, 3, 4, SNAPPY_RAW]
@@ -34,19 +35,8 @@ LOG_APPEND_TIME_BIT = 0x08
 # ---------------------------------------------------------------- reference encoder
 
 
-def zigzag_varint(value: int) -> bytes:
-    unsigned = (value << 1) ^ (value >> 63)
-    unsigned &= (1 << 64) - 1
-    out = bytearray()
-    while unsigned >= 0x80:
-        out.append((unsigned & 0x7F) | 0x80)
-        unsigned >>= 7
-    out.append(unsigned)
-    return bytes(out)
-
-
 def length_prefixed(data: bytes | None) -> bytes:
-    return zigzag_varint(-1) if data is None else zigzag_varint(len(data)) + data
+    return encode_signed(-1) if data is None else encode_signed(len(data)) + data
 
 
 @dataclass(frozen=True)
@@ -75,15 +65,15 @@ def encode_record(rec: Rec) -> bytes:
     body = b"".join(
         [
             b"\x00",
-            zigzag_varint(rec.timestamp_delta),
-            zigzag_varint(rec.offset_delta),
+            encode_signed(rec.timestamp_delta),
+            encode_signed(rec.offset_delta),
             length_prefixed(rec.key),
             length_prefixed(rec.value),
-            zigzag_varint(len(rec.headers)),
+            encode_signed(len(rec.headers)),
             *(length_prefixed(k.encode()) + length_prefixed(v) for k, v in rec.headers),
         ]
     )
-    return zigzag_varint(len(body)) + body
+    return encode_signed(len(body)) + body
 
 
 def compress_records(codec: int | str, data: bytes) -> tuple[int, bytes]:
@@ -129,19 +119,8 @@ class Decoded:
     headers: tuple[tuple[str, bytes | None], ...]
 
 
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    shift = unsigned = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        unsigned |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return (unsigned >> 1) ^ -(unsigned & 1), pos
-
-
 def read_blob(data: bytes, pos: int) -> tuple[bytes | None, int]:
-    length, pos = read_varint(data, pos)
+    length, pos = read_signed(data, pos)
     return (None, pos) if length < 0 else (data[pos : pos + length], pos + length)
 
 
@@ -167,12 +146,12 @@ def reference_decode(buf: bytes, skip_control: bool = True) -> tuple[list[Decode
 def reference_records(records, count, base_offset, attrs, base_ts, max_ts):
     pos = 0
     for _ in range(count):
-        _, pos = read_varint(records, pos)
-        ts_delta, pos = read_varint(records, pos + 1)
-        offset_delta, pos = read_varint(records, pos)
+        _, pos = read_signed(records, pos)
+        ts_delta, pos = read_signed(records, pos + 1)
+        offset_delta, pos = read_signed(records, pos)
         key, pos = read_blob(records, pos)
         value, pos = read_blob(records, pos)
-        header_count, pos = read_varint(records, pos)
+        header_count, pos = read_signed(records, pos)
         headers = []
         for _ in range(header_count):
             header_key, pos = read_blob(records, pos)
@@ -266,7 +245,7 @@ def test_decode_columns_matches_reference(log, skip_control):
     expected, next_offset = reference_decode(buf, skip_control)
     columns = kernel.decode_columns(buf, skip_control=skip_control)
     assert columns_to_records(columns) == expected
-    assert columns.count == len(expected) == kernel.count_records(buf, skip_control=skip_control)
+    assert columns.count == len(expected)
     assert columns.next_offset == next_offset
     assert columns.bytes_consumed == len(buf)
 
@@ -344,8 +323,7 @@ def test_control_batches_are_skipped_but_advance_next_offset():
     assert columns.next_offset == 105
     assert kernel.decode_columns(buf, skip_control=False).offsets.tolist() == [100, 102, 103, 104]
     assert kernel.hash_keys(buf).count == 3
-    assert kernel.count_records(buf) == 3
-    assert kernel.count_records(buf, skip_control=False) == 4
+    assert kernel.decode_columns(buf).count == 3
 
 
 def test_log_append_time_uses_max_timestamp_for_every_record():
@@ -389,7 +367,7 @@ def test_accepts_every_buffer_kind(tmp_path):
         assert kernel.decode_columns(kind(buf)).count == 6
     padded = memoryview(b"xx" + buf)[2:]
     assert kernel.decode_columns(padded).offsets.tolist() == [100, 102, 103] * 2
-    assert kernel.count_records(memoryview(buf).cast("c")) == 6
+    assert kernel.decode_columns(memoryview(buf).cast("c")).count == 6
 
 
 def test_rejects_non_buffers_and_strided_views():
@@ -418,7 +396,7 @@ def test_wrong_magic_and_short_length_are_corrupt():
     short = bytearray(simple_batch())
     short[8:12] = struct.pack(">i", 10)
     with pytest.raises(CorruptMessage, match="length"):
-        kernel.count_records(short)
+        kernel.decode_columns(short)
 
 
 def test_record_count_mismatch_is_corrupt():
@@ -479,10 +457,6 @@ def check_clean_outcome(buf: bytes, verify_crc: bool) -> None:
         assert c.bytes_consumed <= len(buf)
     try:
         kernel.hash_keys(buf, verify_crc=verify_crc)
-    except CorruptMessage:
-        pass
-    try:
-        kernel.count_records(buf)
     except CorruptMessage:
         pass
 

@@ -70,7 +70,8 @@ def test_upconvert_kafka_python_sets_keeps_every_record(magic, codec):
     assert [(r.key, r.value, r.timestamp_ms, r.headers) for r in batch.records] == [
         (r.key, r.value, r.timestamp_ms, ()) for r in expected]
     header = batch.header
-    assert header.compression == codec and batch.has_contiguous_offsets
+    assert header.compression == codec
+    assert [r.offset for r in batch.records] == list(range(header.next_offset))
     assert (header.base_offset, header.producer_id, header.base_sequence) == (0, -1, -1)
     assert header.max_timestamp == (NOW_MS + 9 if magic == 1 else -1)
     assert not header.is_log_append_time

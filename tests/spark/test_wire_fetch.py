@@ -57,6 +57,14 @@ def test_tagged_fields_are_skipped():
     assert (fetched.high_watermark, bytes(fetched.records)) == (3, RECORDS)
 
 
+@pytest.mark.parametrize("varint", [b"\x80", b"\xff" * 6], ids=["truncated", "overlong"])
+def test_a_bad_varint_in_the_response_is_a_client_error(varint):
+    frame = _response_frame(12, [{"partition_index": 1, "records": RECORDS}])
+    damaged = frame[:4] + varint  # the response header's tagged-field count, then nothing
+    with pytest.raises(FetchClientError, match="varint"):
+        parse_fetch_response(damaged, 12, "t", 1)
+
+
 def test_null_records_and_partition_errors():
     frame = _response_frame(11, [{"partition_index": 0, "error_code": 1,
                                   "high_watermark": -1, "records": None}])

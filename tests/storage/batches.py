@@ -1,4 +1,5 @@
-"""Test helper: build v2 record batches (uncompressed) without the protocol's record codec."""
+"""Test helper: build v2 record batches (uncompressed) without the protocol's record codec
+(only its varint codec)."""
 
 from __future__ import annotations
 
@@ -6,25 +7,14 @@ import struct
 
 import crc32c
 
-
-def _varint(value: int) -> bytes:
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = zigzag & 0x7F
-        zigzag >>= 7
-        if zigzag:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+from headrace.protocol.varint import encode_signed
 
 
 def _record(offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes) -> bytes:
-    body = b"\x00" + _varint(timestamp_delta) + _varint(offset_delta)
-    body += _varint(-1) if key is None else _varint(len(key)) + key
-    body += _varint(len(value)) + value + _varint(0)
-    return _varint(len(body)) + body
+    body = b"\x00" + encode_signed(timestamp_delta) + encode_signed(offset_delta)
+    body += encode_signed(-1) if key is None else encode_signed(len(key)) + key
+    body += encode_signed(len(value)) + value + encode_signed(0)
+    return encode_signed(len(body)) + body
 
 
 def build_batch(values: list[bytes], timestamp_ms: int = 1_700_000_000_000, producer_id: int = -1,

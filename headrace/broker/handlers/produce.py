@@ -55,7 +55,6 @@ import logging
 import struct
 
 from headrace.broker.context import RawResponse
-from headrace.broker.fetch_response import uvarint
 from headrace.errors import (
     CorruptMessage,
     InvalidRecord,
@@ -70,6 +69,7 @@ from headrace.errors import (
 from headrace.protocol import message_format
 from headrace.protocol import records as record_codec
 from headrace.protocol.batch import BATCH_HEADER_BYTES, TRANSACTIONAL_BIT
+from headrace.protocol.varint import encode_unsigned
 
 API_KEY = 0
 MIN_VERSION = 0
@@ -223,14 +223,14 @@ async def handle(ctx, request):
 
 
 def _array_length(count: int, flexible: bool) -> bytes:
-    return uvarint(count + 1) if flexible else _INT32.pack(count)
+    return encode_unsigned(count + 1) if flexible else _INT32.pack(count)
 
 
 def _nullable_string(text: str | None, flexible: bool) -> bytes:
     if text is None:
         return b"\x00" if flexible else _INT16.pack(-1)
     encoded = text.encode()
-    return (uvarint(len(encoded) + 1) if flexible else _INT16.pack(len(encoded))) + encoded
+    return (encode_unsigned(len(encoded) + 1) if flexible else _INT16.pack(len(encoded))) + encoded
 
 
 def _record_errors(record_errors: tuple[tuple[int, str], ...], flexible: bool) -> bytes:
