@@ -35,7 +35,10 @@ A partition whose log cannot be loaded at start-up (a bad sealed segment, a gap 
 segments, an unreadable file: any exception from ``Log``) goes offline, as Kafka's failed log:
 one ERROR naming the file and byte, ``get_log`` raises KAFKA_STORAGE_ERROR for it, and every
 other partition is served. It stays offline until the broker restarts (after ``headrace
-repair``); deleting its topic removes its directory.
+repair``); deleting its topic removes its directory. The same happens at run time when the
+background scrub finds a bad batch in a sealed segment (``take_offline``): the log leaves the
+served logs (retention, flushes and the cleaner no longer see it) but stays open until the
+broker shuts down or its topic is deleted, so reads already holding its file slices finish.
 
 Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
 ``partition.metadata`` files, then of the new directories and once of each log directory)
@@ -135,6 +138,7 @@ class OfflinePartition:
 
     directory: Path
     reason: str
+    log: Log | None = None  # the log taken offline at run time, still open until shutdown
 
 
 def validate_topic_name(name: str) -> None:
@@ -350,6 +354,24 @@ class LogManager:
                      "partitions are served; %s)", topic, partition, path, reason, remedy)
         self._offline[(topic, partition)] = OfflinePartition(path, reason)
 
+    def take_offline(self, log: Log, reason: str) -> bool:
+        """Take ``log``'s partition offline at run time (a scrub found damage): one ERROR,
+        then KAFKA_STORAGE_ERROR for it until ``headrace repair`` and a restart. False when
+        ``log`` is no longer the partition's served log (deleted or already offline)."""
+        key = (log.topic, log.partition)
+        with self._lock:
+            if self._logs.get(key) is not log:
+                return False
+            logs = dict(self._logs)
+            del logs[key]
+            self._logs = logs
+            self._log_dir_of.pop(key, None)
+            self._offline[key] = OfflinePartition(log.dir, reason, log)
+        log.stop_cleaning()
+        logger.error("%s-%d is offline: %s (the other partitions are served; stop the broker "
+                     "and run headrace repair)", log.topic, log.partition, reason)
+        return True
+
     def offline_partitions(self) -> dict[tuple[str, int], OfflinePartition]:
         """Partitions whose logs could not be loaded at start-up."""
         return dict(self._offline)
@@ -457,7 +479,8 @@ class LogManager:
             for partition in range(info.partitions):
                 offline = self._offline.pop((name, partition), None)
                 if offline is not None:
-                    directory, doomed = offline.directory, []
+                    directory = offline.directory
+                    doomed = [offline.log] if offline.log is not None else []
                 else:
                     log = logs.pop((name, partition))
                     log.stop_cleaning()  # before the rename: no cleaner may write there
@@ -638,6 +661,9 @@ class LogManager:
         with self._checkpoint_lock, self._lock:
             for log in self._logs.values():
                 log.close()
+            for offline in self._offline.values():
+                if offline.log is not None:
+                    offline.log.close()
             self._remove_dirs(self._take_due_dir_deletions(0, force=True))
             self._write_checkpoints([RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT],
                                     only_if_changed=False)
