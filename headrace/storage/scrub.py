@@ -70,10 +70,13 @@ def _open_direct(fs: FileSystem, path: Path) -> int:
 
 
 def verify_segment(fs: FileSystem, path: Path, base_offset: int, buffer: bytearray,
-                   on_bytes: Callable[[int], None]) -> tuple[int, SegmentDamage | None]:
+                   on_bytes: Callable[[int], None],
+                   stopped: Callable[[], bool] = lambda: False
+                   ) -> tuple[int, SegmentDamage | None]:
     """CRC-verify every batch of the segment file at ``path``; ``on_bytes(n)`` after each
-    chunk (the throttle). Returns the bytes found valid and the first bad byte (None for a
-    healthy segment). Raises ``FileNotFoundError``
+    chunk (the throttle); ``stopped()`` before each chunk ends the verification early
+    (no damage). Returns the bytes found valid and the first bad byte (None for a healthy
+    or stopped segment). Raises ``FileNotFoundError``
     when the file is gone (the caller skips it)."""
     fd = fs.open(path, os.O_RDONLY)
     direct_fd = _open_direct(fs, path)
@@ -83,6 +86,8 @@ def verify_segment(fs: FileSystem, path: Path, base_offset: int, buffer: bytearr
         state = IndexState(0, -1, base_offset, 0, False)
         chunk_room = len(buffer) - DIRECT_READ_SLACK_BYTES
         while position < file_size:
+            if stopped():
+                return position, None
             chunk = read_chunk(fd, direct_fd, buffer, position,
                                min(chunk_room, file_size - position))
             try:
@@ -139,6 +144,8 @@ class Scrubber:
                 return None
             valid_bytes, damage = self._verify(segment)
             verified_bytes += valid_bytes
+            if self._stopped():
+                return None
             if damage is None:
                 continue
             if segment in log.segments[:-1]:  # still sealed and served: not a swap or delete
@@ -153,6 +160,6 @@ class Scrubber:
     def _verify(self, segment: LogSegment) -> tuple[int, SegmentDamage | None]:
         try:
             return verify_segment(self._fs, segment.log_path, segment.base_offset,
-                                  self._buffer, self._on_bytes)
+                                  self._buffer, self._on_bytes, self._stopped)
         except FileNotFoundError:
             return 0, None  # deleted or swapped away since the log listed it

@@ -163,3 +163,13 @@ def test_take_offline_serves_storage_errors_until_shutdown(scratch, clock):
     assert manager.get_log("orders", 0) is not damaged
     assert manager.offline_partitions()[("orders", 1)].reason == "bad batch in some file at byte 7"
     manager.shutdown()
+
+
+def test_a_scrub_stopped_inside_a_segment_reads_no_further(scratch, clock):
+    log = _filled_log(scratch)
+    recorder = _Recorder()
+    scrubber = _scrubber(RealFileSystem(), clock, recorder, chunk_bytes=4096,
+                         stopped=lambda: recorder.bytes_read > 0)
+    assert scrubber.scrub_pass([log]) == 0 and scrubber.status == {}
+    assert 0 < recorder.bytes_read <= 4096
+    log.close()
