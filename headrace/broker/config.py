@@ -515,6 +515,7 @@ class BrokerConfig:
                 _check_type(definition, value)
         _check_at_least(properties)
         _validate_cleaner(properties)
+        _check_scrub_rate(properties)
         overrides = parse_per_ip_overrides(properties.get("max.connections.per.ip.overrides") or "")
         if int(properties["max.connections.per.ip"]) == 0 and not overrides:
             raise InvalidConfig("max.connections.per.ip can be set to zero only if "
@@ -644,6 +645,13 @@ def _check_at_least(properties: Mapping[str, str]) -> None:
         if value < minimum:
             raise InvalidConfig(f"Invalid value {value} for configuration {name}: Value must be "
                                 f"at least {minimum}")
+
+
+def _check_scrub_rate(properties: Mapping[str, str]) -> None:
+    name = "log.scrub.io.max.bytes.per.second"
+    if not float(properties[name]) > 0:
+        raise InvalidConfig(f"Invalid value {properties[name]} for configuration {name}: "
+                            "Value must be above 0")
 
 
 def _validate_cleaner(properties: Mapping[str, str]) -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from headrace.broker.config import BrokerConfig
+from headrace.errors import InvalidConfig
 from tests.broker.test_damaged_logs import (
     CLIENT_TIMEOUT_S,
     _assert_offline_and_others_served,
@@ -125,3 +128,11 @@ def test_a_bit_flipped_in_a_sealed_segment_takes_its_partition_offline(tmp_path)
 
 def test_a_zeroed_page_in_a_sealed_segment_takes_its_partition_offline(tmp_path):
     _damaged_while_running(tmp_path, "zero")
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("log.scrub.io.max.bytes.per.second=0", "Value must be above 0"),
+    ("log.scrub.interval.ms=0", "Value must be at least 1")])
+def test_scrub_settings_out_of_range_stop_the_broker(tmp_path, setting, message):
+    with pytest.raises(InvalidConfig, match=message):
+        BrokerConfig.load(None, overrides=[f"log.dirs={tmp_path}", setting])
