@@ -38,7 +38,9 @@ other partition is served. It stays offline until the broker restarts (after ``h
 repair``); deleting its topic removes its directory. The same happens at run time when the
 background scrub finds a bad batch in a sealed segment (``take_offline``): the log leaves the
 served logs (retention, flushes and the cleaner no longer see it) but stays open until the
-broker shuts down or its topic is deleted, so reads already holding its file slices finish.
+broker shuts down or its topic is deleted, so reads already holding its file slices finish;
+a ``scrub-damage`` file in its directory keeps it offline at later starts until ``headrace
+repair`` removes it.
 
 Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
 ``partition.metadata`` files, then of the new directories and once of each log directory)
@@ -101,6 +103,7 @@ from headrace.storage.fs import (
     write_file_atomically,
 )
 from headrace.storage.log import Log
+from headrace.storage.repair import SCRUB_DAMAGE_MARK_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -332,6 +335,11 @@ class LogManager:
         logs = dict(self._logs)
         for partition, (path, _) in sorted(partitions.items()):
             clean, recovery_point, log_start = self._startup_state[(topic, partition)]
+            mark = path / SCRUB_DAMAGE_MARK_FILE
+            if self.fs.exists(mark):  # found by a scrub before; not yet repaired
+                reason = read_whole_file(self.fs, mark).decode(errors="replace")
+                self._take_offline(topic, partition, path, KafkaStorageError(reason))
+                continue
             try:
                 logs[(topic, partition)] = Log(
                     topic, partition, path, config, self.fs, self.clock.now_ms(),
@@ -367,6 +375,7 @@ class LogManager:
             self._logs = logs
             self._log_dir_of.pop(key, None)
             self._offline[key] = OfflinePartition(log.dir, reason, log)
+            write_file_atomically(self.fs, log.dir / SCRUB_DAMAGE_MARK_FILE, reason.encode())
         log.stop_cleaning()
         logger.error("%s-%d is offline: %s (the other partitions are served; stop the broker "
                      "and run headrace repair)", log.topic, log.partition, reason)

@@ -118,6 +118,13 @@ def _damaged_while_running(tmp_path: Path, how: str) -> None:
         # No record from the damaged partition at all, so none from its bad batch.
         assert _received_from_offset_zero(broker.bootstrap, topic, DAMAGED_PARTITION) == []
         _assert_offline_and_others_served(broker, topic, written)
+        for partition in (0, 2):
+            written[partition].append(b"new")
+        broker.stop()
+        broker.overrides["log.scrub.enable"] = "false"
+        broker.start()  # a restart meets the damage again (the load), not forgetting it
+        assert f"{segment}" in broker.log_text(mark)
+        _assert_offline_and_others_served(broker, topic, written)
     finally:
         broker.stop()
 

@@ -13,6 +13,7 @@ from headrace.errors import KafkaStorageError
 from headrace.protocol.batch import BATCH_HEADER_BYTES
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.manager import LogManager
+from headrace.storage.repair import SCRUB_DAMAGE_MARK_FILE, repair_partition
 from headrace.storage.scrub import Scrubber
 from tests.storage.batches import build_batch
 from tests.storage.helpers import NOW_MS, open_log
@@ -163,6 +164,19 @@ def test_take_offline_serves_storage_errors_until_shutdown(scratch, clock):
     assert manager.get_log("orders", 0) is not damaged
     assert manager.offline_partitions()[("orders", 1)].reason == "bad batch in some file at byte 7"
     manager.shutdown()
+    restarted = LogManager([scratch], {}, clock)
+    restarted.startup()  # after a clean shutdown: no CRC scan, the mark keeps it offline
+    with pytest.raises(KafkaStorageError, match="byte 7"):
+        restarted.get_log("orders", 1)
+    restarted.shutdown()
+    partition_dir = damaged.dir
+    assert repair_partition(RealFileSystem(), partition_dir, False, False, dry_run=True)
+    assert (partition_dir / SCRUB_DAMAGE_MARK_FILE).exists()
+    repair_partition(RealFileSystem(), partition_dir, False, False, dry_run=False)
+    repaired = LogManager([scratch], {}, clock)
+    repaired.startup()
+    assert repaired.get_log("orders", 1).log_end_offset == 0
+    repaired.shutdown()
 
 
 def test_a_scrub_stopped_inside_a_segment_reads_no_further(scratch, clock):
