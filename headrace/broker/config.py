@@ -87,7 +87,7 @@ _AT_LEAST = {"log.cleaner.threads": 0, "log.cleaner.io.buffer.size": 0,
              "log.cleaner.backoff.ms": 0, "log.retention.check.interval.ms": 1,
              "log.flush.offset.checkpoint.interval.ms": 0,
              "log.flush.start.offset.checkpoint.interval.ms": 0, "log.initial.task.delay.ms": 0,
-             "max.connections": 0, "max.connections.per.ip": 0}
+             "max.connections": 0, "max.connections.per.ip": 0, "log.scrub.interval.ms": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +174,10 @@ _SERVER_DEFS = (
     _dynamic("log.cleaner.io.buffer.size", "int", "524288"),
     _dynamic("log.cleaner.io.buffer.load.factor", "double", "0.9"),
     _dynamic("log.cleaner.io.max.bytes.per.second", "double", "1.7976931348623157E308"),
+    # The background scrub of sealed segments (headrace's own; see broker.scrub_service).
+    _static("log.scrub.enable", "boolean", "true"),
+    _static("log.scrub.io.max.bytes.per.second", "double", "4194304"),
+    _static("log.scrub.interval.ms", "long", "86400000"),
     _static("offset.metadata.max.bytes", "int", "4096"),
     _static("group.initial.rebalance.delay.ms", "int", "3000"),
     _static("group.min.session.timeout.ms", "int", "6000"),
@@ -511,6 +515,7 @@ class BrokerConfig:
                 _check_type(definition, value)
         _check_at_least(properties)
         _validate_cleaner(properties)
+        _check_scrub_rate(properties)
         overrides = parse_per_ip_overrides(properties.get("max.connections.per.ip.overrides") or "")
         if int(properties["max.connections.per.ip"]) == 0 and not overrides:
             raise InvalidConfig("max.connections.per.ip can be set to zero only if "
@@ -640,6 +645,13 @@ def _check_at_least(properties: Mapping[str, str]) -> None:
         if value < minimum:
             raise InvalidConfig(f"Invalid value {value} for configuration {name}: Value must be "
                                 f"at least {minimum}")
+
+
+def _check_scrub_rate(properties: Mapping[str, str]) -> None:
+    name = "log.scrub.io.max.bytes.per.second"
+    if not float(properties[name]) > 0:
+        raise InvalidConfig(f"Invalid value {properties[name]} for configuration {name}: "
+                            "Value must be above 0")
 
 
 def _validate_cleaner(properties: Mapping[str, str]) -> None:

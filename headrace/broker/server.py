@@ -40,7 +40,8 @@ close connections, stop the cleaner threads (cleanings abort at their next chunk
 ``LogManager.shutdown()``.
 
 Everything runs on one event-loop thread, plus the single append thread and the single
-background thread of BrokerState and the ``log.cleaner.threads`` cleaner threads.
+background thread of BrokerState, the ``log.cleaner.threads`` cleaner threads and the scrub
+thread (``scrub_service``, stopped after the cleaner).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
 from headrace.broker.group_service import GroupService
 from headrace.broker.request_memory import RequestMemory
+from headrace.broker.scrub_service import ScrubService
 from headrace.broker.state import (
     AppendHub,
     BrokerState,
@@ -119,6 +121,8 @@ class Broker:
         await self.state.groups.start()
         self.state.cleaner = CleanerService(config, log_manager, self.clock)
         await asyncio.get_running_loop().run_in_executor(None, self.state.cleaner.start)
+        self.state.scrub = ScrubService(config, log_manager, self.clock)
+        self.state.scrub.start()
         loop = asyncio.get_running_loop()
         self._acceptor = Acceptor(
             listening_socket(host, port, LISTEN_BACKLOG), config,
@@ -215,6 +219,8 @@ class Broker:
                 await state.groups.stop()
             if state.cleaner is not None:
                 await asyncio.get_running_loop().run_in_executor(None, state.cleaner.stop)
+            if state.scrub is not None:
+                await asyncio.get_running_loop().run_in_executor(None, state.scrub.stop)
             await asyncio.get_running_loop().run_in_executor(
                 None, state.background_executor.shutdown, True)
             await state.run_append(state.log_manager.shutdown)

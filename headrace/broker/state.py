@@ -182,6 +182,7 @@ class BrokerState:
     appended: AppendHub
     groups: Any = None  # headrace.broker.group_service.GroupService, set by the server
     cleaner: Any = None  # headrace.broker.cleaner_service.CleanerService, set by the server
+    scrub: Any = None  # headrace.broker.scrub_service.ScrubService, set by the server
     append_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(
             1, thread_name_prefix="headrace-append", initializer=name_this_thread,

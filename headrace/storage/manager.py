@@ -35,7 +35,12 @@ A partition whose log cannot be loaded at start-up (a bad sealed segment, a gap 
 segments, an unreadable file: any exception from ``Log``) goes offline, as Kafka's failed log:
 one ERROR naming the file and byte, ``get_log`` raises KAFKA_STORAGE_ERROR for it, and every
 other partition is served. It stays offline until the broker restarts (after ``headrace
-repair``); deleting its topic removes its directory.
+repair``); deleting its topic removes its directory. The same happens at run time when the
+background scrub finds a bad batch in a sealed segment (``take_offline``): the log leaves the
+served logs (retention, flushes and the cleaner no longer see it) but stays open until the
+broker shuts down or its topic is deleted, so reads already holding its file slices finish;
+a ``scrub-damage`` file in its directory keeps it offline at later starts until ``headrace
+repair`` removes it.
 
 Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
 ``partition.metadata`` files, then of the new directories and once of each log directory)
@@ -98,6 +103,7 @@ from headrace.storage.fs import (
     write_file_atomically,
 )
 from headrace.storage.log import Log
+from headrace.storage.repair import SCRUB_DAMAGE_MARK_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +141,7 @@ class OfflinePartition:
 
     directory: Path
     reason: str
+    log: Log | None = None  # the log taken offline at run time, still open until shutdown
 
 
 def validate_topic_name(name: str) -> None:
@@ -328,6 +335,11 @@ class LogManager:
         logs = dict(self._logs)
         for partition, (path, _) in sorted(partitions.items()):
             clean, recovery_point, log_start = self._startup_state[(topic, partition)]
+            mark = path / SCRUB_DAMAGE_MARK_FILE
+            if self.fs.exists(mark):  # found by a scrub before; not yet repaired
+                reason = read_whole_file(self.fs, mark).decode(errors="replace")
+                self._take_offline(topic, partition, path, KafkaStorageError(reason))
+                continue
             try:
                 logs[(topic, partition)] = Log(
                     topic, partition, path, config, self.fs, self.clock.now_ms(),
@@ -349,6 +361,25 @@ class LogManager:
         logger.error("%s-%d is offline: its log in %s cannot be loaded: %s (the other "
                      "partitions are served; %s)", topic, partition, path, reason, remedy)
         self._offline[(topic, partition)] = OfflinePartition(path, reason)
+
+    def take_offline(self, log: Log, reason: str) -> bool:
+        """Take ``log``'s partition offline at run time (a scrub found damage): one ERROR,
+        then KAFKA_STORAGE_ERROR for it until ``headrace repair`` and a restart. False when
+        ``log`` is no longer the partition's served log (deleted or already offline)."""
+        key = (log.topic, log.partition)
+        with self._lock:
+            if self._logs.get(key) is not log:
+                return False
+            logs = dict(self._logs)
+            del logs[key]
+            self._logs = logs
+            self._log_dir_of.pop(key, None)
+            self._offline[key] = OfflinePartition(log.dir, reason, log)
+            write_file_atomically(self.fs, log.dir / SCRUB_DAMAGE_MARK_FILE, reason.encode())
+        log.stop_cleaning()
+        logger.error("%s-%d is offline: %s (the other partitions are served; stop the broker "
+                     "and run headrace repair)", log.topic, log.partition, reason)
+        return True
 
     def offline_partitions(self) -> dict[tuple[str, int], OfflinePartition]:
         """Partitions whose logs could not be loaded at start-up."""
@@ -457,7 +488,8 @@ class LogManager:
             for partition in range(info.partitions):
                 offline = self._offline.pop((name, partition), None)
                 if offline is not None:
-                    directory, doomed = offline.directory, []
+                    directory = offline.directory
+                    doomed = [offline.log] if offline.log is not None else []
                 else:
                     log = logs.pop((name, partition))
                     log.stop_cleaning()  # before the rename: no cleaner may write there
@@ -638,6 +670,9 @@ class LogManager:
         with self._checkpoint_lock, self._lock:
             for log in self._logs.values():
                 log.close()
+            for offline in self._offline.values():
+                if offline.log is not None:
+                    offline.log.close()
             self._remove_dirs(self._take_due_dir_deletions(0, force=True))
             self._write_checkpoints([RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT],
                                     only_if_changed=False)

@@ -34,6 +34,10 @@ from headrace.storage.segment import (
     scan_chunk,
 )
 
+# Written into a partition directory by the broker when its scrub finds damage there (the
+# reason, UTF-8): the partition stays offline at later starts, even after a clean shutdown
+# (which skips the CRC scan of sealed segments), until a repair removes it.
+SCRUB_DAMAGE_MARK_FILE = "scrub-damage"
 NO_INDEX_INTERVAL_BYTES = 2**62  # the scan computes no index entries
 
 
@@ -143,6 +147,13 @@ def repair_partition(fs: FileSystem, partition_dir: Path, compacted: bool, accep
         if dry_run:
             break  # what follows the damage goes with it
         _truncate(fs, damage)
+    mark = partition_dir / SCRUB_DAMAGE_MARK_FILE
+    if fs.exists(mark):
+        lines.append(f"{mark}: the broker's scrub mark; {'would' if dry_run else 'did'} "
+                     "remove it")
+        if not dry_run:
+            fs.remove(mark)
+            fs.fsync_dir(partition_dir)
     return lines
 
 

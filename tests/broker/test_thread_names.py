@@ -22,11 +22,11 @@ def _thread_names(pid: int) -> set[str]:
     return names
 
 
-def test_the_append_and_cleaner_threads_are_named(broker):
+def test_the_append_cleaner_and_scrub_threads_are_named(broker):
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     producer.produce(f"thread-names-{uuid.uuid4().hex[:8]}", b"value")
     assert producer.flush(30) == 0
     deadline = time.monotonic() + THREAD_NAMES_WAIT_S
-    while not {"hr-append", "hr-cleaner"} <= (names := _thread_names(broker.pid)):
+    while not {"hr-append", "hr-cleaner", "hr-scrub"} <= (names := _thread_names(broker.pid)):
         assert time.monotonic() < deadline, f"thread names: {sorted(names)}"
         time.sleep(0.1)
