@@ -51,8 +51,8 @@ def test_api_versions_advertises_offset_commit_and_fetch_v10(broker):
         body = client.request(API_VERSIONS, 3, {"client_software_name": "t",
                                                 "client_software_version": "1"})
     ranges = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
-    assert ranges[OFFSET_COMMIT] == (2, 10)
-    assert ranges[OFFSET_FETCH] == (1, 10)
+    assert ranges[OFFSET_COMMIT] == (0, 10)
+    assert ranges[OFFSET_FETCH] == (0, 10)
 
 
 def test_commit_and_fetch_by_topic_id_at_v10(broker):
