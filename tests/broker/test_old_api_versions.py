@@ -26,6 +26,7 @@ from headrace.protocol import wire
 from tests.broker.raw_client import RawClient
 from tests.broker.test_clients import _create_topic
 from tests.broker.test_malformed_requests import _one_warning_for, _send_and_wait_for_close
+from tests.broker.test_old_protocols import poll_kafka_python
 
 OFFSET_COMMIT, OFFSET_FETCH, DELETE_TOPICS, DESCRIBE_LOG_DIRS, API_VERSIONS = 8, 9, 20, 35, 18
 UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION = 3, 35
@@ -39,13 +40,7 @@ def _kafka_python_consume(bootstrap: str, topic: str, group: str, count: int) ->
                              group_id=group, enable_auto_commit=False,
                              auto_offset_reset="earliest", consumer_timeout_ms=2000)
     consumer.assign([PyTopicPartition(topic, 0)])
-    received = []
-    deadline = time.monotonic() + CLIENT_TIMEOUT_S
-    while len(received) < count and time.monotonic() < deadline:
-        for message in consumer:  # ends after consumer_timeout_ms without a message
-            received.append(message)
-            if len(received) == count:
-                break
+    received = poll_kafka_python(consumer, count)
     consumer.commit()
     consumer.close()
     return received

@@ -76,6 +76,14 @@ def _kafka_python_consume(bootstrap: str, topic: str, api_version, count: int) -
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, api_version=api_version,
                              consumer_timeout_ms=2000, auto_offset_reset="earliest")
     consumer.assign([PyTopicPartition(topic, 0)])
+    received = poll_kafka_python(consumer, count)
+    consumer.close()
+    return received
+
+
+def poll_kafka_python(consumer, count: int) -> list:
+    """Up to ``count`` messages from a kafka-python consumer (created with
+    ``consumer_timeout_ms``), polling for at most ``CLIENT_TIMEOUT_S``."""
     received = []
     deadline = time.monotonic() + CLIENT_TIMEOUT_S
     while len(received) < count and time.monotonic() < deadline:
@@ -83,7 +91,6 @@ def _kafka_python_consume(bootstrap: str, topic: str, api_version, count: int) -
             received.append(message)
             if len(received) == count:
                 break
-    consumer.close()
     return received
 
 
