@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml setup.py headrace/protocol/_kernel.c headrace/protocol/
 
 install: $(STAMP)
 
-# Debian packages the tests use: kcat (a real client) and a Java runtime for Spark.
+# Debian packages the tests use: kcat (a real client), a Java runtime (Spark, ZooKeeper),
+# zookeeper (the cluster's ensemble) and iptables, faketime, iproute2 (fault tests).
 system-deps:
 	@./scripts/install-system-deps.sh
 
