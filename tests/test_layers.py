@@ -11,6 +11,7 @@ LAYER_RANK = {
     "protocol": 1,
     "storage": 2,
     "coordinator": 2,
+    "cluster": 2.5,
     "broker": 3,
     "client": 4,
     "spark": 4,
