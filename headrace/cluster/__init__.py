@@ -1,7 +1,8 @@
-"""Cluster mode: brokers coordinated through ZooKeeper (issue #18).
+"""The cluster layer: ZooKeeper-mode membership, the controller and its records (issue #18).
 
-A layer between coordinator and broker: it may import protocol, storage and coordinator; the
-broker (the composition root) imports it. Owns the local ZooKeeper ensemble
-(``zookeeper_ensemble``), Kafka's znode paths (``zookeeper_paths``) and the broker's one
-ZooKeeper session with its registration (``zookeeper_session``). No state at package level.
+Sits between coordinator and broker (it may import protocol, storage and coordinator; the broker
+imports it). Metadata reaches brokers through ZooKeeper watches, never through controller RPCs.
+Modules: the local ensemble (``zookeeper_ensemble``), Kafka's znode paths (``zookeeper_paths``),
+the records' JSON codecs (``zookeeper_records``), the broker's one ZooKeeper session and its
+registration (``zookeeper_session``). No state at package level.
 """
