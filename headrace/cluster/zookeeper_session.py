@@ -32,20 +32,20 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from headrace.cluster import zookeeper_paths as paths
+from headrace.cluster.zookeeper_connect import parse_zookeeper_connect
 from headrace.cluster.zookeeper_records import (
     BrokerRegistration,
     decode_cluster_id,
     encode_broker_registration,
     encode_cluster_id,
 )
-from headrace.errors import InvalidConfig, KafkaError
+from headrace.errors import KafkaError
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +70,6 @@ class SessionEvent(enum.Enum):
     EXPIRED = "expired"  # the session is gone: its ephemeral znodes and watches too
     NEW_SESSION = "new_session"  # connected with a new session, registration redone
     REGISTRATION_FAILED = "registration_failed"  # a new session could not re-register
-
-
-@dataclass(frozen=True, slots=True)
-class ZooKeeperConnect:
-    """A parsed ``zookeeper.connect``: the server list and the chroot (None for the root)."""
-
-    hosts: str
-    chroot: str | None
-
-    @property
-    def connect_string(self) -> str:
-        return self.hosts + (self.chroot or "")
-
-
-def parse_zookeeper_connect(value: str) -> ZooKeeperConnect:
-    """ZooKeeper's ConnectStringParser rules: the chroot starts at the first '/'; '/' alone is
-    the root; a chroot must be a valid path (no trailing '/', no empty, '.' or '..' part)."""
-    value = value.strip()
-    hosts, slash, chroot = value.partition("/")
-    if not hosts or any(not host.strip() for host in hosts.split(",")):
-        raise InvalidConfig(f"Invalid value {value!r} for configuration zookeeper.connect: "
-                            "expected host:port[,host:port...][/chroot]")
-    if not slash or chroot == "":
-        return ZooKeeperConnect(hosts, None)
-    parts = chroot.split("/")
-    if any(part in ("", ".", "..") for part in parts) or "\0" in chroot:
-        raise InvalidConfig(f"Invalid value {value!r} for configuration zookeeper.connect: "
-                            f"invalid chroot path /{chroot}")
-    return ZooKeeperConnect(hosts, "/" + chroot)
 
 
 def _hex(session_id: int | None) -> str:
