@@ -40,7 +40,9 @@ close connections, stop the cleaner threads (cleanings abort at their next chunk
 ``LogManager.shutdown()``.
 Cluster mode (``zookeeper.connect`` set): a ``ClusterMembership`` joins before the broker
 state is built (its broker id and cluster id come from ZooKeeper), registers
-``/brokers/ids/<id>`` once the listener is bound, and leaves (closes the session) last.
+``/brokers/ids/<id>`` once the listener is bound, and leaves (closes the session) last. Before
+the group coordinator starts, a ``ClusterService`` reads the cluster's metadata from ZooKeeper,
+brings the local logs in step with it and routes requests to the partitions this broker leads.
 
 Everything runs on one event-loop thread, plus the single append thread and the single
 background thread of BrokerState, the ``log.cleaner.threads`` cleaner threads and the scrub
@@ -60,6 +62,7 @@ from pathlib import Path
 from headrace.broker.acceptor import Acceptor, RateLimitedLog, listening_socket
 from headrace.broker.cleaner_service import CleanerService
 from headrace.broker.cluster_membership import ClusterMembership
+from headrace.broker.cluster_service import ClusterService
 from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
 from headrace.broker.group_service import GroupService
@@ -126,8 +129,13 @@ class Broker:
             appended=AppendHub(asyncio.get_running_loop()),
             membership=membership,
         )
-        self.state.groups = GroupService(self.state)
+        if membership is not None:
+            self.state.cluster = ClusterService(self.state, membership.session.client)
+            await self.state.cluster.start()
+        self.state.groups = GroupService(self.state, in_cluster=membership is not None)
         await self.state.groups.start()
+        if self.state.cluster is not None:
+            self.state.cluster.follow_offsets_leadership(self.state.groups)
         self.state.cleaner = CleanerService(config, log_manager, self.clock)
         await asyncio.get_running_loop().run_in_executor(None, self.state.cleaner.start)
         self.state.scrub = ScrubService(config, log_manager, self.clock)
@@ -236,6 +244,8 @@ class Broker:
             connection.transport.close()
         state = self.state
         if state is not None:
+            if state.cluster is not None:
+                await state.cluster.stop()
             if state.groups is not None:
                 await state.groups.stop()
             if state.cleaner is not None:
