@@ -38,6 +38,9 @@ file descriptors); the bytes of received requests are counted broker-wide by a
 SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
 close connections, stop the cleaner threads (cleanings abort at their next chunk), then
 ``LogManager.shutdown()``.
+Cluster mode (``zookeeper.connect`` set): a ``ClusterMembership`` joins before the broker
+state is built (its broker id and cluster id come from ZooKeeper), registers
+``/brokers/ids/<id>`` once the listener is bound, and leaves (closes the session) last.
 
 Everything runs on one event-loop thread, plus the single append thread and the single
 background thread of BrokerState, the ``log.cleaner.threads`` cleaner threads and the scrub
@@ -56,6 +59,7 @@ from pathlib import Path
 
 from headrace.broker.acceptor import Acceptor, RateLimitedLog, listening_socket
 from headrace.broker.cleaner_service import CleanerService
+from headrace.broker.cluster_membership import ClusterMembership
 from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
 from headrace.broker.group_service import GroupService
@@ -101,6 +105,9 @@ class Broker:
         log_dirs = config.log_dirs
         for log_dir in log_dirs:
             log_dir.mkdir(parents=True, exist_ok=True)
+        membership = ClusterMembership.from_config(config)
+        if membership is not None:  # cluster mode: identity from ZooKeeper, as Kafka first
+            await asyncio.get_running_loop().run_in_executor(None, membership.join)
         log_manager = LogManager(log_dirs, config.properties(), self.clock, fs=self.fs)
         log_manager.startup()
         config.add_change_listener(log_manager.set_broker_defaults)
@@ -110,12 +117,14 @@ class Broker:
             config=config,
             log_manager=log_manager,
             clock=self.clock,
-            node_id=config.node_id,
-            cluster_id=load_or_create_cluster_id(log_dirs[0], config.node_id),
+            node_id=membership.broker_id if membership else config.node_id,
+            cluster_id=membership.cluster_id if membership
+            else load_or_create_cluster_id(log_dirs[0], config.node_id),
             advertised_host=advertised_host,
             advertised_port=advertised_port,
             producer_ids=ProducerIdAllocator(log_dirs[0]),
             appended=AppendHub(asyncio.get_running_loop()),
+            membership=membership,
         )
         self.state.groups = GroupService(self.state)
         await self.state.groups.start()
@@ -135,12 +144,24 @@ class Broker:
         if advertised_port == 0:
             self.state.advertised_port = bound_port
         self.port = bound_port
+        if membership is not None:
+            await self._register(membership)
         self._timers = [
             loop.create_task(self._maintenance_loop()),
             loop.create_task(self._idle_reaper_loop()),
             *(loop.create_task(self._log_manager_task(name, interval_config, job))
               for name, interval_config, job in self._log_manager_tasks()),
         ]
+
+    async def _register(self, membership: ClusterMembership) -> None:
+        """Register in ZooKeeper; on failure (broker.id taken) shut down what started."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, membership.register, self.state.advertised_host,
+                self.state.advertised_port)
+        except BaseException:
+            await self.stop()
+            raise
 
     def _log_manager_tasks(self):
         """Kafka's LogManager schedule: (task name, its interval's config, the job)."""
@@ -225,6 +246,8 @@ class Broker:
                 None, state.background_executor.shutdown, True)
             await state.run_append(state.log_manager.shutdown)
             state.append_executor.shutdown(wait=True)
+            if state.membership is not None:  # last, as Kafka closes its ZooKeeper client
+                await asyncio.get_running_loop().run_in_executor(None, state.membership.leave)
 
 
 async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:
