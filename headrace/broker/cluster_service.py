@@ -23,6 +23,9 @@ controller then elects their leaders. Temporary limit of this release: replicati
 issue, so the offsets topic gets min(``offsets.topic.replication.factor``, 1) = 1 replica and
 auto-created topics ``default.replication.factor`` capped at 1.
 
+On SIGTERM the server calls ``controlled_shutdown`` before stopping: the controller is asked to
+move this broker's leaderships away (``cluster.controlled_shutdown``).
+
 Thread-safety: event loop thread; blocking ZooKeeper calls run in the default executor.
 """
 
@@ -31,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from headrace.cluster.controlled_shutdown import ControlledShutdownPolicy, shut_down_controlled
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache, MetadataWatcher
 from headrace.cluster.replica_manager import ReplicaManager
 from headrace.cluster.served_logs import ServedLogs
+from headrace.cluster.topic_admin import create_topic_assignment
 from headrace.cluster.zookeeper_records import NO_LEADER
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME, partition_for_group
 from headrace.errors import (
@@ -77,6 +82,14 @@ class ClusterService:
         """Hand the group service every change of the offsets partitions led here."""
         self.replicas.listeners.append(groups.leadership_changed)
         groups.leadership_changed(self.replicas.served, frozenset())
+
+    async def controlled_shutdown(self) -> bool:
+        """Before stopping: have the controller move this broker's leaderships away
+        (``cluster.controlled_shutdown``, bounded by Kafka's controlled.shutdown.* configs)."""
+        policy = ControlledShutdownPolicy.from_config(self._state.config)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, shut_down_controlled, self.zk, self.broker_id,
+            self._state.membership.broker_epoch, policy)
 
     async def stop(self) -> None:
         await self.replicas.stop()
@@ -155,8 +168,6 @@ class ClusterService:
         """Write the assignment znode with ``replication_config``'s replication factor
         (capped: ``MAX_REPLICATION_FACTOR``); the controller then elects the leaders.
         TOPIC_ALREADY_EXISTS is no failure here."""
-        from headrace.cluster.topic_admin import create_topic_assignment
-
         replication_factor = min(self._state.config.get_int(replication_config),
                                  MAX_REPLICATION_FACTOR)
         try:

@@ -35,7 +35,8 @@ still incomplete after it counts as idle: ``connection``). Connections are accep
 ``acceptor.Acceptor`` (``max.connections``, ``max.connections.per.ip``, back-off when out of
 file descriptors); the bytes of received requests are counted broker-wide by a
 ``request_memory.RequestMemory`` (``queued.max.request.bytes``).
-SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
+SIGTERM/SIGINT: in a cluster first a controlled shutdown (the controller moves this broker's
+leaderships away, ``cluster_service``), then stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
 close connections, stop the cleaner threads (cleanings abort at their next chunk), then
 ``LogManager.shutdown()``.
 Cluster mode (``zookeeper.connect`` set): a ``ClusterMembership`` joins before the broker
@@ -276,6 +277,8 @@ async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:
     )
     await stop_requested.wait()
     log.info("shutting down")
+    if broker.state.cluster is not None:
+        await broker.state.cluster.controlled_shutdown()
     await broker.stop()
     log.info("shut down cleanly")
 
