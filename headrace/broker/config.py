@@ -162,6 +162,8 @@ _SERVER_DEFS = (
     _static("default.replication.factor", "int", "1"),
     _static("auto.create.topics.enable", "boolean", "true"),
     _static("delete.topic.enable", "boolean", "true"),
+    # cluster mode: a leader from outside the ISR when no ISR member is live (may lose data)
+    _static("unclean.leader.election.enable", "boolean", "false"),
     _static("socket.request.max.bytes", "int", "104857600"),
     _static("connections.max.idle.ms", "long", "600000"),
     # Kafka's default is -1 (unbounded): Kafka reads one request per connection at a time,

@@ -41,9 +41,11 @@ close connections, stop the cleaner threads (cleanings abort at their next chunk
 ``LogManager.shutdown()``.
 Cluster mode (``zookeeper.connect`` set): a ``ClusterMembership`` joins before the broker
 state is built (its broker id and cluster id come from ZooKeeper), registers
-``/brokers/ids/<id>`` once the listener is bound, and leaves (closes the session) last. Before
-the group coordinator starts, a ``ClusterService`` reads the cluster's metadata from ZooKeeper,
-brings the local logs in step with it and routes requests to the partitions this broker leads.
+``/brokers/ids/<id>`` once the listener is bound, then starts its controller (a candidate in
+the election, see ``headrace.cluster.controller``), which it stops before it leaves (closes the
+session) last. Before the group coordinator starts, a ``ClusterService`` reads the cluster's
+metadata from ZooKeeper, brings the local logs in step with it and routes requests to the
+partitions this broker leads.
 
 Everything runs on one event-loop thread, plus the single append thread and the single
 background thread of BrokerState, the ``log.cleaner.threads`` cleaner threads and the scrub
@@ -66,6 +68,7 @@ from headrace.broker.cluster_membership import ClusterMembership
 from headrace.broker.cluster_service import ClusterService
 from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
+from headrace.broker.controller_service import ControllerService
 from headrace.broker.group_service import GroupService
 from headrace.broker.request_memory import RequestMemory
 from headrace.broker.scrub_service import ScrubService
@@ -168,6 +171,8 @@ class Broker:
             await asyncio.get_running_loop().run_in_executor(
                 None, membership.register, self.state.advertised_host,
                 self.state.advertised_port)
+            self.state.controller = ControllerService(membership, self.state.config)
+            await asyncio.get_running_loop().run_in_executor(None, self.state.controller.start)
         except BaseException:
             await self.stop()
             raise
@@ -257,6 +262,8 @@ class Broker:
                 None, state.background_executor.shutdown, True)
             await state.run_append(state.log_manager.shutdown)
             state.append_executor.shutdown(wait=True)
+            if state.controller is not None:
+                await asyncio.get_running_loop().run_in_executor(None, state.controller.stop)
             if state.membership is not None:  # last, as Kafka closes its ZooKeeper client
                 await asyncio.get_running_loop().run_in_executor(None, state.membership.leave)
 

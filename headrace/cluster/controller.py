@@ -42,6 +42,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -74,6 +75,7 @@ from headrace.errors import (
     KafkaError,
     NotController,
     PreferredLeaderNotAvailable,
+    UnknownTopicId,
     UnknownTopicOrPartition,
 )
 
@@ -441,6 +443,31 @@ class Controller:
             for partition in (assignment.partitions if assignment else ())
             if (topic, partition) in context.states
         }
+
+    # --- reads for the admin handlers (event thread) ---------------------------------------
+
+    def topic_names(self) -> list[str]:
+        self._on_topics_changed()
+        return sorted(self._active_context().assignments)
+
+    def assignment(self, topic: str) -> records.TopicAssignment:
+        context = self._active_context()
+        if topic not in context.assignments:
+            read_topic(self._zk, context, topic)
+        if topic not in context.assignments:
+            raise UnknownTopicOrPartition(f"The topic '{topic}' does not exist.")
+        return context.assignments[topic]
+
+    def topic_name_for_id(self, topic_id: bytes) -> str:
+        self._on_topics_changed()
+        for name, assignment in self._active_context().assignments.items():
+            if assignment.topic_id == topic_id:
+                return name
+        raise UnknownTopicId(f"Topic id {uuid.UUID(bytes=topic_id)} does not exist.")
+
+    def live_broker_ids(self) -> list[int]:
+        self._on_brokers_changed()
+        return sorted(self._active_context().live_brokers)
 
     # --- deletion ---------------------------------------------------------------------------
 

@@ -1,0 +1,180 @@
+"""The controller in real broker processes (``headrace broker`` with ``zookeeper.connect``) on a
+real ZooKeeper: failover after SIGKILL, a SIGSTOPped controller fenced when it wakes, CreateTopics
+spreading leaders 4/4/4, partitions of a killed broker offline until it returns, DeleteTopics,
+NOT_CONTROLLER from the other brokers. Observed through ZooKeeper and the Kafka protocol."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from headrace.cluster import zookeeper_paths as paths
+from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble
+from tests.broker.raw_client import RawClient
+from tests.cluster.cluster_helpers import (
+    chrooted_connect_string,
+    close,
+    controller_epoch,
+    controller_id,
+    partition_state,
+    topic_states,
+    wait_until,
+    zookeeper_client,
+)
+from tests.conftest import BrokerProcess
+
+SESSION_TIMEOUT_MS = 4000
+FAILOVER_WAIT_S = 3 * SESSION_TIMEOUT_MS / 1000 + 10  # generous: the bench measures it
+CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
+NOT_CONTROLLER = 41
+REQUEST_TIMEOUT = timedelta(seconds=30)
+
+
+@pytest.fixture(scope="module")
+def ensemble(tmp_path_factory):
+    with ZooKeeperEnsemble(tmp_path_factory.mktemp("zookeeper"), size=1) as zookeeper:
+        yield zookeeper
+
+
+class BrokerCluster:
+    def __init__(self, tmp_path, connect: str, broker_ids) -> None:
+        self.connect = connect
+        self.brokers = {}
+        for broker_id in broker_ids:
+            data_dir = tmp_path / f"broker-{broker_id}"
+            data_dir.mkdir()
+            self.brokers[broker_id] = BrokerProcess(data_dir, {
+                "zookeeper.connect": connect, "broker.id": str(broker_id),
+                "zookeeper.session.timeout.ms": str(SESSION_TIMEOUT_MS),
+            })
+        for broker in self.brokers.values():
+            broker.start()
+        self.zk = zookeeper_client(connect)
+        wait_until(lambda: len(self.zk.get_children(paths.BROKER_IDS)) == len(self.brokers),
+                   "every broker registered")
+
+    def controller(self) -> int:
+        return wait_until(lambda: controller_id(self.zk), "a controller")
+
+    def others(self, broker_id: int) -> list[int]:
+        return [b for b in self.brokers if b != broker_id]
+
+    def close(self) -> None:
+        for broker in self.brokers.values():
+            if broker.process is not None and broker.process.poll() is None:
+                os.kill(broker.pid, signal.SIGCONT)
+            broker.stop()
+        close(self.zk)
+
+
+@pytest.fixture
+def cluster(tmp_path, ensemble):
+    cluster = BrokerCluster(tmp_path, chrooted_connect_string(ensemble.connect_string), (1, 2, 3))
+    yield cluster
+    cluster.close()
+
+
+def create_topics(broker: BrokerProcess, name: str, partitions: int, **overrides):
+    topic = {"name": name, "num_partitions": partitions, "replication_factor": 1,
+             "assignments": [], "configs": [], **overrides}
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(CREATE_TOPICS, 7, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [topic]})
+    return response.topics[0]
+
+
+def delete_topics(broker: BrokerProcess, name: str):
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(DELETE_TOPICS, 6, {"timeout": REQUEST_TIMEOUT, "topics": [
+            {"name": name, "topic_id": None}]})
+    return response.responses[0]
+
+
+def test_sigkill_of_the_controller_elects_a_new_one_with_the_next_epoch(cluster):
+    first = cluster.controller()
+    epoch = controller_epoch(cluster.zk)
+    cluster.brokers[first].kill()
+    second = wait_until(lambda: (c := controller_id(cluster.zk)) not in (None, first) and c,
+                        "a new controller", timeout_s=FAILOVER_WAIT_S)
+    assert second in cluster.others(first)
+    assert controller_epoch(cluster.zk) == epoch + 1
+
+
+def test_create_topics_on_the_controller_spreads_12_leaders_4_4_4(cluster):
+    controller = cluster.brokers[cluster.controller()]
+    result = create_topics(controller, "spread", 12)
+    assert (result.error_code, result.num_partitions, result.replication_factor) == (0, 12, 1)
+    states = topic_states(cluster.zk, "spread", 12)  # written before the answer
+    assert Counter(state.leader for state in states.values()) == {1: 4, 2: 4, 3: 4}
+    assert create_topics(controller, "spread", 1).error_code == 36  # TOPIC_ALREADY_EXISTS
+    assert create_topics(controller, "wide", 1, replication_factor=2).error_code == 38
+
+
+def test_non_controllers_answer_not_controller(cluster):
+    active = cluster.controller()
+    create_topics(cluster.brokers[active], "exists", 1)
+    for broker_id in cluster.others(active):
+        broker = cluster.brokers[broker_id]
+        result = create_topics(broker, "refused", 1)
+        assert (result.error_code, result.error_message) == (NOT_CONTROLLER, None)
+        assert delete_topics(broker, "exists").error_code == NOT_CONTROLLER
+        with RawClient(broker.bootstrap) as client:
+            grown = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                         "topics": [{"name": "exists", "count": 2,
+                                                                     "assignments": None}]})
+        assert grown.results[0].error_code == NOT_CONTROLLER
+    assert cluster.zk.exists(paths.topic_path("refused")) is None
+    assert topic_states(cluster.zk, "exists", 1) and partition_state(cluster.zk, "exists", 1) is None
+
+
+def test_delete_topics_removes_the_znodes(cluster):
+    controller = cluster.brokers[cluster.controller()]
+    create_topics(controller, "gone", 3)
+    assert delete_topics(controller, "gone").error_code == 0
+    assert cluster.zk.exists(paths.topic_path("gone")) is None
+    assert cluster.zk.exists(paths.topic_config_path("gone")) is None
+    assert cluster.zk.get_children(paths.DELETE_TOPICS) == []
+    assert delete_topics(controller, "gone").error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_partitions_of_a_killed_broker_go_offline_and_return_when_it_restarts(cluster):
+    active = cluster.controller()
+    create_topics(cluster.brokers[active], "rf1", 6)
+    victim = cluster.others(active)[0]
+    led = [p for p, state in topic_states(cluster.zk, "rf1", 6).items() if state.leader == victim]
+    assert led
+    cluster.brokers[victim].kill()
+    for p in led:
+        wait_until(lambda p=p: partition_state(cluster.zk, "rf1", p).leader == -1,
+                   "leader -1", timeout_s=FAILOVER_WAIT_S)
+    cluster.brokers[victim].start()
+    for p in led:
+        wait_until(lambda p=p: partition_state(cluster.zk, "rf1", p).leader == victim, "leader back")
+
+
+def test_a_sigstopped_controller_that_wakes_after_its_session_expired_writes_nothing(cluster):
+    stale = cluster.controller()
+    epoch = controller_epoch(cluster.zk)
+    create_topics(cluster.brokers[stale], "still", 2,
+                  assignments=[{"partition_index": 0, "broker_ids": [cluster.others(stale)[0]]},
+                               {"partition_index": 1, "broker_ids": [cluster.others(stale)[1]]}],
+                  num_partitions=-1, replication_factor=-1)
+    log_mark = cluster.brokers[stale].log_bytes()
+    os.kill(cluster.brokers[stale].pid, signal.SIGSTOP)
+    successor = wait_until(lambda: (c := controller_id(cluster.zk)) not in (None, stale) and c,
+                           "a new controller", timeout_s=FAILOVER_WAIT_S)
+    assert controller_epoch(cluster.zk) == epoch + 1
+    watched = [paths.CONTROLLER_EPOCH, paths.CONTROLLER] + [
+        paths.partition_state_path("still", p) for p in (0, 1)]
+    before = {path: cluster.zk.exists(path).mzxid for path in watched}
+    os.kill(cluster.brokers[stale].pid, signal.SIGCONT)
+    wait_until(lambda: "resigned as controller (epoch" in cluster.brokers[stale].log_text(log_mark)
+               and "ZooKeeper session expired" in cluster.brokers[stale].log_text(log_mark),
+               "the woken controller resigns")
+    wait_until(lambda: cluster.zk.exists(paths.broker_id_path(stale)), "it registers again")
+    assert {path: cluster.zk.exists(path).mzxid for path in watched} == before
+    assert controller_id(cluster.zk) == successor and controller_epoch(cluster.zk) == epoch + 1
