@@ -11,7 +11,10 @@ under the test's chroot (``zookeeper.connect`` = ensemble + chroot, a short sess
 every broker it started is stopped after the test.
 
 ``wait_for_znode(client, path, present, timeout_s)`` waits on a kazoo watch (no polling) until
-``path`` exists (or no longer does); it fails the test after ``timeout_s``.
+``path`` exists (or no longer does); it fails the test after ``timeout_s``. ZooKeeper's reads
+are sequentially consistent per client only: the node a test's client talks to may not have
+applied another client's write yet, so a test reading what a broker wrote calls
+``synced(client, path)`` first (ZooKeeper's ``sync``) or waits with a watch.
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ def wait_for_znode(client: KazooClient, path: str, present: bool = True,
             pytest.fail(f"{path} {'did not appear' if present else 'did not go'} "
                         f"within {timeout_s} s")
         changed.clear()
+
+
+def synced(client: KazooClient, path: str) -> str:
+    """``path``, after the client's server caught up with the leader (``sync``)."""
+    client.sync(path)
+    return path
 
 
 class ClusterBrokers:

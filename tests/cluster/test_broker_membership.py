@@ -14,7 +14,7 @@ import time
 from confluent_kafka.admin import AdminClient
 
 from headrace.storage.config import parse_properties_text
-from tests.cluster.conftest import ZNODE_TIMEOUT_S, wait_for_znode
+from tests.cluster.conftest import ZNODE_TIMEOUT_S, synced, wait_for_znode
 
 ADMIN_TIMEOUT_S = 30.0
 
@@ -59,7 +59,7 @@ def test_a_clean_shutdown_deregisters_at_once(cluster_brokers, zookeeper_client,
     path = zookeeper_chroot + "/brokers/ids/2"
     wait_for_znode(zookeeper_client, path)
     assert broker.stop() == 0
-    assert zookeeper_client.exists(path) is None
+    assert zookeeper_client.exists(synced(zookeeper_client, path)) is None
 
 
 def test_a_second_broker_with_a_registered_id_exits_with_one_line(
@@ -78,7 +78,7 @@ def test_a_second_broker_with_a_registered_id_exits_with_one_line(
     assert re.fullmatch(r"headrace broker: Error while creating ephemeral at /brokers/ids/1, "
                         r"node already exists .*NodeExists.*", last_line), last_line
     assert "Traceback" not in second.log_text()
-    _, still = zookeeper_client.get(path)
+    _, still = zookeeper_client.get(synced(zookeeper_client, path))
     assert still.ephemeralOwner == owner.ephemeralOwner
     assert first.process.poll() is None
 
@@ -93,7 +93,8 @@ def test_without_broker_id_one_is_generated_and_kept_in_meta_properties(
     broker.stop()
     broker.start()  # the stored id, not the next sequence number
     wait_for_znode(zookeeper_client, path)
-    assert zookeeper_client.get_children(zookeeper_chroot + "/brokers/ids") == ["1001"]
+    ids_path = synced(zookeeper_client, zookeeper_chroot + "/brokers/ids")
+    assert zookeeper_client.get_children(ids_path) == ["1001"]
 
 
 def test_losing_the_zookeeper_node_of_its_session_keeps_the_registration(
