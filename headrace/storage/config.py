@@ -7,8 +7,7 @@ per-partition view built from topic overrides over broker properties.
 Every topic config Kafka 3.9 accepts is accepted, validated as Kafka's ``LogConfig`` does,
 stored and described; those headrace has no machinery for say so in their documentation
 (DescribeConfigs v3+ ``documentation``): the deprecated ``message.format.version`` (any valid
-MetadataVersion string, ignored from 3.0 on, in Kafka too) and ``message.downconversion.enable``
-(headrace serves Fetch v4+ only, so never down-converts), ``preallocate``,
+MetadataVersion string, ignored from 3.0 on, in Kafka too), ``preallocate``,
 ``unclean.leader.election.enable`` and the replication throttles (one replica), the
 ``compression.*.level`` configs (recompression uses each codec's default level) and the tiered
 storage configs (``remote.storage.enable=true`` is refused as by a broker with tiered storage
