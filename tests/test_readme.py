@@ -7,6 +7,8 @@ from pathlib import Path
 
 from headrace.broker.config import BROKER_CONFIGS, parse_listener
 from headrace.cli import main
+from headrace.cli.cleaner import DEFAULT_LOG_DIR
+from headrace.cli.common import DEFAULT_BOOTSTRAP_SERVER
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 TABLE_ROW = re.compile(r"^\| `(?P<name>[a-z.]+)` \| `(?P<default>[^`]*)`(?: \((?P<gloss>[^)]*)\))? \|")
@@ -38,3 +40,9 @@ def test_broker_help_names_the_default_listener_and_log_dir():
     host, port = parse_listener(BROKER_CONFIGS["listeners"].default)
     assert f"default {host}:{port}, data under {BROKER_CONFIGS['log.dir'].default})" in \
         main.broker.__doc__
+
+
+def test_the_client_commands_default_to_the_default_broker():
+    host, port = parse_listener(BROKER_CONFIGS["listeners"].default)
+    assert DEFAULT_BOOTSTRAP_SERVER == f"{host}:{port}"
+    assert DEFAULT_LOG_DIR == Path(BROKER_CONFIGS["log.dir"].default)

@@ -48,6 +48,7 @@ import threading
 from dataclasses import dataclass
 
 from headrace.client.broker_connection import (
+    DEFAULT_REQUEST_TIMEOUT_MS,
     NO_ERROR,
     BrokerConnection,
     WireClientError,
@@ -85,7 +86,6 @@ DEFAULT_MAX_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
 FIRST_FETCH_PARTITION_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_WAIT_MS = 100
 DEFAULT_FETCH_MIN_BYTES = 1
-DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 SOCKET_RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
 LARGEST_BATCH_BYTES = wire.DEFAULT_MAX_FRAME_BYTES  # socket.request.max.bytes' default
 # Response frames kept for reuse by the process's connections (see receive_frame): a task
