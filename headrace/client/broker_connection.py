@@ -277,7 +277,11 @@ class BrokerConnection:
         else:
             frame = memoryview(self._frame_pool.take(size))[:size]
         receive_exactly(self._socket, memoryview(frame))
-        (received_id,) = _INT32.unpack_from(frame) if size >= 4 else (None,)
+        if size < _INT32.size:
+            self.close()
+            raise WireClientError(f"response of {size} bytes from {self.address_text} is "
+                                  "shorter than its header")
+        (received_id,) = _INT32.unpack_from(frame)
         if received_id != correlation_id:
             self.close()
             raise WireClientError(

@@ -4,6 +4,7 @@ bounded responses, timeouts, and the errors each failure becomes."""
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
@@ -124,3 +125,28 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_a_frame_shorter_than_a_response_header_is_refused():
+    """A fault-injecting peer (no broker sends this): an empty frame for every request."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        answered = threading.Thread(target=_answer_with_an_empty_frame, args=(server,))
+        answered.start()
+        try:
+            with BrokerConnection(server.getsockname(), CLIENT_ID,
+                                  negotiate_api_versions=False) as connection:
+                connection.send_values(API_VERSIONS, 0, {})
+                with pytest.raises(WireClientError, match="shorter than its header"):
+                    connection.receive_frame()
+                assert connection.socket.fileno() < 0
+        finally:
+            answered.join(timeout=30)
+
+
+def _answer_with_an_empty_frame(server: socket.socket) -> None:
+    server.settimeout(30)
+    peer, _ = server.accept()
+    with peer:
+        peer.recv(4096)
+        peer.sendall(b"\x00\x00\x00\x00")
+        peer.recv(1)  # until the client closes
