@@ -3,7 +3,7 @@
 ``info``: cluster id, controller, brokers and topic count, by DescribeCluster through
 confluent-kafka's AdminClient plus one Metadata request for the topic count.
 
-``up --brokers N [--base-dir D] [--zookeeper-nodes 3] [--first-port 9092]``: a local
+``up --brokers N [--base-dir D] [--zookeeper-nodes 3] [--first-port 9092] [--output json]``: a local
 ZooKeeper ensemble and N brokers on 127.0.0.1 (``local_cluster.LocalCluster``); prints the
 bootstrap list once every broker is registered, runs until SIGINT (Ctrl-C) or SIGTERM, then
 stops the brokers and the ensemble. A cluster that does not come up is one line on stderr and
@@ -15,6 +15,7 @@ Stateless; runs on the main thread (``up``'s signal handlers only set an event).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -30,6 +31,7 @@ from headrace.cli.common import (
     emit,
     fail,
     make_table,
+    report,
     user_errors,
 )
 
@@ -77,6 +79,7 @@ def up(
     first_port: Annotated[int, typer.Option(
         "--first-port", min=0, max=65535,
         help="broker I listens on first-port + I - 1 (0: free ports)")] = 9092,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
     """Start a ZooKeeper ensemble and N brokers on 127.0.0.1; Ctrl-C stops them all."""
     from headrace.cli.local_cluster import LocalCluster, LocalClusterError
@@ -91,8 +94,11 @@ def up(
     except (LocalClusterError, ZooKeeperEnsembleError, OSError) as error:
         raise fail(str(error)) from None
     try:
-        typer.echo(f"zookeeper.connect: {cluster.zookeeper_connect}")
-        typer.echo(f"bootstrap servers: {cluster.bootstrap_servers}", err=False)
+        report(output, f"zookeeper.connect: {cluster.zookeeper_connect}\n"
+                       f"bootstrap servers: {cluster.bootstrap_servers}",
+               {"zookeeper_connect": cluster.zookeeper_connect,
+                "bootstrap_servers": cluster.bootstrap_servers})
+        sys.stdout.flush()  # a pipe reads the addresses now, not at exit
         typer.echo("Ctrl-C stops the cluster", err=True)
         reported: set[int] = set()
         while not stop_requested.wait(1.0):
