@@ -27,9 +27,7 @@ def _described_cluster_id(bootstrap: str) -> str:
 
 def test_broker_registers_kafka_json_expires_on_sigkill_and_returns_on_restart(
         cluster_brokers, zookeeper_client, zookeeper_chroot):
-    broker = cluster_brokers.start(1)
-    path = zookeeper_chroot + "/brokers/ids/1"
-    wait_for_znode(zookeeper_client, path)
+    broker, path = cluster_brokers.start_registered(zookeeper_client, 1)
     data, stat = zookeeper_client.get(path)
     registration = json.loads(data)
     assert registration.pop("timestamp").isdigit()
@@ -53,20 +51,15 @@ def test_broker_registers_kafka_json_expires_on_sigkill_and_returns_on_restart(
     assert restarted.czxid > stat.czxid  # a new broker epoch
 
 
-def test_a_clean_shutdown_deregisters_at_once(cluster_brokers, zookeeper_client,
-                                              zookeeper_chroot):
-    broker = cluster_brokers.start(2)
-    path = zookeeper_chroot + "/brokers/ids/2"
-    wait_for_znode(zookeeper_client, path)
+def test_a_clean_shutdown_deregisters_at_once(cluster_brokers, zookeeper_client):
+    broker, path = cluster_brokers.start_registered(zookeeper_client, 2)
     assert broker.stop() == 0
     assert zookeeper_client.exists(synced(zookeeper_client, path)) is None
 
 
 def test_a_second_broker_with_a_registered_id_exits_with_one_line(
-        cluster_brokers, zookeeper_client, zookeeper_chroot):
-    first = cluster_brokers.start(1)
-    path = zookeeper_chroot + "/brokers/ids/1"
-    wait_for_znode(zookeeper_client, path)
+        cluster_brokers, zookeeper_client):
+    first, path = cluster_brokers.start_registered(zookeeper_client, 1)
     _, owner = zookeeper_client.get(path)
     second = cluster_brokers.process(1)
     try:
@@ -85,9 +78,8 @@ def test_a_second_broker_with_a_registered_id_exits_with_one_line(
 
 def test_without_broker_id_one_is_generated_and_kept_in_meta_properties(
         cluster_brokers, zookeeper_client, zookeeper_chroot):
-    broker = cluster_brokers.start(-1)
-    path = zookeeper_chroot + "/brokers/ids/1001"  # /brokers/seqid version 1 + 1000
-    wait_for_znode(zookeeper_client, path)
+    broker, path = cluster_brokers.start_registered(zookeeper_client, -1)
+    assert path.endswith("/brokers/ids/1001")  # /brokers/seqid version 1 + 1000
     meta = parse_properties_text((broker.data_dir / "meta.properties").read_text())
     assert meta["broker.id"] == "1001"
     broker.stop()
@@ -98,10 +90,9 @@ def test_without_broker_id_one_is_generated_and_kept_in_meta_properties(
 
 
 def test_losing_the_zookeeper_node_of_its_session_keeps_the_registration(
-        cluster_brokers, zookeeper_ensemble, zookeeper_client, zookeeper_chroot):
-    broker = cluster_brokers.start(3, **{"zookeeper.session.timeout.ms": "6000"})
-    path = zookeeper_chroot + "/brokers/ids/3"
-    wait_for_znode(zookeeper_client, path)
+        cluster_brokers, zookeeper_ensemble, zookeeper_client):
+    broker, path = cluster_brokers.start_registered(
+        zookeeper_client, 3, **{"zookeeper.session.timeout.ms": "6000"})
     _, before = zookeeper_client.get(path)
     node = zookeeper_ensemble.node_serving_session(before.ephemeralOwner)
     assert node is not None
