@@ -1,10 +1,23 @@
-"""``headrace cluster info``: cluster id, controller, brokers and topic count.
+"""``headrace cluster info`` and ``headrace cluster up``.
 
-DescribeCluster through confluent-kafka's AdminClient plus one Metadata request for the topic
-count. Stateless; runs on the main thread.
+``info``: cluster id, controller, brokers and topic count, by DescribeCluster through
+confluent-kafka's AdminClient plus one Metadata request for the topic count.
+
+``up --brokers N [--base-dir D] [--zookeeper-nodes 3] [--first-port 9092]``: a local
+ZooKeeper ensemble and N brokers on 127.0.0.1 (``local_cluster.LocalCluster``); prints the
+bootstrap list once every broker is registered, runs until SIGINT (Ctrl-C) or SIGTERM, then
+stops the brokers and the ensemble. A cluster that does not come up is one line on stderr and
+exit status 1.
+
+Stateless; runs on the main thread (``up``'s signal handlers only set an event).
 """
 
 from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -15,6 +28,7 @@ from headrace.cli.common import (
     OutputOption,
     connection_options,
     emit,
+    fail,
     make_table,
     user_errors,
 )
@@ -51,3 +65,42 @@ def info(
             (broker["id"], broker["host"], broker["port"], broker["rack"]) for broker in brokers
         ])
         emit(output, data, summary, broker_table)
+
+
+@app.command()
+def up(
+    brokers: Annotated[int, typer.Option("--brokers", min=1, help="how many brokers")] = 3,
+    base_dir: Annotated[Path, typer.Option(
+        "--base-dir", help="ZooKeeper's and the brokers' data and logs")] = Path("./cluster"),
+    zookeeper_nodes: Annotated[int, typer.Option(
+        "--zookeeper-nodes", min=1, help="ZooKeeper ensemble size")] = 3,
+    first_port: Annotated[int, typer.Option(
+        "--first-port", min=0, max=65535,
+        help="broker I listens on first-port + I - 1 (0: free ports)")] = 9092,
+) -> None:
+    """Start a ZooKeeper ensemble and N brokers on 127.0.0.1; Ctrl-C stops them all."""
+    from headrace.cli.local_cluster import LocalCluster, LocalClusterError
+    from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsembleError
+
+    stop_requested = threading.Event()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signal_number, lambda _signal, _frame: stop_requested.set())
+    cluster = LocalCluster(base_dir, brokers, zookeeper_nodes, first_port)
+    try:
+        cluster.start()
+    except (LocalClusterError, ZooKeeperEnsembleError, OSError) as error:
+        raise fail(str(error)) from None
+    try:
+        typer.echo(f"zookeeper.connect: {cluster.zookeeper_connect}")
+        typer.echo(f"bootstrap servers: {cluster.bootstrap_servers}", err=False)
+        typer.echo("Ctrl-C stops the cluster", err=True)
+        reported: set[int] = set()
+        while not stop_requested.wait(1.0):
+            for broker_id, status in cluster.exited_brokers().items():
+                if broker_id not in reported:
+                    reported.add(broker_id)
+                    typer.echo(f"broker {broker_id} exited with status {status}; see "
+                               f"{cluster.broker_log(broker_id)}", err=True)
+    finally:
+        typer.echo("stopping the cluster", err=True)
+        cluster.stop()

@@ -7,16 +7,17 @@ a plain process (no system service): ``java -cp <classpath> QuorumPeerMain <node
 Files under ``base_dir``, per node N (1-based, ZooKeeper's ``myid``)::
 
     node-N/zoo.cfg        tickTime, initLimit/syncLimit, dataDir, clientPort, server.M lines,
-                          4lw.commands.whitelist=srvr,ruok, admin.enableServer=false
+                          4lw.commands.whitelist=srvr,ruok,cons, admin.enableServer=false
     node-N/data/myid      N
     node-N/zookeeper.log  the JVM's stdout and stderr (slf4j-simple logs to stderr)
 
 A node of a single-node ensemble runs standalone (no ``server.M`` lines). Ports are picked free
 on ``host`` at construction (client, quorum peer and leader election port per node) and kept
 across restarts. Each JVM runs in its own session (process group) with a small heap; the
-ensemble kills its nodes by pid only. ``start`` waits, bounded by ``start_timeout_ms``, until a
-quorum serves: each node is asked ``srvr`` (a four-letter word) and answers ``Mode: leader``,
-``follower`` or ``standalone`` once it serves.
+ensemble kills its nodes by pid only. ``start`` waits, bounded by ``start_timeout_ms``, until every
+node serves: each node is asked ``srvr`` (a four-letter word) and answers ``Mode: leader``,
+``follower`` or ``standalone`` once it serves. ``node_serving_session`` asks ``cons`` which
+node a client session is connected to.
 
 Thread-safety: none; one owner thread drives an ensemble (a test fixture, the ``cluster up``
 command). Processes left running at interpreter exit are killed (``atexit``).
@@ -150,6 +151,14 @@ class ZooKeeperEnsemble:
     def node_dir(self, node: int) -> Path:
         return self.base_dir / f"node-{node}"
 
+    def node_serving_session(self, session_id: int) -> int | None:
+        """The node a client session is connected to (from ``cons``), None when none is."""
+        marker = f"sid=0x{session_id:x},"
+        for node in self.pids:
+            if marker in four_letter_word(self.host, self.ports[node].client_port, "cons"):
+                return node
+        return None
+
     def mode(self, node: int) -> str | None:
         """The node's ``srvr`` mode (leader/follower/standalone), None when not serving."""
         return server_mode(self.host, self.ports[node].client_port)
@@ -157,13 +166,13 @@ class ZooKeeperEnsemble:
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> ZooKeeperEnsemble:
-        """Write the configs, start every node, wait until a quorum serves."""
+        """Write the configs, start every node, wait until every node serves."""
         classpath = zookeeper_classpath()
         for node in self.node_ids:
             self._write_config(node)
         for node in self.node_ids:
             self._launch(node, classpath)
-        self.wait_for_quorum(self.start_timeout_ms)
+        self.wait_until_all_serve(self.start_timeout_ms)
         return self
 
     def stop(self) -> None:
@@ -202,6 +211,11 @@ class ZooKeeperEnsemble:
         self._wait(lambda: self.mode(node) in SERVING_MODES, timeout_ms,
                    f"ZooKeeper node {node} did not serve again")
 
+    def wait_until_all_serve(self, timeout_ms: int | None = None) -> None:
+        """Wait until every running node serves (leader, follower or standalone)."""
+        self._wait(lambda: all(self.mode(node) in SERVING_MODES for node in self.pids),
+                   timeout_ms, "not every ZooKeeper node serves")
+
     def wait_for_quorum(self, timeout_ms: int | None = None) -> None:
         """Wait until a majority of nodes serve (a standalone node alone is a quorum)."""
         majority = self.size // 2 + 1
@@ -228,7 +242,7 @@ class ZooKeeperEnsemble:
             f"clientPortAddress={self.host}",
             f"clientPort={self.ports[node].client_port}",
             "maxClientCnxns=0",
-            "4lw.commands.whitelist=srvr,ruok",
+            "4lw.commands.whitelist=srvr,ruok,cons",
             "admin.enableServer=false",
             "autopurge.purgeInterval=0",
         ]

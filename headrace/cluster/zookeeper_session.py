@@ -53,6 +53,10 @@ NO_BROKER_EPOCH = -1
 # kazoo retries connecting forever (max_tries -1) with this back-off, as ZooKeeper's Java client
 # does; a session that expires meanwhile is replaced by a new one when a server answers again.
 CONNECTION_RETRY = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0}
+# A request that fails with ConnectionLoss (e.g. while the ensemble elects a new leader) is
+# retried until the session timeout has passed, as Kafka's retryRequestUntilConnected does
+# (bounded here: past the session timeout the session is gone anyway).
+COMMAND_RETRY = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0}
 EVENT_THREAD_STOP_TIMEOUT_MS = 5000
 
 
@@ -87,7 +91,9 @@ class ZooKeeperSession:
         self.connection_timeout_ms = connection_timeout_ms or session_timeout_ms
         self.client = KazooClient(hosts=self.connect.connect_string,
                                   timeout=session_timeout_ms / 1000,
-                                  connection_retry=dict(CONNECTION_RETRY))
+                                  connection_retry=dict(CONNECTION_RETRY),
+                                  command_retry={**COMMAND_RETRY,
+                                                 "deadline": session_timeout_ms / 1000})
         self._listeners: list[Callable[[SessionEvent], None]] = []
         self._states: queue.Queue[str | None] = queue.Queue()
         self._event_thread: threading.Thread | None = None
@@ -159,12 +165,14 @@ class ZooKeeperSession:
 
     def _events_for(self, state: str) -> list[SessionEvent]:
         if state == KazooState.SUSPENDED:
+            log.warning("ZooKeeper connection of session %s lost", _hex(self._session_id))
             return [SessionEvent.SUSPENDED]
         if state == KazooState.LOST:
             log.warning("ZooKeeper session %s expired", _hex(self._session_id))
             return [SessionEvent.EXPIRED]
         session_id = self.session_id
         if session_id is None or session_id == self._session_id:
+            log.info("ZooKeeper session %s reconnected", _hex(session_id))
             return [SessionEvent.RECONNECTED]
         log.info("new ZooKeeper session %s (was %s)", _hex(session_id), _hex(self._session_id))
         self._session_id = session_id
@@ -182,26 +190,26 @@ class ZooKeeperSession:
     def ensure_persistent_paths(self) -> None:
         """Kafka's persistent znodes (``ZkData.PersistentZkPaths``), created when missing."""
         for path in paths.PERSISTENT_PATHS:
-            self.client.ensure_path(path)
+            self.client.retry(self.client.ensure_path, path)
 
     def create_or_get_cluster_id(self, proposed_cluster_id: str) -> str:
         """The cluster id at ``/cluster/id``, creating it with ``proposed_cluster_id`` first."""
         try:
-            self.client.create(paths.CLUSTER_ID, encode_cluster_id(proposed_cluster_id),
-                               makepath=True)
+            self.client.retry(self.client.create, paths.CLUSTER_ID,
+                              encode_cluster_id(proposed_cluster_id), makepath=True)
             return proposed_cluster_id
         except NodeExistsError:
-            data, _ = self.client.get(paths.CLUSTER_ID)
+            data, _ = self.client.retry(self.client.get, paths.CLUSTER_ID)
             return decode_cluster_id(data)
 
     def generate_broker_sequence_id(self) -> int:
         """The next version of ``/brokers/seqid`` (1, 2, ...), as Kafka's
         ``generateBrokerSequenceId``; add reserved.broker.max.id for a broker id."""
         try:
-            return self.client.set(paths.BROKER_SEQUENCE_ID, b"", -1).version
+            return self.client.retry(self.client.set, paths.BROKER_SEQUENCE_ID, b"", -1).version
         except NoNodeError:
-            self.client.ensure_path(paths.BROKER_SEQUENCE_ID)
-            return self.client.set(paths.BROKER_SEQUENCE_ID, b"", -1).version
+            self.client.retry(self.client.ensure_path, paths.BROKER_SEQUENCE_ID)
+            return self.client.retry(self.client.set, paths.BROKER_SEQUENCE_ID, b"", -1).version
 
     # --- registration --------------------------------------------------------------------
 
@@ -228,24 +236,26 @@ class ZooKeeperSession:
         path = paths.broker_id_path(registration.broker_id)
         data = encode_broker_registration(registration)
         try:
-            _, stat = self.client.create(path, data, ephemeral=True, makepath=True,
-                                         include_data=True)
+            _, stat = self.client.retry(self.client.create, path, data, ephemeral=True,
+                                        makepath=True, include_data=True)
             return stat.czxid
         except NodeExistsError:
             return self._registration_after_node_exists(path, data)
 
     def _registration_after_node_exists(self, path: str, data: bytes) -> int:
         try:
-            _, stat = self.client.get(path)
+            _, stat = self.client.retry(self.client.get, path)
         except NoNodeError:  # went away while we looked: create it again
-            _, stat = self.client.create(path, data, ephemeral=True, include_data=True)
+            _, stat = self.client.retry(self.client.create, path, data, ephemeral=True,
+                                        include_data=True)
             return stat.czxid
         session_id = self.session_id
         if stat.ephemeralOwner == session_id:
             return stat.czxid
         if stat.ephemeralOwner in self._own_session_ids:  # our own expired session's znode
-            self.client.delete(path, stat.version)
-            _, stat = self.client.create(path, data, ephemeral=True, include_data=True)
+            self.client.retry(self.client.delete, path, stat.version)
+            _, stat = self.client.retry(self.client.create, path, data, ephemeral=True,
+                                        include_data=True)
             return stat.czxid
         raise BrokerIdAlreadyRegistered(
             f"Error while creating ephemeral at {path}, node already exists and owner "
