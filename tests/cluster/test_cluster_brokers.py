@@ -13,10 +13,8 @@ from datetime import timedelta
 import pytest
 
 from headrace.cluster import zookeeper_paths as paths
-from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble
 from tests.broker.raw_client import RawClient
 from tests.cluster.cluster_helpers import (
-    chrooted_connect_string,
     close,
     controller_epoch,
     controller_id,
@@ -25,35 +23,21 @@ from tests.cluster.cluster_helpers import (
     wait_until,
     zookeeper_client,
 )
+from tests.cluster.conftest import BROKER_SESSION_TIMEOUT_MS
 from tests.conftest import BrokerProcess
 
-SESSION_TIMEOUT_MS = 4000
-FAILOVER_WAIT_S = 3 * SESSION_TIMEOUT_MS / 1000 + 10  # generous: the bench measures it
+FAILOVER_WAIT_S = 3 * BROKER_SESSION_TIMEOUT_MS / 1000 + 10  # generous: the bench measures it
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 NOT_CONTROLLER = 41
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
 
-@pytest.fixture(scope="module")
-def ensemble(tmp_path_factory):
-    with ZooKeeperEnsemble(tmp_path_factory.mktemp("zookeeper"), size=1) as zookeeper:
-        yield zookeeper
-
-
 class BrokerCluster:
-    def __init__(self, tmp_path, connect: str, broker_ids) -> None:
-        self.connect = connect
-        self.brokers = {}
-        for broker_id in broker_ids:
-            data_dir = tmp_path / f"broker-{broker_id}"
-            data_dir.mkdir()
-            self.brokers[broker_id] = BrokerProcess(data_dir, {
-                "zookeeper.connect": connect, "broker.id": str(broker_id),
-                "zookeeper.session.timeout.ms": str(SESSION_TIMEOUT_MS),
-            })
-        for broker in self.brokers.values():
-            broker.start()
-        self.zk = zookeeper_client(connect)
+    """Three brokers started by ``cluster_brokers``, and a kazoo client in their chroot."""
+
+    def __init__(self, cluster_brokers, broker_ids) -> None:
+        self.brokers = {broker_id: cluster_brokers.start(broker_id) for broker_id in broker_ids}
+        self.zk = zookeeper_client(cluster_brokers.zookeeper_connect)
         wait_until(lambda: len(self.zk.get_children(paths.BROKER_IDS)) == len(self.brokers),
                    "every broker registered")
 
@@ -63,19 +47,12 @@ class BrokerCluster:
     def others(self, broker_id: int) -> list[int]:
         return [b for b in self.brokers if b != broker_id]
 
-    def close(self) -> None:
-        for broker in self.brokers.values():
-            if broker.process is not None and broker.process.poll() is None:
-                os.kill(broker.pid, signal.SIGCONT)
-            broker.stop()
-        close(self.zk)
-
 
 @pytest.fixture
-def cluster(tmp_path, ensemble):
-    cluster = BrokerCluster(tmp_path, chrooted_connect_string(ensemble.connect_string), (1, 2, 3))
+def cluster(cluster_brokers):
+    cluster = BrokerCluster(cluster_brokers, (1, 2, 3))
     yield cluster
-    cluster.close()
+    close(cluster.zk)
 
 
 def create_topics(broker: BrokerProcess, name: str, partitions: int, **overrides):
@@ -165,13 +142,15 @@ def test_a_sigstopped_controller_that_wakes_after_its_session_expired_writes_not
                   num_partitions=-1, replication_factor=-1)
     log_mark = cluster.brokers[stale].log_bytes()
     os.kill(cluster.brokers[stale].pid, signal.SIGSTOP)
-    successor = wait_until(lambda: (c := controller_id(cluster.zk)) not in (None, stale) and c,
-                           "a new controller", timeout_s=FAILOVER_WAIT_S)
-    assert controller_epoch(cluster.zk) == epoch + 1
-    watched = [paths.CONTROLLER_EPOCH, paths.CONTROLLER] + [
-        paths.partition_state_path("still", p) for p in (0, 1)]
-    before = {path: cluster.zk.exists(path).mzxid for path in watched}
-    os.kill(cluster.brokers[stale].pid, signal.SIGCONT)
+    try:
+        successor = wait_until(lambda: (c := controller_id(cluster.zk)) not in (None, stale) and c,
+                               "a new controller", timeout_s=FAILOVER_WAIT_S)
+        assert controller_epoch(cluster.zk) == epoch + 1
+        watched = [paths.CONTROLLER_EPOCH, paths.CONTROLLER] + [
+            paths.partition_state_path("still", p) for p in (0, 1)]
+        before = {path: cluster.zk.exists(path).mzxid for path in watched}
+    finally:
+        os.kill(cluster.brokers[stale].pid, signal.SIGCONT)
     wait_until(lambda: "resigned as controller (epoch" in cluster.brokers[stale].log_text(log_mark)
                and "ZooKeeper session expired" in cluster.brokers[stale].log_text(log_mark),
                "the woken controller resigns")

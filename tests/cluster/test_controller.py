@@ -15,11 +15,9 @@ from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
 from headrace.cluster.controller import ELECTION_TYPE_PREFERRED, Controller
-from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble
 from headrace.errors import ElectionNotNeeded, NotController, PreferredLeaderNotAvailable
 from tests.cluster.cluster_helpers import (
     WAIT_TIMEOUT_S,
-    chrooted_connect_string,
     close,
     controller_epoch,
     controller_id,
@@ -31,15 +29,10 @@ from tests.cluster.cluster_helpers import (
 )
 
 
-@pytest.fixture(scope="module")
-def ensemble(tmp_path_factory):
-    with ZooKeeperEnsemble(tmp_path_factory.mktemp("zookeeper"), size=1) as zookeeper:
-        yield zookeeper
-
-
 @pytest.fixture
-def connect(ensemble):
-    return chrooted_connect_string(ensemble.connect_string)
+def connect(zookeeper_ensemble, zookeeper_chroot, zookeeper_client):
+    zookeeper_client.ensure_path(zookeeper_chroot)
+    return zookeeper_ensemble.connect_string + zookeeper_chroot
 
 
 @pytest.fixture
