@@ -1,7 +1,7 @@
 """Admin requests in cluster mode, as Kafka's ZooKeeper-mode brokers serve them.
 
-Owns the cluster branch of CreateTopics, CreatePartitions and DeleteTopics (each handler module
-calls in here first when the broker runs a controller): the active controller does the work
+Owns the cluster branch of CreateTopics, CreatePartitions, DeleteTopics and of topic config
+changes (each handler module calls in here first when the broker runs a controller): the active controller does the work
 through ZooKeeper on its event thread (``ControllerService.run``); any other broker answers
 every topic NOT_CONTROLLER (41) without a message, as Kafka's ``KafkaApis`` does, and clients
 send admin requests to the controller id Metadata names.
@@ -14,13 +14,16 @@ partition states are written (the controller writes them in the same event) and 
 metadata cache shows a leader for every partition (Kafka's DelayedCreatePartitions), bounded by
 the request's ``timeout_ms`` (REQUEST_TIMED_OUT past it). DeleteTopics answers once the topic's
 znodes are gone and this broker's cache no longer has the topic (DelayedDeleteTopics); brokers
-drop their logs when their watches see the topic vanish.
+drop their logs when their watches see the topic vanish. A topic's config change (AlterConfigs,
+IncrementalAlterConfigs) is written by whichever broker receives it, as Kafka's
+``ZkAdminManager.alterConfigs``: ``/config/topics/<t>`` and a ``config_change_`` notification.
 
 Runs on the event loop thread; ZooKeeper is only touched on the controller's thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from typing import Any
@@ -233,3 +236,15 @@ async def delete_topic(broker: Any, name: str | None, topic_id: uuid.UUID | None
     await _wait_for_metadata(broker, lambda metadata: resolved not in metadata.topics, timeout_ms)
     return {"name": resolved, "error_code": 0, "error_message": None,
             "topic_id": uuid.UUID(bytes=deleted_id) if deleted_id else ZERO_UUID}
+
+
+# --- AlterConfigs / IncrementalAlterConfigs of a topic -------------------------------------
+
+async def change_topic_config(broker: Any, topic: str, overrides: dict[str, str]) -> None:
+    """Write the topic's new overrides and a change notification to ZooKeeper from this broker
+    (any broker may, as with Kafka's ZooKeeper-mode AlterConfigs); every broker applies them
+    from its watch. Answers once this broker's metadata cache has them (read your writes)."""
+    zk = broker.membership.session.client
+    await asyncio.to_thread(topic_admin.change_topic_config, zk, topic, overrides)
+    await _wait_for_metadata(broker, lambda metadata: topic in metadata.topics and dict(
+        metadata.topics[topic].configs) == dict(overrides), DEFAULT_TIMEOUT_MS)

@@ -12,7 +12,9 @@ from datetime import timedelta
 
 import pytest
 
+from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
+from headrace.cluster import zookeeper_records as records
 from tests.broker.raw_client import RawClient
 from tests.cluster.cluster_helpers import (
     close,
@@ -28,6 +30,7 @@ from tests.conftest import BrokerProcess
 
 FAILOVER_WAIT_S = 3 * BROKER_SESSION_TIMEOUT_MS / 1000 + 10  # generous: the bench measures it
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
+DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, TOPIC = 32, 44, 2
 NOT_CONTROLLER = 41
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
@@ -157,3 +160,31 @@ def test_a_sigstopped_controller_that_wakes_after_its_session_expired_writes_not
     wait_until(lambda: cluster.zk.exists(paths.broker_id_path(stale)), "it registers again")
     assert {path: cluster.zk.exists(path).mzxid for path in watched} == before
     assert controller_id(cluster.zk) == successor and controller_epoch(cluster.zk) == epoch + 1
+
+
+def test_a_topic_config_changed_on_any_broker_reaches_zookeeper_and_every_broker(cluster):
+    active = cluster.controller()
+    create_topics(cluster.brokers[active], "tuned", 2)
+    changer, reader = cluster.others(active)
+
+    def described(broker_id: int) -> str | None:
+        with RawClient(cluster.brokers[broker_id].bootstrap) as client:
+            result = client.request(DESCRIBE_CONFIGS, 4, {"resources": [
+                {"resource_type": TOPIC, "resource_name": "tuned",
+                 "configuration_keys": ["retention.ms"]}],
+                "include_synonyms": False, "include_documentation": False}).results[0]
+        return next((c.value for c in result.configs if c.name == "retention.ms"), None)
+
+    wait_until(lambda: described(changer), "the changing broker knows the topic")
+    with RawClient(cluster.brokers[changer].bootstrap) as client:
+        response = client.request(INCREMENTAL_ALTER_CONFIGS, 1, {"validate_only": False, "resources": [
+            {"resource_type": TOPIC, "resource_name": "tuned",
+             "configs": [{"name": "retention.ms", "config_operation": 0, "value": "12345"}]}]})
+    assert response.responses[0].error_code == 0
+    assert topic_admin.read_topic_config(cluster.zk, "tuned") == {"retention.ms": "12345"}
+    [change] = cluster.zk.get_children(paths.CONFIG_CHANGES)
+    assert records.decode_config_change_notification(
+        cluster.zk.get(f"{paths.CONFIG_CHANGES}/{change}")[0]) == ("topics", "tuned")
+
+    for broker_id in (changer, reader, active):
+        wait_until(lambda b=broker_id: described(b) == "12345", f"broker {broker_id} sees it")
