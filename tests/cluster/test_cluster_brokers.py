@@ -32,6 +32,7 @@ FAILOVER_WAIT_S = 3 * BROKER_SESSION_TIMEOUT_MS / 1000 + 10  # generous: the ben
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, TOPIC = 32, 44, 2
 NOT_CONTROLLER = 41
+ELECT_LEADERS, ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE = 43, 84, 80
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
 
@@ -188,3 +189,34 @@ def test_a_topic_config_changed_on_any_broker_reaches_zookeeper_and_every_broker
 
     for broker_id in (changer, reader, active):
         wait_until(lambda b=broker_id: described(b) == "12345", f"broker {broker_id} sees it")
+
+
+def elect_leaders(broker: BrokerProcess, partitions) -> dict[tuple[str, int], int]:
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(ELECT_LEADERS, 2, {"election_type": 0, "timeout": REQUEST_TIMEOUT,
+                                                    "topic_partitions": partitions})
+    assert response.error_code == 0
+    return {(r.topic, p.partition_id): p.error_code
+            for r in response.replica_election_results for p in r.partition_result}
+
+
+def test_elect_leaders_on_the_controller_and_elsewhere(cluster):
+    active = cluster.controller()
+    create_topics(cluster.brokers[active], "chosen", 3)
+    asked = [{"topic": "chosen", "partitions": [0, 1, 2]}]
+    assert elect_leaders(cluster.brokers[active], asked) == {
+        ("chosen", p): ELECTION_NOT_NEEDED for p in range(3)}
+    assert elect_leaders(cluster.brokers[active], None) == {}
+    for other in cluster.others(active):
+        assert set(elect_leaders(cluster.brokers[other], asked).values()) == {NOT_CONTROLLER}
+    victim = cluster.others(active)[0]
+    led = [p for p, s in topic_states(cluster.zk, "chosen", 3).items() if s.leader == victim]
+    cluster.brokers[victim].kill()
+    for p in led:
+        wait_until(lambda p=p: partition_state(cluster.zk, "chosen", p).leader == -1, "offline",
+                   timeout_s=FAILOVER_WAIT_S)
+    answer = elect_leaders(cluster.brokers[active], asked)
+    assert {tp for tp, code in answer.items() if code == PREFERRED_LEADER_NOT_AVAILABLE} == {
+        ("chosen", p) for p in led}
+    assert elect_leaders(cluster.brokers[active], [{"topic": "none", "partitions": [0]}]) == {
+        ("none", 0): 3}
