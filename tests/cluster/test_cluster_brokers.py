@@ -16,6 +16,7 @@ from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
 from tests.broker.raw_client import RawClient
+from tests.cli.cli_runner import run_json
 from tests.cluster.cluster_helpers import (
     close,
     controller_epoch,
@@ -220,3 +221,7 @@ def test_elect_leaders_on_the_controller_and_elsewhere(cluster):
         ("chosen", p) for p in led}
     assert elect_leaders(cluster.brokers[active], [{"topic": "none", "partitions": [0]}]) == {
         ("none", 0): 3}
+    rows = run_json("cluster", "elect-leaders", "--topic", "chosen",
+                    "--bootstrap-server", cluster.brokers[cluster.others(active)[1]].bootstrap)
+    assert {(row["partition"], row["result"]) for row in rows} == {
+        (p, "PREFERRED_LEADER_NOT_AVAILABLE" if p in led else "ELECTION_NOT_NEEDED") for p in range(3)}
