@@ -194,6 +194,11 @@ _SERVER_DEFS = (
     _static("offsets.topic.segment.bytes", "int", "104857600"),
     _static("offsets.commit.timeout.ms", "int", "5000"),
     _static("offsets.load.buffer.size", "int", "5242880"),
+    # Controlled shutdown of a broker in a cluster (headrace.cluster.controlled_shutdown).
+    _static("controlled.shutdown.enable", "boolean", "true"),
+    _static("controlled.shutdown.max.retries", "int", "3"),
+    _static("controlled.shutdown.retry.backoff.ms", "long", "5000"),
+    _static("controller.socket.timeout.ms", "int", "30000"),
 )
 
 # Broker synonyms of topic configs that have no default of their own in Kafka

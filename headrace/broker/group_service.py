@@ -108,13 +108,17 @@ def read_partition_records(log_, start_offset: int, max_bytes: int):
 
 
 class GroupService:
-    def __init__(self, broker_state) -> None:
+    def __init__(self, broker_state, in_cluster: bool = False) -> None:
+        """``in_cluster``: the offsets topic is the cluster's; this broker coordinates the
+        groups of the offsets partitions it leads (``leadership_changed``), no others."""
         self._state = broker_state
         self._config = coordinator_config_from(broker_state.config)
-        self.coordinator = GroupCoordinator(self._config)
+        self._in_cluster = in_cluster
+        self.coordinator = GroupCoordinator(self._config, owns_every_partition=not in_cluster)
         self._parked: dict[int, asyncio.Future] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._load_generations: dict[int, int] = {}  # partition -> its latest load's number
         self.loaded = asyncio.Event()
 
     @property
@@ -127,7 +131,12 @@ class GroupService:
     # --- start-up and shutdown --------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the offsets topic if missing and start loading it in the background."""
+        """Create the offsets topic if missing and start loading it in the background (in
+        a cluster: nothing until this broker leads offsets partitions)."""
+        if self._in_cluster:
+            self.loaded.set()
+            self._reschedule()
+            return
         await self._state.run_append(self._ensure_offsets_topic)
         for partition in range(self.num_partitions):
             self.coordinator.begin_loading(partition)
@@ -178,7 +187,46 @@ class GroupService:
                  self.coordinator.loaded_record_count, (time.monotonic() - started_s) * 1000)
         self._reschedule()
 
-    async def _load_partition(self, partition: int, buffer_bytes: int) -> None:
+    # --- cluster: leadership of offsets partitions ------------------------------------------
+
+    def leadership_changed(self, gained, lost) -> None:
+        """Event loop thread: the broker began or stopped leading partitions. Lost offsets
+        partitions unload their groups (parked requests answer NOT_COORDINATOR); gained ones
+        load in the background, answering COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+        for topic, partition in sorted(lost):
+            if topic == OFFSETS_TOPIC_NAME:
+                self._load_generations[partition] = self._load_generations.get(partition, 0) + 1
+                effects = self.coordinator.unload_partition(partition, self._now_ms())
+                log.info("unloaded the groups of %s-%d", OFFSETS_TOPIC_NAME, partition)
+                self._spawn(self._carry_out(effects))
+        for topic, partition in sorted(gained):
+            if topic == OFFSETS_TOPIC_NAME:
+                generation = self._load_generations.get(partition, 0) + 1
+                self._load_generations[partition] = generation
+                self.coordinator.begin_loading(partition)
+                self._spawn(self._load_led_partition(partition, generation))
+        self._reschedule()
+
+    async def _load_led_partition(self, partition: int, generation: int) -> None:
+        buffer_bytes = self._state.config.get_int("offsets.load.buffer.size")
+        started_s = time.monotonic()
+        try:
+            await self._load_partition(partition, buffer_bytes, generation)
+        except Exception as error:  # offline or gone meanwhile: its groups start empty
+            log.warning("loading %s-%d failed; its groups start empty: %s",
+                        OFFSETS_TOPIC_NAME, partition, error)
+            if self._load_generations.get(partition) == generation:
+                self.coordinator.abandon_loading(partition)
+            return
+        if self._load_generations.get(partition) != generation:
+            return  # unloaded (and maybe loading again) meanwhile
+        records = self.coordinator.finish_loading(partition, self._now_ms())
+        log.info("loaded %s-%d: %d records in %d ms", OFFSETS_TOPIC_NAME, partition, records,
+                 (time.monotonic() - started_s) * 1000)
+        self._reschedule()
+
+    async def _load_partition(self, partition: int, buffer_bytes: int,
+                              generation: int | None = None) -> None:
         log_ = self._state.log_manager.get_log(OFFSETS_TOPIC_NAME, partition)
         offset, end_offset = log_.log_start_offset, log_.log_end_offset
         while offset < end_offset:
@@ -186,6 +234,8 @@ class GroupService:
                 read_partition_records, log_, offset, buffer_bytes)
             if next_offset <= offset:
                 break
+            if generation is not None and self._load_generations.get(partition) != generation:
+                return  # this partition was unloaded meanwhile
             self.coordinator.load_partition(partition, records)
             offset = next_offset
 

@@ -35,12 +35,17 @@ still incomplete after it counts as idle: ``connection``). Connections are accep
 ``acceptor.Acceptor`` (``max.connections``, ``max.connections.per.ip``, back-off when out of
 file descriptors); the bytes of received requests are counted broker-wide by a
 ``request_memory.RequestMemory`` (``queued.max.request.bytes``).
-SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
+SIGTERM/SIGINT: in a cluster first a controlled shutdown (the controller moves this broker's
+leaderships away, ``cluster_service``), then stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
 close connections, stop the cleaner threads (cleanings abort at their next chunk), then
 ``LogManager.shutdown()``.
 Cluster mode (``zookeeper.connect`` set): a ``ClusterMembership`` joins before the broker
 state is built (its broker id and cluster id come from ZooKeeper), registers
-``/brokers/ids/<id>`` once the listener is bound, and leaves (closes the session) last.
+``/brokers/ids/<id>`` once the listener is bound, then starts its controller (a candidate in
+the election, see ``headrace.cluster.controller``), which it stops before it leaves (closes the
+session) last. Before the group coordinator starts, a ``ClusterService`` reads the cluster's
+metadata from ZooKeeper, brings the local logs in step with it and routes requests to the
+partitions this broker leads.
 
 Everything runs on one event-loop thread, plus the single append thread and the single
 background thread of BrokerState, the ``log.cleaner.threads`` cleaner threads and the scrub
@@ -59,8 +64,10 @@ from pathlib import Path
 
 from headrace.broker.acceptor import Acceptor, listening_socket
 from headrace.broker.cleaner_service import CleanerService
+from headrace.broker.cluster_service import ClusterService
 from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
+from headrace.broker.controller_service import ControllerService
 from headrace.broker.group_service import GroupService
 from headrace.broker.rate_limited_log import RateLimitedLog
 from headrace.broker.request_memory import RequestMemory
@@ -126,8 +133,13 @@ class Broker:
             appended=AppendHub(asyncio.get_running_loop()),
             membership=membership,
         )
-        self.state.groups = GroupService(self.state)
+        if membership is not None:
+            self.state.cluster = ClusterService(self.state, membership.session.client)
+            await self.state.cluster.start()
+        self.state.groups = GroupService(self.state, in_cluster=membership is not None)
         await self.state.groups.start()
+        if self.state.cluster is not None:
+            self.state.cluster.follow_offsets_leadership(self.state.groups)
         self.state.cleaner = CleanerService(config, log_manager, self.clock)
         await asyncio.get_running_loop().run_in_executor(None, self.state.cleaner.start)
         self.state.scrub = ScrubService(config, log_manager, self.clock)
@@ -159,6 +171,8 @@ class Broker:
             await asyncio.get_running_loop().run_in_executor(
                 None, membership.register, self.state.advertised_host,
                 self.state.advertised_port)
+            self.state.controller = ControllerService(membership, self.state.config)
+            await asyncio.get_running_loop().run_in_executor(None, self.state.controller.start)
         except BaseException:
             await self.stop()
             raise
@@ -236,6 +250,8 @@ class Broker:
             connection.transport.close()
         state = self.state
         if state is not None:
+            if state.cluster is not None:
+                await state.cluster.stop()
             if state.groups is not None:
                 await state.groups.stop()
             if state.cleaner is not None:
@@ -246,6 +262,8 @@ class Broker:
                 None, state.background_executor.shutdown, True)
             await state.run_append(state.log_manager.shutdown)
             state.append_executor.shutdown(wait=True)
+            if state.controller is not None:
+                await asyncio.get_running_loop().run_in_executor(None, state.controller.stop)
             if state.membership is not None:  # last, as Kafka closes its ZooKeeper client
                 await asyncio.get_running_loop().run_in_executor(None, state.membership.leave)
 
@@ -276,6 +294,8 @@ async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:
     )
     await stop_requested.wait()
     log.info("shutting down")
+    if broker.state.cluster is not None:
+        await broker.state.cluster.controlled_shutdown()
     await broker.stop()
     log.info("shut down cleanly")
 

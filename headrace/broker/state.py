@@ -187,6 +187,10 @@ class BrokerState:
     # headrace.broker.cluster_membership.ClusterMembership in cluster mode (zookeeper.connect
     # set), None for a single-node broker; set by the server
     membership: Any = None
+    # headrace.broker.cluster_service.ClusterService in cluster mode, None on a single node
+    cluster: Any = None
+    # headrace.broker.controller_service.ControllerService in cluster mode, set by the server
+    controller: Any = None
     append_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(
             1, thread_name_prefix="headrace-append", initializer=name_this_thread,

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from headrace.broker import cluster_admin
 from headrace.broker.context import RawResponse
 from headrace.broker.handlers.metadata import INTERNAL_TOPIC_NAMES
 from headrace.errors import InvalidRequest, KafkaError, UnknownTopicId, UnknownTopicOrPartition
@@ -97,6 +98,11 @@ async def handle(ctx, request):
         error = _target_error(target, counts)
         if error is None:
             try:
+                if cluster_admin.runs_controller(ctx.broker):
+                    responses.append(await cluster_admin.delete_topic(
+                        ctx.broker, target.name, target.topic_id if target.name is None else None,
+                        request))
+                    continue
                 responses.append(await _delete(ctx.broker, target))
                 continue
             except KafkaError as raised:

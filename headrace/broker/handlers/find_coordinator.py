@@ -1,4 +1,8 @@
-"""FindCoordinator (key 10), versions 0-6: every group's coordinator is this node.
+"""FindCoordinator (key 10), versions 0-6: a group's coordinator.
+
+On a single node every group's coordinator is this node; in a cluster it is the leader of the
+group's ``__consumer_offsets`` partition, COORDINATOR_NOT_AVAILABLE while it has none
+(``broker.cluster_service``).
 
 key_type 0 (group) is answered with this broker's advertised host and port; key_type 1
 (transaction) and 2 (share) are not served here: COORDINATOR_NOT_AVAILABLE, as Kafka answers
@@ -9,7 +13,7 @@ An empty group id is INVALID_REQUEST (Kafka's check). Event loop thread.
 
 from __future__ import annotations
 
-from headrace.errors import CoordinatorNotAvailable, InvalidRequest
+from headrace.errors import CoordinatorNotAvailable, InvalidRequest, KafkaError
 
 API_KEY = 10
 MIN_VERSION = 0
@@ -24,6 +28,12 @@ def _coordinator(broker, key: str, key_type: int) -> dict:
         error = CoordinatorNotAvailable(f"key type {key_type} is not served by this broker")
     elif not key:
         error = InvalidRequest("empty group id")
+    elif broker.cluster is not None:
+        try:
+            return {"key": key, **broker.cluster.group_coordinator(key), "error_code": 0,
+                    "error_message": None}
+        except KafkaError as caught:
+            error = caught
     else:
         return {"key": key, "node_id": broker.node_id, "host": broker.advertised_host,
                 "port": broker.advertised_port, "error_code": 0, "error_message": None}
