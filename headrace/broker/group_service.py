@@ -18,6 +18,11 @@ Owns ``GroupService``:
 * the loader logs, per start-up, the groups loaded, the records replayed
   (``loaded_record_count``, which a compacted offsets topic keeps near the number of live
   keys) and the time taken;
+* in a cluster (``in_cluster``) nothing is created or loaded at start: the offsets topic is
+  the cluster's, and ``leadership_changed`` loads the offsets partitions this broker begins to
+  lead (COORDINATOR_LOAD_IN_PROGRESS meanwhile) and unloads those it stops leading (their
+  groups leave memory, parked requests answer NOT_COORDINATOR); groups of partitions led
+  elsewhere answer NOT_COORDINATOR. A load overtaken by an unload (a newer load number) stops;
 * a timer calls ``tick(now_ms)`` at ``next_deadline_ms()`` (session and rebalance timeouts,
   the initial rebalance delay, offset retention).
 

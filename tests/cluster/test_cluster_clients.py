@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from headrace.errors import LeaderNotAvailable, NotLeaderOrFollower, UnknownTopicOrPartition
 from tests.broker.raw_client import RawClient
@@ -166,6 +166,57 @@ def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster):
 def _one_batch() -> bytes:
     from headrace.protocol.records import build_batch
     return bytes(build_batch([(b"k", b"v", (), 0)]))
+
+
+def test_metadata_auto_creates_a_topic_through_zookeeper(cluster):
+    topic = f"auto-{uuid.uuid4().hex[:8]}"
+    with RawClient(cluster.brokers[2].bootstrap) as client:
+        first = client.request(METADATA_KEY, 12, {
+            "topics": [{"name": topic}], "allow_auto_topic_creation": True,
+            "include_topic_authorized_operations": False})
+    assert first.topics[0].error_code == LeaderNotAvailable.code  # as Kafka's ZooKeeper mode
+    leaders = cluster.wait_for_leaders(topic)
+    assert len(leaders) == 1  # num.partitions
+
+
+def test_added_partitions_are_served_by_their_leaders(cluster):
+    topic, _ = create_topic(cluster, 3)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    for future in admin.create_partitions([NewPartitions(topic, 6)]).values():
+        future.result(timeout=WAIT_TIMEOUT_S)
+    leaders = wait_until(lambda: (view := cluster.wait_for_leaders(topic)) and len(view) == 6
+                         and view, "six partitions with leaders")
+    assert set(leaders.values()) == set(BROKER_IDS)
+    produce_values(cluster, topic, [b"v%d" % p for p in range(6)], 6)
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": topic,
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(6)])
+    try:
+        assert sorted(_poll(consumer, 6)) == [(p, b"v%d" % p) for p in range(6)]
+    finally:
+        consumer.close()
+
+
+def test_cluster_describe_counts_partitions_and_leaders_per_broker(cluster):
+    from tests.cli.cli_runner import run_json
+
+    topic, leaders = create_topic(cluster, 12)
+    create_topic(cluster, 2)  # counts span topics
+    described = run_json("cluster", "describe", "-b", cluster.brokers[3].bootstrap)
+    assert [b["id"] for b in described["brokers"]] == list(BROKER_IDS)
+    assert described["controller_id"] in BROKER_IDS
+    assert sum(b["controller"] for b in described["brokers"]) == 1
+    everything = {name: cluster.wait_for_leaders(name) for name in
+                  [t.name for t in cluster.metadata(1).topics]}
+    expected = Counter(leader for view in everything.values() for leader in view.values())
+    assert {b["id"]: b["leaders"] for b in described["brokers"]} == {
+        broker_id: expected[broker_id] for broker_id in BROKER_IDS}
+    assert {b["id"]: b["partitions"] for b in described["brokers"]} == {
+        broker_id: expected[broker_id] for broker_id in BROKER_IDS}  # RF=1: replica = leader
+    topic_rows = run_json("topics", "describe", topic, "-b", cluster.brokers[1].bootstrap)
+    assert {row["partition"]: (row["leader"], row["replicas"], row["isr"])
+            for row in topic_rows["partitions"]} == {
+        p: (leader, [leader], [leader]) for p, leader in leaders.items()}
 
 
 # --- clients ---------------------------------------------------------------------------------
