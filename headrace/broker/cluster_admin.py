@@ -1,7 +1,7 @@
 """Admin requests in cluster mode, as Kafka's ZooKeeper-mode brokers serve them.
 
-Owns the cluster branch of CreateTopics, CreatePartitions and DeleteTopics (each handler module
-calls in here first when the broker runs a controller): the active controller does the work
+Owns the cluster branch of CreateTopics, CreatePartitions, DeleteTopics and of topic config
+changes (each handler module calls in here first when the broker runs a controller): the active controller does the work
 through ZooKeeper on its event thread (``ControllerService.run``); any other broker answers
 every topic NOT_CONTROLLER (41) without a message, as Kafka's ``KafkaApis`` does, and clients
 send admin requests to the controller id Metadata names.
@@ -10,15 +10,20 @@ CreateTopics follows ``ZkAdminManager.createTopics``: the validation of the sing
 (names, internal topics, duplicates, configs; shared with it), then the replication factor and
 partitions against the live brokers (Kafka's rack-unaware assignment; a manual assignment's
 brokers must be registered), ``validate_only`` stopping there. The answer comes once the
-partition states are written (the controller writes them in the same event), bounded by the
-request's ``timeout_ms`` (REQUEST_TIMED_OUT past it). DeleteTopics answers once the topic's
-znodes are gone; brokers drop their logs when their watches see the topic vanish.
+partition states are written (the controller writes them in the same event) and this broker's
+metadata cache shows a leader for every partition (Kafka's DelayedCreatePartitions), bounded by
+the request's ``timeout_ms`` (REQUEST_TIMED_OUT past it). DeleteTopics answers once the topic's
+znodes are gone and this broker's cache no longer has the topic (DelayedDeleteTopics); brokers
+drop their logs when their watches see the topic vanish. A topic's config change (AlterConfigs,
+IncrementalAlterConfigs) is written by whichever broker receives it, as Kafka's
+``ZkAdminManager.alterConfigs``: ``/config/topics/<t>`` and a ``config_change_`` notification.
 
 Runs on the event loop thread; ZooKeeper is only touched on the controller's thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from typing import Any
@@ -35,6 +40,7 @@ from headrace.errors import (
     InvalidRequest,
     KafkaError,
     NotController,
+    RequestTimedOut,
 )
 from headrace.storage.config import LogConfig
 
@@ -90,7 +96,25 @@ async def _create_topic(ctx: Any, topic: Any, count: int, request: Any) -> dict[
         return controller.assignment(topic.name)
 
     assignment = await ctx.broker.controller.run(create, timeout_ms)
+    if not request.validate_only:
+        await _wait_for_metadata(ctx.broker, lambda metadata: _has_leaders(
+            metadata, topic.name, len(assignment.partitions)), timeout_ms)
     return _created(ctx.broker, topic.name, assignment, overrides, request.validate_only)
+
+
+def _has_leaders(metadata: Any, name: str, partitions: int) -> bool:
+    states = metadata.states
+    return all((name, p) in states and states[(name, p)].has_leader for p in range(partitions))
+
+
+async def _wait_for_metadata(broker: Any, predicate, timeout_ms: int) -> None:
+    """Kafka's DelayedCreatePartitions / DelayedDeleteTopics: answer once this broker's
+    metadata cache shows the change, REQUEST_TIMED_OUT when it does not within the timeout."""
+    cluster = getattr(broker, "cluster", None)
+    if cluster is None:
+        return
+    if not await cluster.cache.wait_until(predicate, timeout_ms):
+        raise RequestTimedOut(f"The metadata did not show the change within {timeout_ms} ms.")
 
 
 def _resolve_layout(config: Any, topic: Any) -> tuple[int, int, dict[int, tuple[int, ...]] | None]:
@@ -207,6 +231,20 @@ async def delete_topic(broker: Any, name: str | None, topic_id: uuid.UUID | None
         controller.delete_topic(resolved)
         return resolved, deleted_id
 
-    resolved, deleted_id = await broker.controller.run(delete, request_timeout_ms(request))
+    timeout_ms = request_timeout_ms(request)
+    resolved, deleted_id = await broker.controller.run(delete, timeout_ms)
+    await _wait_for_metadata(broker, lambda metadata: resolved not in metadata.topics, timeout_ms)
     return {"name": resolved, "error_code": 0, "error_message": None,
             "topic_id": uuid.UUID(bytes=deleted_id) if deleted_id else ZERO_UUID}
+
+
+# --- AlterConfigs / IncrementalAlterConfigs of a topic -------------------------------------
+
+async def change_topic_config(broker: Any, topic: str, overrides: dict[str, str]) -> None:
+    """Write the topic's new overrides and a change notification to ZooKeeper from this broker
+    (any broker may, as with Kafka's ZooKeeper-mode AlterConfigs); every broker applies them
+    from its watch. Answers once this broker's metadata cache has them (read your writes)."""
+    zk = broker.membership.session.client
+    await asyncio.to_thread(topic_admin.change_topic_config, zk, topic, overrides)
+    await _wait_for_metadata(broker, lambda metadata: topic in metadata.topics and dict(
+        metadata.topics[topic].configs) == dict(overrides), DEFAULT_TIMEOUT_MS)

@@ -10,8 +10,9 @@ from ``/cluster/id`` (created on the first start of the cluster), settle the bro
 and write ``meta.properties``, and, once the listener is bound, register ``/brokers/ids/<id>``.
 ``leave`` closes the session, which deletes the registration at once.
 
-Without ``zookeeper.connect`` there is no membership (``from_config`` returns None) and the
-broker is the single node it always was: every cluster code path sits behind this object.
+Without ``zookeeper.connect`` there is no membership (``server.cluster_membership`` returns
+None, and kazoo is not imported) and the broker is the single node it always was: every cluster
+code path sits behind this object.
 
 ``meta.properties`` in cluster mode is Kafka's ZooKeeper-mode version 0 file (first log dir)::
 
@@ -64,11 +65,6 @@ class ClusterMembership:
             connection_timeout_ms=int(connection_timeout) if connection_timeout else None)
         self.cluster_id: str | None = None
         self.broker_id: int | None = None
-
-    @classmethod
-    def from_config(cls, config: BrokerConfig) -> ClusterMembership | None:
-        """None without ``zookeeper.connect``: a single-node broker."""
-        return cls(config) if config.get("zookeeper.connect") else None
 
     @property
     def broker_epoch(self) -> int:

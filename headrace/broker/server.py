@@ -62,14 +62,14 @@ import signal
 import time
 from pathlib import Path
 
-from headrace.broker.acceptor import Acceptor, RateLimitedLog, listening_socket
+from headrace.broker.acceptor import Acceptor, listening_socket
 from headrace.broker.cleaner_service import CleanerService
-from headrace.broker.cluster_membership import ClusterMembership
 from headrace.broker.cluster_service import ClusterService
 from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
 from headrace.broker.controller_service import ControllerService
 from headrace.broker.group_service import GroupService
+from headrace.broker.rate_limited_log import RateLimitedLog
 from headrace.broker.request_memory import RequestMemory
 from headrace.broker.scrub_service import ScrubService
 from headrace.broker.state import (
@@ -112,7 +112,7 @@ class Broker:
         log_dirs = config.log_dirs
         for log_dir in log_dirs:
             log_dir.mkdir(parents=True, exist_ok=True)
-        membership = ClusterMembership.from_config(config)
+        membership = cluster_membership(config)
         if membership is not None:  # cluster mode: identity from ZooKeeper, as Kafka first
             await asyncio.get_running_loop().run_in_executor(None, membership.join)
         log_manager = LogManager(log_dirs, config.properties(), self.clock, fs=self.fs)
@@ -165,7 +165,7 @@ class Broker:
               for name, interval_config, job in self._log_manager_tasks()),
         ]
 
-    async def _register(self, membership: ClusterMembership) -> None:
+    async def _register(self, membership) -> None:
         """Register in ZooKeeper; on failure (broker.id taken) shut down what started."""
         try:
             await asyncio.get_running_loop().run_in_executor(
@@ -266,6 +266,16 @@ class Broker:
                 await asyncio.get_running_loop().run_in_executor(None, state.controller.stop)
             if state.membership is not None:  # last, as Kafka closes its ZooKeeper client
                 await asyncio.get_running_loop().run_in_executor(None, state.membership.leave)
+
+
+def cluster_membership(config: BrokerConfig):
+    """The broker's ``ClusterMembership`` in cluster mode (``zookeeper.connect`` set), else
+    None: a single-node broker does not even import the ZooKeeper client."""
+    if not config.get("zookeeper.connect"):
+        return None
+    from headrace.broker.cluster_membership import ClusterMembership
+
+    return ClusterMembership(config)
 
 
 async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:

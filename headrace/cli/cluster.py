@@ -6,9 +6,13 @@ confluent-kafka's AdminClient plus one Metadata request for the topic count.
 ``describe``: the brokers, the controller, and per broker how many partitions it holds
 (replicas) and leads, from DescribeCluster and Metadata.
 
-``up --brokers N [--base-dir D] [--zookeeper-nodes 3] [--first-port 9092]``: a local
-ZooKeeper ensemble and N brokers on 127.0.0.1 (``local_cluster.LocalCluster``); prints the
-bootstrap list once every broker is registered, runs until SIGINT (Ctrl-C) or SIGTERM, then
+``elect-leaders (--topic T [--partition P] | --all-topic-partitions) [--election-type
+preferred|unclean]``: ElectLeaders through the controller (confluent-kafka's AdminClient), one
+row per partition: ``elected`` or Kafka's error name (ELECTION_NOT_NEEDED, ...).
+
+``up --brokers N [--base-dir D] [--zookeeper-nodes 3] [--first-port 9092] [--output json]``:
+a local ZooKeeper ensemble and N brokers on 127.0.0.1 (``local_cluster.LocalCluster``); prints
+the bootstrap list once every broker is registered, runs until SIGINT (Ctrl-C) or SIGTERM, then
 stops the brokers and the ensemble. A cluster that does not come up is one line on stderr and
 exit status 1.
 
@@ -18,6 +22,7 @@ Stateless; runs on the main thread (``up``'s signal handlers only set an event).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -29,10 +34,12 @@ from headrace.cli.common import (
     Connection,
     OutputFormat,
     OutputOption,
+    UserError,
     connection_options,
     emit,
     fail,
     make_table,
+    report,
     user_errors,
 )
 
@@ -125,6 +132,7 @@ def up(
     first_port: Annotated[int, typer.Option(
         "--first-port", min=0, max=65535,
         help="broker I listens on first-port + I - 1 (0: free ports)")] = 9092,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
     """Start a ZooKeeper ensemble and N brokers on 127.0.0.1; Ctrl-C stops them all."""
     from headrace.cli.local_cluster import LocalCluster, LocalClusterError
@@ -139,8 +147,11 @@ def up(
     except (LocalClusterError, ZooKeeperEnsembleError, OSError) as error:
         raise fail(str(error)) from None
     try:
-        typer.echo(f"zookeeper.connect: {cluster.zookeeper_connect}")
-        typer.echo(f"bootstrap servers: {cluster.bootstrap_servers}", err=False)
+        report(output, f"zookeeper.connect: {cluster.zookeeper_connect}\n"
+                       f"bootstrap servers: {cluster.bootstrap_servers}",
+               {"zookeeper_connect": cluster.zookeeper_connect,
+                "bootstrap_servers": cluster.bootstrap_servers})
+        sys.stdout.flush()  # a pipe reads the addresses now, not at exit
         typer.echo("Ctrl-C stops the cluster", err=True)
         reported: set[int] = set()
         while not stop_requested.wait(1.0):
@@ -152,3 +163,47 @@ def up(
     finally:
         typer.echo("stopping the cluster", err=True)
         cluster.stop()
+
+
+ELECTION_TYPES = ("preferred", "unclean")
+
+
+@app.command("elect-leaders")
+@connection_options
+def elect_leaders(
+    topic: Annotated[str | None, typer.Option("--topic", help="the topic's partitions")] = None,
+    partition: Annotated[int | None, typer.Option(
+        "--partition", min=0, help="only this partition of --topic")] = None,
+    all_topic_partitions: Annotated[bool, typer.Option(
+        "--all-topic-partitions", help="every partition of every topic")] = False,
+    election_type: Annotated[str, typer.Option(
+        "--election-type", help="preferred (the first replica leads again) or unclean "
+        "(a live replica outside the ISR may lead an offline partition)")] = "preferred",
+    connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Leader election through the controller (ElectLeaders), as kafka-leader-election."""
+    from confluent_kafka import ElectionType, TopicPartition
+
+    with user_errors():
+        if election_type not in ELECTION_TYPES:
+            raise UserError(f"--election-type must be one of {', '.join(ELECTION_TYPES)}")
+        if all_topic_partitions == (topic is not None) or (partition is not None and topic is None):
+            raise UserError("give either --topic (and optionally --partition) or "
+                            "--all-topic-partitions")
+        admin, metadata = connection.admin()
+        partitions = None
+        if topic is not None:
+            if topic not in metadata.topics:
+                raise UserError(f"topic {topic!r} does not exist")
+            indexes = [partition] if partition is not None else sorted(metadata.topics[topic].partitions)
+            partitions = [TopicPartition(topic, index) for index in indexes]
+        kind = ElectionType.PREFERRED if election_type == "preferred" else ElectionType.UNCLEAN
+        # confluent-kafka 2.16's elect_leaders fails on any keyword option (a SystemError in
+        # its argument parsing): the client's default request timeout applies
+        results = admin.elect_leaders(kind, partitions).result(
+            timeout=connection.request_timeout_s)
+        rows = sorted(((tp.topic, tp.partition, "elected" if error is None else error.name())
+                       for tp, error in results.items()))
+        data = [{"topic": t, "partition": p, "result": r} for t, p, r in rows]
+        emit(output, data, make_table(None, ["topic", "partition", "result"], rows))

@@ -31,13 +31,16 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from headrace.cluster import zookeeper_paths as paths
-from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble, free_ports
+from headrace.cluster.zookeeper_ensemble import (
+    ZooKeeperEnsemble,
+    free_ports,
+    wait_while_running,
+)
 
 CHROOT = "/headrace"
 HOST = "127.0.0.1"
 DEFAULT_START_TIMEOUT_MS = 120_000
 BROKER_STOP_TIMEOUT_MS = 30_000
-POLL_INTERVAL_MS = 100
 
 
 class LocalClusterError(RuntimeError):
@@ -126,20 +129,12 @@ class LocalCluster:
         client = KazooClient(hosts=self.ensemble.connect_string)  # the chroot may not exist yet
         client.start(timeout=self.start_timeout_ms / 1000)
         try:
-            deadline = time.monotonic() + self.start_timeout_ms / 1000
             expected = {str(broker_id) for broker_id in self.broker_ids}
-            while not expected <= _children(client, CHROOT + paths.BROKER_IDS):
-                exited = self.exited_brokers()
-                if exited:
-                    broker_id, status = next(iter(exited.items()))
-                    raise LocalClusterError(
-                        f"broker {broker_id} exited with status {status} at start-up; see "
-                        f"{self.broker_log(broker_id)}")
-                if time.monotonic() > deadline:
-                    raise LocalClusterError(
-                        f"brokers not registered within {self.start_timeout_ms} ms; see "
-                        f"{self.base_dir}/broker-*.log")
-                time.sleep(POLL_INTERVAL_MS / 1000)
+            wait_while_running(
+                lambda: expected <= _children(client, CHROOT + paths.BROKER_IDS), self.brokers,
+                self.start_timeout_ms,
+                f"brokers not all registered (see {self.base_dir}/broker-*.log)",
+                LocalClusterError)
         finally:
             client.stop()
             client.close()

@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +109,22 @@ def server_mode(host: str, port: int) -> str | None:
         if line.startswith("Mode:"):
             return line.split(":", 1)[1].strip()
     return None
+
+
+def wait_while_running(condition: Callable[[], bool],
+                       processes: Mapping[int, subprocess.Popen], timeout_ms: int,
+                       failure: str, error: type[Exception]) -> None:
+    """Poll ``condition`` every ``POLL_INTERVAL_MS`` until it holds; raise ``error`` when one
+    of ``processes`` (id -> process) exits first or ``timeout_ms`` passes."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not condition():
+        exited = {key: process.returncode for key, process in processes.items()
+                  if process.poll() is not None}
+        if exited:
+            raise error(f"{failure}: exited (id: status) {exited}")
+        if time.monotonic() > deadline:
+            raise error(f"{failure}: not within {timeout_ms} ms")
+        time.sleep(POLL_INTERVAL_MS / 1000)
 
 
 class ZooKeeperEnsemble:
@@ -266,18 +283,9 @@ class ZooKeeperEnsemble:
             log_file.close()
 
     def _wait(self, condition, timeout_ms: int | None, failure: str) -> None:
-        deadline = time.monotonic() + (timeout_ms or self.start_timeout_ms) / 1000
-        while not condition():
-            exited = {node: p.returncode for node, p in self._processes.items()
-                      if p.poll() is not None}
-            if exited:
-                raise ZooKeeperEnsembleError(
-                    f"{failure}: node(s) exited {exited}; see {self.base_dir}/node-*/zookeeper.log")
-            if time.monotonic() > deadline:
-                raise ZooKeeperEnsembleError(
-                    f"{failure} within {timeout_ms or self.start_timeout_ms} ms; "
-                    f"see {self.base_dir}/node-*/zookeeper.log")
-            time.sleep(POLL_INTERVAL_MS / 1000)
+        wait_while_running(condition, self._processes, timeout_ms or self.start_timeout_ms,
+                           f"{failure} (see {self.base_dir}/node-*/zookeeper.log)",
+                           ZooKeeperEnsembleError)
 
     def _kill_all(self) -> None:
         for process in self._processes.values():

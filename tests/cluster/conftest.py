@@ -6,12 +6,16 @@ a node must bring it back (``restart``/``resume``) before it ends.
 ``zookeeper_chroot``: a chroot of this test's own (``/t<n>-<test name>``) so that tests sharing
 the ensemble never see each other's znodes. ``zookeeper_client``: a kazoo client at the
 ensemble's root (paths include the chroot), stopped after the test.
-``cluster_brokers``: ``start(broker_id, **overrides) -> BrokerProcess`` of a broker registered
-under the test's chroot (``zookeeper.connect`` = ensemble + chroot, a short session timeout);
-every broker it started is stopped after the test.
+``cluster_brokers``: ``start(broker_id, **overrides) -> BrokerProcess`` of a broker in the
+test's chroot (``zookeeper.connect`` = ensemble + chroot, a short session timeout), serving
+once its port accepts; ``start_registered(client, broker_id)`` also waits for its
+``/brokers/ids/<id>``; every broker it started is stopped after the test.
 
 ``wait_for_znode(client, path, present, timeout_s)`` waits on a kazoo watch (no polling) until
-``path`` exists (or no longer does); it fails the test after ``timeout_s``.
+``path`` exists (or no longer does); it fails the test after ``timeout_s``. ZooKeeper's reads
+are sequentially consistent per client only: the node a test's client talks to may not have
+applied another client's write yet, so a test reading what a broker wrote calls
+``synced(client, path)`` first (ZooKeeper's ``sync``) or waits with a watch.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ ZNODE_TIMEOUT_S = 30.0
 # ZooKeeper grants sessions between 2 and 20 ticks (tickTime=500 ms): 2 s expires a killed
 # broker's registration quickly.
 BROKER_SESSION_TIMEOUT_MS = 2000
+FIRST_GENERATED_ID = 1001  # /brokers/seqid's first version (1) + reserved.broker.max.id (1000)
 _chroot_numbers = itertools.count(1)
 
 
@@ -71,11 +76,18 @@ def wait_for_znode(client: KazooClient, path: str, present: bool = True,
         changed.clear()
 
 
+def synced(client: KazooClient, path: str) -> str:
+    """``path``, after the client's server caught up with the leader (``sync``)."""
+    client.sync(path)
+    return path
+
+
 class ClusterBrokers:
     """Brokers in cluster mode under one chroot; stopped by the fixture."""
 
     def __init__(self, tmp_path, ensemble: ZooKeeperEnsemble, chroot: str) -> None:
         self.tmp_path = tmp_path
+        self.chroot = chroot
         self.zookeeper_connect = ensemble.connect_string + chroot
         self.started: list[BrokerProcess] = []
 
@@ -93,6 +105,19 @@ class ClusterBrokers:
         broker = self.process(broker_id, **overrides)
         broker.start()
         return broker
+
+    def registration_path(self, broker_id: int) -> str:
+        """``/brokers/ids/<id>`` under the chroot, as a root client sees it."""
+        return f"{self.chroot}/brokers/ids/{broker_id}"
+
+    def start_registered(self, client: KazooClient, broker_id: int,
+                         **overrides: str) -> tuple[BrokerProcess, str]:
+        """Start a broker and wait (a watch on ``client``) until it is registered; returns it
+        with its registration path. ``broker_id`` -1: the path of the first generated id."""
+        broker = self.start(broker_id, **overrides)
+        path = self.registration_path(broker_id if broker_id >= 0 else FIRST_GENERATED_ID)
+        wait_for_znode(client, path)
+        return broker, path
 
     def stop_all(self) -> None:
         for broker in self.started:

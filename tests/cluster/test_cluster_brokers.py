@@ -12,11 +12,12 @@ from datetime import timedelta
 
 import pytest
 
+from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
-from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble
+from headrace.cluster import zookeeper_records as records
 from tests.broker.raw_client import RawClient
+from tests.cli.cli_runner import run_json
 from tests.cluster.cluster_helpers import (
-    chrooted_connect_string,
     close,
     controller_epoch,
     controller_id,
@@ -25,35 +26,23 @@ from tests.cluster.cluster_helpers import (
     wait_until,
     zookeeper_client,
 )
+from tests.cluster.conftest import BROKER_SESSION_TIMEOUT_MS
 from tests.conftest import BrokerProcess
 
-SESSION_TIMEOUT_MS = 4000
-FAILOVER_WAIT_S = 3 * SESSION_TIMEOUT_MS / 1000 + 10  # generous: the bench measures it
+FAILOVER_WAIT_S = 3 * BROKER_SESSION_TIMEOUT_MS / 1000 + 10  # generous: the bench measures it
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
+DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, TOPIC = 32, 44, 2
 NOT_CONTROLLER = 41
+ELECT_LEADERS, ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE = 43, 84, 80
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
 
-@pytest.fixture(scope="module")
-def ensemble(tmp_path_factory):
-    with ZooKeeperEnsemble(tmp_path_factory.mktemp("zookeeper"), size=1) as zookeeper:
-        yield zookeeper
-
-
 class BrokerCluster:
-    def __init__(self, tmp_path, connect: str, broker_ids) -> None:
-        self.connect = connect
-        self.brokers = {}
-        for broker_id in broker_ids:
-            data_dir = tmp_path / f"broker-{broker_id}"
-            data_dir.mkdir()
-            self.brokers[broker_id] = BrokerProcess(data_dir, {
-                "zookeeper.connect": connect, "broker.id": str(broker_id),
-                "zookeeper.session.timeout.ms": str(SESSION_TIMEOUT_MS),
-            })
-        for broker in self.brokers.values():
-            broker.start()
-        self.zk = zookeeper_client(connect)
+    """Three brokers started by ``cluster_brokers``, and a kazoo client in their chroot."""
+
+    def __init__(self, cluster_brokers, broker_ids) -> None:
+        self.brokers = {broker_id: cluster_brokers.start(broker_id) for broker_id in broker_ids}
+        self.zk = zookeeper_client(cluster_brokers.zookeeper_connect)
         wait_until(lambda: len(self.zk.get_children(paths.BROKER_IDS)) == len(self.brokers),
                    "every broker registered")
 
@@ -63,19 +52,12 @@ class BrokerCluster:
     def others(self, broker_id: int) -> list[int]:
         return [b for b in self.brokers if b != broker_id]
 
-    def close(self) -> None:
-        for broker in self.brokers.values():
-            if broker.process is not None and broker.process.poll() is None:
-                os.kill(broker.pid, signal.SIGCONT)
-            broker.stop()
-        close(self.zk)
-
 
 @pytest.fixture
-def cluster(tmp_path, ensemble):
-    cluster = BrokerCluster(tmp_path, chrooted_connect_string(ensemble.connect_string), (1, 2, 3))
+def cluster(cluster_brokers):
+    cluster = BrokerCluster(cluster_brokers, (1, 2, 3))
     yield cluster
-    cluster.close()
+    close(cluster.zk)
 
 
 def create_topics(broker: BrokerProcess, name: str, partitions: int, **overrides):
@@ -165,16 +147,81 @@ def test_a_sigstopped_controller_that_wakes_after_its_session_expired_writes_not
                   num_partitions=-1, replication_factor=-1)
     log_mark = cluster.brokers[stale].log_bytes()
     os.kill(cluster.brokers[stale].pid, signal.SIGSTOP)
-    successor = wait_until(lambda: (c := controller_id(cluster.zk)) not in (None, stale) and c,
-                           "a new controller", timeout_s=FAILOVER_WAIT_S)
-    assert controller_epoch(cluster.zk) == epoch + 1
-    watched = [paths.CONTROLLER_EPOCH, paths.CONTROLLER] + [
-        paths.partition_state_path("still", p) for p in (0, 1)]
-    before = {path: cluster.zk.exists(path).mzxid for path in watched}
-    os.kill(cluster.brokers[stale].pid, signal.SIGCONT)
+    try:
+        successor = wait_until(lambda: (c := controller_id(cluster.zk)) not in (None, stale) and c,
+                               "a new controller", timeout_s=FAILOVER_WAIT_S)
+        assert controller_epoch(cluster.zk) == epoch + 1
+        watched = [paths.CONTROLLER_EPOCH, paths.CONTROLLER] + [
+            paths.partition_state_path("still", p) for p in (0, 1)]
+        before = {path: cluster.zk.exists(path).mzxid for path in watched}
+    finally:
+        os.kill(cluster.brokers[stale].pid, signal.SIGCONT)
     wait_until(lambda: "resigned as controller (epoch" in cluster.brokers[stale].log_text(log_mark)
                and "ZooKeeper session expired" in cluster.brokers[stale].log_text(log_mark),
                "the woken controller resigns")
     wait_until(lambda: cluster.zk.exists(paths.broker_id_path(stale)), "it registers again")
     assert {path: cluster.zk.exists(path).mzxid for path in watched} == before
     assert controller_id(cluster.zk) == successor and controller_epoch(cluster.zk) == epoch + 1
+
+
+def test_a_topic_config_changed_on_any_broker_reaches_zookeeper_and_every_broker(cluster):
+    active = cluster.controller()
+    create_topics(cluster.brokers[active], "tuned", 2)
+    changer, reader = cluster.others(active)
+
+    def described(broker_id: int) -> str | None:
+        with RawClient(cluster.brokers[broker_id].bootstrap) as client:
+            result = client.request(DESCRIBE_CONFIGS, 4, {"resources": [
+                {"resource_type": TOPIC, "resource_name": "tuned",
+                 "configuration_keys": ["retention.ms"]}],
+                "include_synonyms": False, "include_documentation": False}).results[0]
+        return next((c.value for c in result.configs if c.name == "retention.ms"), None)
+
+    wait_until(lambda: described(changer), "the changing broker knows the topic")
+    with RawClient(cluster.brokers[changer].bootstrap) as client:
+        response = client.request(INCREMENTAL_ALTER_CONFIGS, 1, {"validate_only": False, "resources": [
+            {"resource_type": TOPIC, "resource_name": "tuned",
+             "configs": [{"name": "retention.ms", "config_operation": 0, "value": "12345"}]}]})
+    assert response.responses[0].error_code == 0
+    assert topic_admin.read_topic_config(cluster.zk, "tuned") == {"retention.ms": "12345"}
+    [change] = cluster.zk.get_children(paths.CONFIG_CHANGES)
+    assert records.decode_config_change_notification(
+        cluster.zk.get(f"{paths.CONFIG_CHANGES}/{change}")[0]) == ("topics", "tuned")
+
+    for broker_id in (changer, reader, active):
+        wait_until(lambda b=broker_id: described(b) == "12345", f"broker {broker_id} sees it")
+
+
+def elect_leaders(broker: BrokerProcess, partitions) -> dict[tuple[str, int], int]:
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(ELECT_LEADERS, 2, {"election_type": 0, "timeout": REQUEST_TIMEOUT,
+                                                    "topic_partitions": partitions})
+    assert response.error_code == 0
+    return {(r.topic, p.partition_id): p.error_code
+            for r in response.replica_election_results for p in r.partition_result}
+
+
+def test_elect_leaders_on_the_controller_and_elsewhere(cluster):
+    active = cluster.controller()
+    create_topics(cluster.brokers[active], "chosen", 3)
+    asked = [{"topic": "chosen", "partitions": [0, 1, 2]}]
+    assert elect_leaders(cluster.brokers[active], asked) == {
+        ("chosen", p): ELECTION_NOT_NEEDED for p in range(3)}
+    assert elect_leaders(cluster.brokers[active], None) == {}
+    for other in cluster.others(active):
+        assert set(elect_leaders(cluster.brokers[other], asked).values()) == {NOT_CONTROLLER}
+    victim = cluster.others(active)[0]
+    led = [p for p, s in topic_states(cluster.zk, "chosen", 3).items() if s.leader == victim]
+    cluster.brokers[victim].kill()
+    for p in led:
+        wait_until(lambda p=p: partition_state(cluster.zk, "chosen", p).leader == -1, "offline",
+                   timeout_s=FAILOVER_WAIT_S)
+    answer = elect_leaders(cluster.brokers[active], asked)
+    assert {tp for tp, code in answer.items() if code == PREFERRED_LEADER_NOT_AVAILABLE} == {
+        ("chosen", p) for p in led}
+    assert elect_leaders(cluster.brokers[active], [{"topic": "none", "partitions": [0]}]) == {
+        ("none", 0): 3}
+    rows = run_json("cluster", "elect-leaders", "--topic", "chosen",
+                    "--bootstrap-server", cluster.brokers[cluster.others(active)[1]].bootstrap)
+    assert {(row["partition"], row["result"]) for row in rows} == {
+        (p, "PREFERRED_LEADER_NOT_AVAILABLE" if p in led else "ELECTION_NOT_NEEDED") for p in range(3)}

@@ -15,11 +15,9 @@ from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
 from headrace.cluster.controller import ELECTION_TYPE_PREFERRED, Controller
-from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble
 from headrace.errors import ElectionNotNeeded, NotController, PreferredLeaderNotAvailable
 from tests.cluster.cluster_helpers import (
     WAIT_TIMEOUT_S,
-    chrooted_connect_string,
     close,
     controller_epoch,
     controller_id,
@@ -31,15 +29,10 @@ from tests.cluster.cluster_helpers import (
 )
 
 
-@pytest.fixture(scope="module")
-def ensemble(tmp_path_factory):
-    with ZooKeeperEnsemble(tmp_path_factory.mktemp("zookeeper"), size=1) as zookeeper:
-        yield zookeeper
-
-
 @pytest.fixture
-def connect(ensemble):
-    return chrooted_connect_string(ensemble.connect_string)
+def connect(zookeeper_ensemble, zookeeper_chroot, zookeeper_client):
+    zookeeper_client.ensure_path(zookeeper_chroot)
+    return zookeeper_ensemble.connect_string + zookeeper_chroot
 
 
 @pytest.fixture
@@ -258,3 +251,16 @@ def test_controller_epoch_znode_is_created_at_zero_when_missing(cluster, admin):
     cluster.add_broker(1)
     wait_until(cluster.active, "a controller")
     assert controller_epoch(admin) == 1
+
+
+def test_new_partition_without_a_live_replica_waits_for_it(cluster, admin):
+    cluster.add_broker(1)
+    controller = wait_until(cluster.active, "a controller")
+    assignment = records.TopicAssignment(topic_id=records.new_topic_id(), partitions={0: (1,), 1: (7,)})
+    admin.create(paths.topic_path("waiting"), records.encode_topic_assignment(assignment))
+    wait_until(lambda: partition_state(admin, "waiting", 0), "state of the live replica's partition")
+    controller.submit(lambda: None).result(WAIT_TIMEOUT_S)  # the topic event has been handled
+    assert partition_state(admin, "waiting", 1) is None
+    cluster.add_broker(7, controller=False)
+    state = wait_until(lambda: partition_state(admin, "waiting", 1), "state once broker 7 is up")
+    assert (state.leader, state.isr, state.leader_epoch) == (7, (7,), 0)

@@ -20,7 +20,7 @@ from headrace.cluster.zookeeper_session import (
     ZooKeeperSession,
 )
 from headrace.errors import InvalidConfig
-from tests.cluster.conftest import ZNODE_TIMEOUT_S, ZOOKEEPER_CONNECT_TIMEOUT_S
+from tests.cluster.conftest import ZNODE_TIMEOUT_S, ZOOKEEPER_CONNECT_TIMEOUT_S, synced
 
 SESSION_TIMEOUT_MS = 4000
 
@@ -68,9 +68,9 @@ def open_session(zookeeper_ensemble, zookeeper_chroot):
 def test_the_chroot_is_created_at_start(open_session, zookeeper_client, zookeeper_chroot):
     assert zookeeper_client.exists(zookeeper_chroot) is None
     session = open_session()
-    assert zookeeper_client.exists(zookeeper_chroot) is not None
+    assert zookeeper_client.exists(synced(zookeeper_client, zookeeper_chroot)) is not None
     session.ensure_persistent_paths()
-    assert set(zookeeper_client.get_children(zookeeper_chroot)) >= {
+    assert set(zookeeper_client.get_children(synced(zookeeper_client, zookeeper_chroot))) >= {
         "brokers", "config", "admin", "isr_change_notification"}
     assert zookeeper_client.exists(zookeeper_chroot + paths.BROKER_SEQUENCE_ID) is not None
 
@@ -88,7 +88,7 @@ def test_registration_is_ephemeral_kafka_json_and_its_czxid_is_the_broker_epoch(
         open_session, zookeeper_client, zookeeper_chroot):
     session = open_session()
     epoch = session.register_broker(_registration(3, 9093))
-    data, stat = zookeeper_client.get(zookeeper_chroot + "/brokers/ids/3")
+    data, stat = zookeeper_client.get(synced(zookeeper_client, zookeeper_chroot + "/brokers/ids/3"))
     assert epoch == stat.czxid == session.broker_epoch
     assert stat.ephemeralOwner == session.session_id
     assert decode_broker_registration(3, data) == _registration(3, 9093)
@@ -101,7 +101,7 @@ def test_an_id_held_by_another_live_session_is_refused(open_session, zookeeper_c
     first.register_broker(_registration(1))
     with pytest.raises(BrokerIdAlreadyRegistered, match="NodeExists"):
         second.register_broker(_registration(1, 9999))
-    _, stat = zookeeper_client.get(zookeeper_chroot + "/brokers/ids/1")
+    _, stat = zookeeper_client.get(synced(zookeeper_client, zookeeper_chroot + "/brokers/ids/1"))
     assert stat.ephemeralOwner == first.session_id
 
 
@@ -129,7 +129,7 @@ def test_after_the_session_expires_a_new_one_registers_again(
     _expire(zookeeper_ensemble, session)
     assert new_session.wait(ZNODE_TIMEOUT_S), f"no new session; events {events}"
     assert SessionEvent.EXPIRED in events
-    _, stat = zookeeper_client.get(zookeeper_chroot + "/brokers/ids/7")
+    _, stat = zookeeper_client.get(synced(zookeeper_client, zookeeper_chroot + "/brokers/ids/7"))
     assert stat.ephemeralOwner == session.session_id != old_session_id
     assert stat.czxid == session.broker_epoch > old_epoch
 
