@@ -52,10 +52,15 @@ class ServedLogs:
             f"(leader: {metadata.leader_of(topic, partition)})")
 
     def topic(self, name: str) -> TopicInfo:
-        info = self.topics().get(name)
-        if info is None:
+        """One cluster topic (a fetch by topic id asks for one per request: no full scan)."""
+        cluster_topic = self._cache.current.topics.get(name)
+        if cluster_topic is None:
             raise UnknownTopicOrPartition(f"Unknown topic {name}")
-        return info
+        try:
+            local_topic = self.log_manager.topic(name)
+        except UnknownTopicOrPartition:
+            local_topic = None
+        return self._topic_info(cluster_topic, local_topic)
 
     def topics(self) -> dict[str, TopicInfo]:
         """The cluster's topics; rebuilt only when the metadata or the local topics change."""
@@ -63,19 +68,21 @@ class ServedLogs:
         memo = self._topics_memo
         if memo is not None and memo[0] is metadata and memo[1] == local:
             return dict(memo[2])
-        broker_properties = self.log_manager.broker_properties
-        topics = {}
-        for name, cluster_topic in metadata.topics.items():
-            local_topic = local.get(name)
-            if local_topic is not None:
-                config, overrides = local_topic.config, local_topic.overrides
-            else:
-                overrides = dict(cluster_topic.configs)
-                config = LogConfig.from_properties(overrides, broker_properties)
-            topics[name] = TopicInfo(name, cluster_topic.topic_id, cluster_topic.partition_count,
-                                     config, overrides)
+        topics = {name: self._topic_info(cluster_topic, local.get(name))
+                  for name, cluster_topic in metadata.topics.items()}
         self._topics_memo = (metadata, local, topics)
         return dict(topics)
+
+    def _topic_info(self, cluster_topic, local_topic: TopicInfo | None) -> TopicInfo:
+        """The local log config when this broker holds the topic, else ZooKeeper's overrides
+        over the broker defaults."""
+        if local_topic is not None:
+            config, overrides = local_topic.config, local_topic.overrides
+        else:
+            overrides = dict(cluster_topic.configs)
+            config = LogConfig.from_properties(overrides, self.log_manager.broker_properties)
+        return TopicInfo(cluster_topic.name, cluster_topic.topic_id,
+                         cluster_topic.partition_count, config, overrides)
 
     def __getattr__(self, name: str):
         if name in _CONTROLLER_ONLY:
