@@ -13,6 +13,7 @@ bounded in time (``wait_until``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections import Counter, defaultdict
 
@@ -22,10 +23,14 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from headrace.errors import LeaderNotAvailable, NotLeaderOrFollower, UnknownTopicOrPartition
 from tests.broker.raw_client import RawClient
-from tests.cluster.cluster_helpers import WAIT_TIMEOUT_S, wait_until
+from tests.cluster import cluster_helpers
 from tests.conftest import BrokerProcess
 from tests.spark.conftest import spark  # noqa: F401 -- the SparkSession fixture
 
+# Three brokers, ZooKeeper and a client on a shared 2-core machine: waits get twice the helpers'
+# bound (still bounded; nothing here is timed).
+WAIT_TIMEOUT_S = 2 * cluster_helpers.WAIT_TIMEOUT_S
+wait_until = functools.partial(cluster_helpers.wait_until, timeout_s=WAIT_TIMEOUT_S)
 BROKER_IDS = (1, 2, 3)
 SESSION_TIMEOUT_MS = 4000  # a SIGKILLed broker leaves ZooKeeper this long after
 OFFSETS_PARTITIONS = 6
