@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Producer  # noqa: E402
 from kazoo.client import KazooClient  # noqa: E402
+from kazoo.exceptions import NoNodeError  # noqa: E402
 
 from headrace.cluster import zookeeper_paths as paths  # noqa: E402
 from headrace.cluster import zookeeper_records as records  # noqa: E402
@@ -72,9 +73,11 @@ class Cluster:
         return wait_until(observe, what, self.wait_timeout_s)
 
     def controller(self) -> int | None:
-        if self.zk.exists(paths.CONTROLLER) is None:
+        try:
+            data, _ = self.zk.get(paths.CONTROLLER)
+        except NoNodeError:
             return None
-        return records.decode_controller_registration(self.zk.get(paths.CONTROLLER)[0]).broker_id
+        return records.decode_controller_registration(data).broker_id
 
     def leader(self, partition: int) -> int:
         path = paths.partition_state_path(TOPIC, partition)
