@@ -212,6 +212,9 @@ async def _grow(ctx: Any, topic: Any, request: Any) -> None:
 
     timeout_ms = request_timeout_ms(request)
     await ctx.broker.controller.run(grow, timeout_ms)
+    if not request.validate_only:
+        await _wait_for_metadata(ctx.broker, lambda metadata: _has_leaders(
+            metadata, topic.name, topic.count), timeout_ms)
 
 
 # --- DeleteTopics ---------------------------------------------------------------------------

@@ -73,6 +73,14 @@ def metadata_brokers(broker: BrokerProcess) -> list[int]:
     return [b.node_id for b in response.brokers]
 
 
+def metadata_partitions(broker: BrokerProcess, topic: str) -> list[int]:
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(METADATA, 12, {"topics": [{"name": topic, "topic_id": None}],
+                                                 "allow_auto_topic_creation": False,
+                                                 "include_topic_authorized_operations": False})
+    return [p.partition_index for p in response.topics[0].partitions]
+
+
 def create_topics(broker: BrokerProcess, name: str, partitions: int, **overrides):
     topic = {"name": name, "num_partitions": partitions, "replication_factor": 1,
              "assignments": [], "configs": [], **overrides}
@@ -239,3 +247,27 @@ def test_elect_leaders_on_the_controller_and_elsewhere(cluster):
                     "--bootstrap-server", cluster.brokers[cluster.others(active)[1]].bootstrap)
     assert {(row["partition"], row["result"]) for row in rows} == {
         (p, "PREFERRED_LEADER_NOT_AVAILABLE" if p in led else "ELECTION_NOT_NEEDED") for p in range(3)}
+
+
+def test_create_partitions_and_validate_only_on_the_controller(cluster):
+    controller = cluster.brokers[cluster.controller()]
+    create_topics(controller, "growing", 2)
+    with RawClient(controller.bootstrap) as client:
+        dry = client.request(CREATE_TOPICS, 7, {"timeout": REQUEST_TIMEOUT, "validate_only": True,
+                                                "topics": [{"name": "dry", "num_partitions": 6,
+                                                            "replication_factor": 1,
+                                                            "assignments": [], "configs": []}]})
+        assert (dry.topics[0].error_code, dry.topics[0].num_partitions) == (0, 6)
+        grown = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [{"name": "growing", "count": 5,
+                                                                 "assignments": None}]})
+        assert grown.results[0].error_code == 0
+        again = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [{"name": "growing", "count": 5,
+                                                                 "assignments": None}]})
+        assert again.results[0].error_code == 37  # INVALID_PARTITIONS
+    cluster.zk.sync("/")
+    assert cluster.zk.exists(paths.topic_path("dry")) is None
+    states = topic_states(cluster.zk, "growing", 5)  # the new ones written before the answer
+    assert states and all(state.has_leader for state in states.values())
+    assert len(metadata_partitions(controller, "growing")) == 5
