@@ -40,6 +40,7 @@ from headrace.errors import (
     InvalidRequest,
     KafkaError,
     NotController,
+    PolicyViolation,
     RequestTimedOut,
 )
 from headrace.storage.config import LogConfig
@@ -86,6 +87,9 @@ async def _create_topic(ctx: Any, topic: Any, count: int, request: Any) -> dict[
     single_node.validate_topic_name(topic.name)
     overrides = single_node._overrides(topic)
     partitions, replication_factor, manual = _resolve_layout(ctx.broker.config, topic)
+    # the bound of the single-node path, also keeping the assignment znode far below
+    # ZooKeeper's 1 MiB jute.maxbuffer (a larger write would close the broker's session)
+    single_node.check_records_per_user_op(1 + len(overrides) + partitions)
     timeout_ms = request_timeout_ms(request)
 
     def create(controller) -> records.TopicAssignment:
@@ -196,6 +200,9 @@ async def create_partitions(ctx: Any, request: Any):
 
 async def _grow(ctx: Any, topic: Any, request: Any) -> None:
     manual = [tuple(a.broker_ids) for a in topic.assignments] if topic.assignments is not None else None
+
+    if topic.count > single_node.MAX_RECORDS_PER_USER_OP:
+        raise PolicyViolation("Unable to perform excessively large batch operation.")
 
     def grow(controller) -> None:
         existing = controller.assignment(topic.name).partitions

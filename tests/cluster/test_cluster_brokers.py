@@ -33,6 +33,7 @@ FAILOVER_WAIT_S = 3 * BROKER_SESSION_TIMEOUT_MS / 1000 + 10  # generous: the ben
 METADATA, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 19, 20, 37
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, TOPIC = 32, 44, 2
 NOT_CONTROLLER = 41
+POLICY_VIOLATION = 44
 ELECT_LEADERS, ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE = 43, 84, 80
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
@@ -271,3 +272,18 @@ def test_create_partitions_and_validate_only_on_the_controller(cluster):
     states = topic_states(cluster.zk, "growing", 5)  # the new ones written before the answer
     assert states and all(state.has_leader for state in states.values())
     assert len(metadata_partitions(controller, "growing")) == 5
+
+
+def test_huge_partition_counts_are_policy_violations_and_the_cluster_carries_on(cluster):
+    controller = cluster.brokers[cluster.controller()]
+    assert create_topics(controller, "huge", 2**31 - 1).error_code == POLICY_VIOLATION
+    create_topics(controller, "small", 1)
+    with RawClient(controller.bootstrap) as client:
+        grown = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [{"name": "small", "count": 2**31 - 1,
+                                                                 "assignments": None}]})
+    assert grown.results[0].error_code == POLICY_VIOLATION
+    cluster.zk.sync("/")
+    assert cluster.zk.exists(paths.topic_path("huge")) is None
+    assert create_topics(controller, "after", 3).error_code == 0
+    assert topic_states(cluster.zk, "after", 3)
