@@ -289,3 +289,13 @@ def test_a_controller_fenced_while_it_still_holds_controller_makes_way_for_an_el
     assert controller_epoch(admin) == epoch + 6 and controller_id(admin) == 1
     state = wait_until(lambda: partition_state(admin, "after", 0), "the topic's state")
     assert state.controller_epoch == epoch + 6
+
+
+def test_partitions_added_to_an_assignment_by_another_writer_get_states(cluster, admin):
+    cluster.add_broker(1)
+    active_seeing(cluster)
+    topic_admin.create_topic_assignment(admin, "extended", 1, 1, {})
+    wait_until(lambda: topic_states(admin, "extended", 1), "the first partition's state")
+    topic_admin.add_partitions(admin, "extended", 3)
+    states = wait_until(lambda: topic_states(admin, "extended", 3), "the added partitions' states")
+    assert {state.leader for state in states.values()} == {1}
