@@ -11,18 +11,21 @@ import selectors
 import subprocess
 import time
 
-from confluent_kafka.admin import AdminClient
-
 from headrace.storage.config import parse_properties_text
+from tests.broker.raw_client import RawClient
 from tests.cluster.conftest import ZNODE_TIMEOUT_S, synced, wait_for_znode
 
-ADMIN_TIMEOUT_S = 30.0
+DESCRIBE_CLUSTER = 60
 
 
 def _described_cluster_id(bootstrap: str) -> str:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    return admin.describe_cluster(request_timeout=ADMIN_TIMEOUT_S).result(
-        timeout=ADMIN_TIMEOUT_S).cluster_id
+    """The cluster id in the broker's DescribeCluster answer (raw: independent of whether its
+    metadata lists any broker yet)."""
+    with RawClient(bootstrap) as client:
+        response = client.request(DESCRIBE_CLUSTER, 0,
+                                  {"include_cluster_authorized_operations": False})
+    assert response.error_code == 0
+    return response.cluster_id
 
 
 def test_broker_registers_kafka_json_expires_on_sigkill_and_returns_on_restart(
