@@ -15,7 +15,7 @@ package, each imported only by its package's Python face:
 * ``headrace.broker._scheduling`` (``headrace/broker/_scheduling.c``, face
   ``broker/scheduling.py``): the broker's request hint to the cleaner's spans.
 
-Shared C lives in headers, static inline, compiled into each extension that includes them:
+Shared C lives in headers, static, compiled into each extension that includes them:
 ``headrace/protocol/{kernel_common,crc32c,record_batches}.h`` and
 ``headrace/storage/cooperative_spans.h`` (C includes follow the layer rule). The C is plain
 C11 against the Python C API: no numpy headers, no third-party libraries.
@@ -38,12 +38,14 @@ KERNEL = Extension(
 PREPASS = Extension(
     "headrace.protocol._prepass",
     sources=["headrace/protocol/_prepass.c"],
+    depends=["headrace/protocol/kernel_common.h"],
     extra_compile_args=["-O2", *WARNINGS],
 )
 
 MESSAGE_FORMAT = Extension(
     "headrace.protocol._message_format",
     sources=["headrace/protocol/_message_format.c"],
+    depends=["headrace/protocol/kernel_common.h"],
     extra_compile_args=["-O3", *WARNINGS],
 )
 

@@ -1,6 +1,6 @@
 /*
  * crc32c.h -- CRC-32C (Castagnoli), as Kafka's v2 record batches carry it, for every compiled
- * module that checks or seals a batch: static inline functions compiled into each includer.
+ * module that checks or seals a batch: static functions compiled into each includer.
  *
  * crc32c() runs one stream (SSE 4.2's crc32 instruction, or tables); crc32c_fast_update, the
  * one batch checks use, runs three interleaved hardware streams (the crc32 instruction has a

@@ -1,5 +1,5 @@
 /*
- * kernel_common.h -- what every compiled module of headrace shares: static inline functions
+ * kernel_common.h -- what every compiled module of headrace shares: static functions
  * compiled into each extension that includes it (no C symbol crosses extensions).
  *
  * Owns the v2 batch layout constants, Failure (an error recorded without the GIL, raised with
@@ -9,7 +9,11 @@
  * output.
  *
  * An including .c file defines KERNEL_MODULE_NAME (its extension's dotted name, which names its
- * OwnedBuffer type) first and calls kernel_common_init() from its PyInit function.
+ * OwnedBuffer type) first and, if it raises failures or hands out OwnedBuffers, calls
+ * kernel_common_init() from its PyInit function. Every extension but the broker's one-store
+ * _scheduling includes it: the record kernel, storage's segment I/O and the Spark encoder
+ * (through record_batches.h or crc32c.h), the message-format conversion (failures, big-endian
+ * loads and stores) and the request pre-pass (read_uvarint, big-endian loads).
  *
  * Layer: protocol, so the C of any layer may include it (tests/test_layers.py checks C includes
  * by the Python layer rule).
@@ -202,6 +206,8 @@ static PyObject *buf_to_owned(Buf *b)
 }
 
 /* ------------------------------------------------------------------ big-endian, varints */
+
+static uint16_t be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
 
 static uint32_t be32(const uint8_t *p)
 {

@@ -1,6 +1,6 @@
 /*
  * record_batches.h -- Kafka v2 record batches in C, for every compiled module that reads them:
- * static inline functions compiled into each includer.
+ * static functions compiled into each includer.
  *
  * Owns walking batch headers (next_batch, scan_batches: CRC-32C checked), parsing records
  * (bounds-checked zigzag varints) and visiting them (walk_records, walk_scoped, over the
