@@ -1,4 +1,5 @@
-"""What this machine's kernel, CPU and test file system offer, for the ``required_where`` marker.
+"""What this machine's kernel, CPU and test file system offer, and whether tests may
+mount a tmpfs (to make a full disk), for the ``required_where`` marker.
 
 A test that skips because a feature is missing (cachestat on kernels before 6.5, O_DIRECT on
 tmpfs, a CRC-32C variant the CPU lacks) is marked ``@pytest.mark.required_where("feature",
@@ -14,6 +15,7 @@ import ctypes
 import errno
 import functools
 import os
+import subprocess
 import tempfile
 
 CACHESTAT_SYSCALL = 451  # the same number on every architecture
@@ -59,6 +61,28 @@ def _o_direct_present() -> bool:
     return True
 
 
+@functools.cache
+def _tmpfs_mount_present() -> bool:
+    """Whether this process may mount a size-limited tmpfs (root, as on CI): tests that need a
+    full disk make one that way."""
+    with tempfile.TemporaryDirectory() as directory:
+        if not mount_tmpfs(directory, size_bytes=1 << 20):
+            return False
+        unmount(directory)
+    return True
+
+
+def mount_tmpfs(directory: str, size_bytes: int) -> bool:
+    """Mount a tmpfs of ``size_bytes`` on ``directory``; False where mounting is not allowed."""
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs",
+                             directory], capture_output=True, check=False)
+    return result.returncode == 0
+
+
+def unmount(directory: str) -> None:
+    subprocess.run(["umount", "-l", directory], capture_output=True, check=True)
+
+
 def _crc32c_variant_present(variant: str) -> bool:
     from headrace.protocol import kernel  # imported when asked: conftest loads this module
 
@@ -68,6 +92,7 @@ def _crc32c_variant_present(variant: str) -> bool:
 FEATURE_PROBES = {
     "cachestat": _cachestat_present,
     "o_direct": _o_direct_present,
+    "tmpfs_mount": _tmpfs_mount_present,
     **{f"crc32c_{variant}": functools.partial(_crc32c_variant_present, variant)
        for variant in ("portable", "interleaved", "folded")},
 }

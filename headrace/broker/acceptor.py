@@ -29,9 +29,9 @@ import asyncio
 import errno
 import logging
 import socket
-import time
 from collections.abc import Callable, Mapping
 
+from headrace.broker.rate_limited_log import RateLimitedLog
 from headrace.errors import InvalidConfig
 
 log = logging.getLogger(__name__)
@@ -62,26 +62,6 @@ def _address_of(host: str) -> str:
         return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
     except OSError:
         return host  # unresolvable now: matched as written
-
-
-class RateLimitedLog:
-    """One line on ``logger`` per ``interval_ms`` at most for a repeating event, carrying how
-    many events it stands for (the first event is logged at once)."""
-
-    def __init__(self, logger: logging.Logger, interval_ms: int) -> None:
-        self.logger = logger
-        self.interval_ms = interval_ms
-        self.unreported = 0
-        self._last_monotonic_s = -float("inf")
-
-    def event(self, level: int, message: str, *args, exc_info: bool = False) -> None:
-        self.unreported += 1
-        now = time.monotonic()
-        if (now - self._last_monotonic_s) * 1000 < self.interval_ms:
-            return
-        self.logger.log(level, message + " (%d times since the last report)", *args,
-                        self.unreported, exc_info=exc_info)
-        self.unreported, self._last_monotonic_s = 0, now
 
 
 class Acceptor:

@@ -54,11 +54,12 @@ import signal
 import time
 from pathlib import Path
 
-from headrace.broker.acceptor import Acceptor, RateLimitedLog, listening_socket
+from headrace.broker.acceptor import Acceptor, listening_socket
 from headrace.broker.cleaner_service import CleanerService
 from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
 from headrace.broker.group_service import GroupService
+from headrace.broker.rate_limited_log import RateLimitedLog
 from headrace.broker.request_memory import RequestMemory
 from headrace.broker.scrub_service import ScrubService
 from headrace.broker.state import (

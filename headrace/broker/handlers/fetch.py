@@ -48,6 +48,7 @@ from headrace.broker.fetch_response import (
     TopicData,
     encode_fetch_body,
 )
+from headrace.broker.rate_limited_log import RateLimitedLog
 from headrace.errors import (
     FetchSessionIdNotFound,
     KafkaError,
@@ -74,6 +75,9 @@ LAST_VERSION_WITHOUT_STORAGE_ERROR = 5
 NO_SESSION_ID = 0
 ZERO_TOPIC_ID = uuid.UUID(int=0)
 logger = logging.getLogger(__name__)
+STORAGE_ERROR_LOG_INTERVAL_MS = 5000
+# A failed disk fails every read: one line per interval, counting the rest.
+_storage_errors = RateLimitedLog(logger, STORAGE_ERROR_LOG_INTERVAL_MS)
 
 
 class _TopicIds:
@@ -178,7 +182,8 @@ def _read_partition(partition, log, error, remaining_bytes: int, first_data: boo
     except KafkaError as caught:
         error_code = caught.code
     except OSError as caught:
-        logger.error("storage error reading %s-%d: %s", log.topic, log.partition, caught)
+        _storage_errors.event(logging.ERROR, "storage error reading %s-%d: %s", log.topic,
+                              log.partition, caught)
         error_code = KafkaStorageError.code
     high_watermark = log.high_watermark
     return PartitionData(index, error_code, high_watermark, high_watermark, log.log_start_offset)
@@ -221,7 +226,8 @@ def _down_convert(partition, log, data: PartitionData, to_magic: int) -> Partiti
         return PartitionData(data.partition_index, caught.code, data.high_watermark,
                              data.last_stable_offset, data.log_start_offset)
     except OSError as caught:
-        logger.error("storage error reading %s-%d: %s", log.topic, log.partition, caught)
+        _storage_errors.event(logging.ERROR, "storage error reading %s-%d: %s", log.topic,
+                              log.partition, caught)
         return PartitionData(data.partition_index, KafkaStorageError.code, data.high_watermark,
                              data.last_stable_offset, data.log_start_offset)
     return PartitionData(data.partition_index, data.error_code, data.high_watermark,

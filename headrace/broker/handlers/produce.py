@@ -55,6 +55,7 @@ import logging
 import struct
 
 from headrace.broker.context import RawResponse
+from headrace.broker.rate_limited_log import RateLimitedLog
 from headrace.errors import (
     CorruptMessage,
     InvalidRecord,
@@ -86,6 +87,9 @@ _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 log = logging.getLogger(__name__)
+STORAGE_ERROR_LOG_INTERVAL_MS = 5000
+# A failed disk fails every append: one line per interval, counting the rest (append thread).
+_storage_errors = RateLimitedLog(log, STORAGE_ERROR_LOG_INTERVAL_MS)
 
 
 def _partition_error(index: int, error: KafkaError) -> dict:
@@ -135,7 +139,8 @@ def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int
     except KafkaError as error:
         return _partition_error(index, error)
     except OSError as error:
-        log.error("storage error appending to %s-%d: %s", topic, index, error)
+        _storage_errors.event(logging.ERROR, "storage error appending to %s-%d: %s", topic,
+                              index, error)
         return _partition_error(index, KafkaStorageError(f"storage error: {error}"))
     except Exception:
         log.exception("append to %s-%d failed", topic, index)
