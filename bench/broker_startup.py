@@ -26,7 +26,6 @@ import shutil
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from headrace.client.broker_connection import receive_frame_bytes  # noqa: E402
 from headrace.protocol import records as record_codec  # noqa: E402
 from headrace.protocol import wire  # noqa: E402
 
@@ -58,24 +58,10 @@ def spawn(data_dir: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def receive_frame(sock: socket.socket) -> bytes:
-    def exactly(count: int) -> bytes:
-        data = bytearray()
-        while len(data) < count:
-            chunk = sock.recv(count - len(data))
-            if not chunk:
-                raise ConnectionError("broker closed the connection")
-            data += chunk
-        return bytes(data)
-
-    (size,) = struct.unpack(">i", exactly(4))
-    return exactly(size)
-
-
 def request(sock: socket.socket, api_key: int, version: int, values: dict):
     body = wire.build(wire.request_class(api_key, version), values)
     sock.sendall(wire.encode_request(api_key, version, 1, "startup-bench", body))
-    return wire.decode_response(api_key, version, receive_frame(sock))[1]
+    return wire.decode_response(api_key, version, bytes(receive_frame_bytes(sock)))[1]
 
 
 def connect_when_listening(process: subprocess.Popen, port: int) -> socket.socket:

@@ -53,7 +53,9 @@ from types import MappingProxyType
 
 from headrace.broker.acceptor import parse_per_ip_overrides
 from headrace.broker.dynamic_broker_configs import DYNAMIC_BROKER_CONFIGS, THREAD_POOL_CONFIGS
+from headrace.coordinator.config import COORDINATOR_CONFIGS
 from headrace.errors import InvalidConfig, InvalidRequest
+from headrace.protocol.wire import DEFAULT_MAX_FRAME_BYTES
 from headrace.storage.config import (
     TOPIC_CONFIGS,
     LogConfig,
@@ -61,6 +63,7 @@ from headrace.storage.config import (
     format_properties_text,
     parse_properties_text,
 )
+from headrace.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, DEFAULT_LOAD_FACTOR
 
 log = logging.getLogger(__name__)
 
@@ -152,16 +155,13 @@ _SERVER_DEFS = (
     _static("default.replication.factor", "int", "1"),
     _static("auto.create.topics.enable", "boolean", "true"),
     _static("delete.topic.enable", "boolean", "true"),
-    _static("socket.request.max.bytes", "int", "104857600"),
+    _static("socket.request.max.bytes", "int", str(DEFAULT_MAX_FRAME_BYTES)),
     _static("connections.max.idle.ms", "long", "600000"),
     # Kafka's default is -1 (unbounded): Kafka reads one request per connection at a time,
     # headrace pipelines up to 64 per connection, so without a bound a few connections could
     # hold 64 maximum-size requests each. 512 MiB lets five maximum-size (100 MiB) requests
     # be received at once; -1 still means unbounded.
     _static("queued.max.request.bytes", "long", str(DEFAULT_QUEUED_MAX_REQUEST_BYTES)),
-    _dynamic("max.connections", "int", str(INT_MAX)),
-    _dynamic("max.connections.per.ip", "int", str(INT_MAX)),
-    _dynamic("max.connections.per.ip.overrides", "string", ""),
     _static("log.retention.check.interval.ms", "long", "300000"),
     _static("log.flush.scheduler.interval.ms", "long", str(LONG_MAX)),
     _static("log.flush.offset.checkpoint.interval.ms", "int", "60000"),
@@ -170,24 +170,18 @@ _SERVER_DEFS = (
     _static("log.cleaner.enable", "boolean", "true"),
     _dynamic("log.cleaner.threads", "int", "1"),
     _dynamic("log.cleaner.backoff.ms", "long", "15000"),
-    _dynamic("log.cleaner.dedupe.buffer.size", "long", "134217728"),
+    _dynamic("log.cleaner.dedupe.buffer.size", "long", str(DEFAULT_DEDUPE_BUFFER_SIZE_BYTES)),
     _dynamic("log.cleaner.io.buffer.size", "int", "524288"),
-    _dynamic("log.cleaner.io.buffer.load.factor", "double", "0.9"),
+    _dynamic("log.cleaner.io.buffer.load.factor", "double", str(DEFAULT_LOAD_FACTOR)),
     _dynamic("log.cleaner.io.max.bytes.per.second", "double", "1.7976931348623157E308"),
     # The background scrub of sealed segments (headrace's own; see broker.scrub_service).
     _static("log.scrub.enable", "boolean", "true"),
     _static("log.scrub.io.max.bytes.per.second", "double", "4194304"),
     _static("log.scrub.interval.ms", "long", "86400000"),
-    _static("offset.metadata.max.bytes", "int", "4096"),
-    _static("group.initial.rebalance.delay.ms", "int", "3000"),
-    _static("group.min.session.timeout.ms", "int", "6000"),
-    _static("group.max.session.timeout.ms", "int", "1800000"),
-    _static("group.max.size", "int", str(INT_MAX)),
-    _static("offsets.topic.num.partitions", "int", "50"),
+    # The group coordinator's configs (offset.metadata.max.bytes, group.*, ...) are declared
+    # in headrace.coordinator.config: see _coordinator_defs.
     _static("offsets.topic.replication.factor", "int", "3"),
     _static("offsets.topic.segment.bytes", "int", "104857600"),
-    _static("offsets.retention.minutes", "int", "10080"),
-    _static("offsets.retention.check.interval.ms", "long", "600000"),
     _static("offsets.commit.timeout.ms", "int", "5000"),
     _static("offsets.load.buffer.size", "int", "5242880"),
 )
@@ -219,6 +213,10 @@ def _log_defs() -> tuple[BrokerConfigDef, ...]:
     return tuple(defs.values())
 
 
+def _coordinator_defs() -> tuple[BrokerConfigDef, ...]:
+    return tuple(_static(d.name, d.type, str(d.default)) for d in COORDINATOR_CONFIGS.values())
+
+
 def _other_dynamic_defs() -> tuple[BrokerConfigDef, ...]:
     return tuple(BrokerConfigDef(d.name, d.type, d.default, dynamic=True, per_broker=d.per_broker,
                                  min_value=d.min_value, max_value=d.max_value, allowed=d.allowed)
@@ -226,8 +224,12 @@ def _other_dynamic_defs() -> tuple[BrokerConfigDef, ...]:
 
 
 BROKER_CONFIGS: Mapping[str, BrokerConfigDef] = MappingProxyType(
-    {d.name: d for d in (*_SERVER_DEFS, *_log_defs(), *_other_dynamic_defs())}
+    {d.name: d for d in (*_SERVER_DEFS, *_coordinator_defs(), *_log_defs(),
+                         *_other_dynamic_defs())}
 )
+# One declaration per config: a name in two of those sources would have two defaults.
+assert len(BROKER_CONFIGS) == (len(_SERVER_DEFS) + len(_coordinator_defs()) + len(_log_defs())
+                               + len(_other_dynamic_defs()))
 # Kafka's DynamicBrokerConfig.brokerConfigSynonyms: names of one config, in precedence order.
 _SYNONYM_GROUPS = (("log.roll.ms", "log.roll.hours"),
                    ("log.roll.jitter.ms", "log.roll.jitter.hours"),

@@ -54,25 +54,11 @@ from headrace.protocol.records import build_batch
 log = logging.getLogger(__name__)
 
 MAX_TIMER_SLEEP_MS = 1000  # re-check deadlines at least this often
-# Kafka's offset.metadata.max.bytes default, used until the broker config table declares it.
-OFFSET_METADATA_MAX_BYTES_DEFAULT = 4096
 
 
 def coordinator_config_from(broker_config) -> CoordinatorConfig:
     """The coordinator settings from the broker's ``group.*`` / ``offsets.*`` configs."""
-    get = broker_config.get_int
-    return CoordinatorConfig(
-        group_initial_rebalance_delay_ms=get("group.initial.rebalance.delay.ms"),
-        group_min_session_timeout_ms=get("group.min.session.timeout.ms"),
-        group_max_session_timeout_ms=get("group.max.session.timeout.ms"),
-        group_max_size=get("group.max.size"),
-        offsets_topic_num_partitions=get("offsets.topic.num.partitions"),
-        offsets_retention_minutes=get("offsets.retention.minutes"),
-        offsets_retention_check_interval_ms=get("offsets.retention.check.interval.ms"),
-        offset_metadata_max_bytes=int(
-            broker_config.get("offset.metadata.max.bytes") or OFFSET_METADATA_MAX_BYTES_DEFAULT
-        ),
-    )
+    return CoordinatorConfig.from_properties(broker_config.properties())
 
 
 def _append_error_code(error: Exception) -> int:

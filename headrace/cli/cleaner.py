@@ -25,9 +25,10 @@ from typing import Annotated, Any
 import typer
 
 from headrace.broker.cleaner_service import STATUS_FILE, STATUS_VERSION
+from headrace.broker.config import BROKER_CONFIGS
 from headrace.cli.common import OutputFormat, OutputOption, UserError, emit, make_table, user_errors
 
-DEFAULT_LOG_DIR = Path("data")
+DEFAULT_LOG_DIR = Path(BROKER_CONFIGS["log.dir"].default)  # the broker's default data dir
 MEGABYTE = 1024 * 1024
 PARTITION_COLUMNS = ["partition", "dirty ratio", "first dirty", "log end", "size MB",
                      "last cleaned (UTC)", "secs", "MB processed", "messages read -> written",

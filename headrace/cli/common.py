@@ -267,6 +267,14 @@ def emit(output: OutputFormat, data: Any, *tables: Table) -> None:
         console.print(table)
 
 
+def report(output: OutputFormat, message: str, data: Any) -> None:
+    """A command's outcome: ``message`` as one line for people, or ``data`` as JSON."""
+    if output is OutputFormat.json:
+        emit(output, data)
+    else:
+        typer.echo(message)
+
+
 def make_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     table = Table(title=title, show_lines=False)
     for column in columns:

@@ -23,6 +23,7 @@ from headrace.cli.common import (
     connection_options,
     emit,
     make_table,
+    report,
     user_errors,
     wait_all,
 )
@@ -84,10 +85,12 @@ def alter(
     set_items: ConfigSetOption = None,
     delete_keys: ConfigDeleteOption = None,
     connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
     """Set or delete configs (IncrementalAlterConfigs)."""
     with user_errors():
         admin, _ = connection.admin()
-        alter_resource_config(admin, _CONFIG_RESOURCE_TYPES[resource_type], name, set_items,
-                              delete_keys, connection.request_timeout_ms)
-        typer.echo(f"Updated config of {resource_type.value} {name}.")
+        changes = alter_resource_config(admin, _CONFIG_RESOURCE_TYPES[resource_type], name,
+                                        set_items, delete_keys, connection.request_timeout_ms)
+        report(output, f"Updated config of {resource_type.value} {name}.",
+               {"resource_type": resource_type.value, "name": name, **changes})

@@ -9,7 +9,8 @@ joins the group by subscribing and commits as it goes (auto-commit, and on exit)
 committed offset, as in Kafka.
 
 Each record is printed with a kcat-style ``--format`` (see ``message_format``; default one
-value per line) or the ``--print-key/--print-offset/--print-partition`` shortcuts. It stops
+value per line), the ``--print-key/--print-offset/--print-partition`` shortcuts, or with
+``--output json`` as one JSON object per line (``message_format.JSON_LINES``). It stops
 after ``--max-messages``, after ``--timeout-ms`` without a record, at the end of every
 partition with ``--exit-at-end``, or on Ctrl-C; then it prints ``Processed a total of N
 messages`` on stderr, as Kafka's tool does.
@@ -38,6 +39,8 @@ from confluent_kafka import (
 from headrace.cli.common import (
     DEFAULT_CONNECTION,
     Connection,
+    OutputFormat,
+    OutputOption,
     UserError,
     connection_options,
     describe_kafka_error,
@@ -45,6 +48,7 @@ from headrace.cli.common import (
     user_errors,
 )
 from headrace.cli.message_format import (
+    JSON_LINES,
     FormatError,
     MessageFormat,
     compile_format,
@@ -93,12 +97,14 @@ def consume(
         bool, typer.Option("--exit-at-end", "-e", help="stop at the end of every partition")
     ] = False,
     connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
-    """Print the records of a topic, one per line by default."""
+    """Print the records of a topic, one per line by default (``--output json``: one JSON
+    object per record)."""
     with user_errors():
         _check_start_options(from_beginning, offset, timestamp, group, partition)
         message_format = _message_format(output_format, print_key, print_offset,
-                                         print_partition, key_separator)
+                                         print_partition, key_separator, output)
         consumer = Consumer(connection.client_config(**{
             "group.id": group or "headrace-console-consumer",
             "enable.auto.commit": group is not None,
@@ -139,8 +145,14 @@ def _check_start_options(from_beginning: bool, offset: int | None, timestamp: st
 
 
 def _message_format(output_format: str | None, print_key: bool, print_offset: bool,
-                    print_partition: bool, key_separator: str) -> MessageFormat:
-    if output_format is not None and (print_key or print_offset or print_partition):
+                    print_partition: bool, key_separator: str,
+                    output: OutputFormat) -> MessageFormat:
+    shortcuts = print_key or print_offset or print_partition
+    if output is OutputFormat.json:
+        if output_format is not None or shortcuts:
+            raise UserError("--output json cannot be combined with --format or --print-*")
+        return JSON_LINES
+    if output_format is not None and shortcuts:
         raise UserError("--format cannot be combined with the --print-* shortcuts")
     text = output_format or shortcut_format(print_key, print_offset, print_partition,
                                             key_separator)

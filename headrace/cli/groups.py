@@ -36,6 +36,7 @@ from headrace.cli.common import (
     describe_kafka_error,
     emit,
     make_table,
+    report,
     topic_partitions,
     user_errors,
     wait_all,
@@ -276,6 +277,7 @@ def reset_offsets(
 def delete(
     group: GroupArgument,
     connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
     """Delete an inactive group and its committed offsets."""
     with user_errors():
@@ -287,4 +289,4 @@ def delete(
         except KafkaException as error:
             raise UserError(f"cannot delete group {group!r}: "
                             f"{describe_kafka_error(error.args[0])}") from None
-        typer.echo(f"deleted group {group}")
+        report(output, f"deleted group {group}", {"deleted": group})

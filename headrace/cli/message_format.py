@@ -6,12 +6,20 @@ length and ``%S`` value length in bytes (-1 for null), ``%%`` a percent sign. Es
 newline, ``\\t`` tab, ``\\r`` carriage return, ``\\\\`` backslash. A null key or value prints
 as nothing (as kcat does). Keys and values are written as raw bytes, never re-encoded.
 
+``JSON_LINES`` (``headrace consume --output json``) renders each record as one JSON object
+on its own line: ``topic``, ``partition``, ``offset``, ``timestamp`` (ms, -1 when none),
+``key`` and ``value`` (UTF-8 text, null when null; bytes that are not UTF-8 come as
+``key_base64`` / ``value_base64`` instead) and ``headers`` (a list of ``[key, value]``, values
+treated as ``value`` is).
+
 A format is compiled once into a tuple of literal bytes and field codes; rendering is a join.
 Pure functions and immutable objects; thread-safe.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,6 +68,31 @@ class MessageFormat:
 
     def render(self, message: Message) -> bytes:
         return b"".join(part if isinstance(part, bytes) else part(message) for part in self.parts)
+
+
+def _json_fields(name: str, data: bytes | None) -> dict[str, str | None]:
+    if data is None:
+        return {name: None}
+    try:
+        return {name: data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {f"{name}_base64": base64.b64encode(data).decode("ascii")}
+
+
+def _json_header_value(data: bytes | None) -> str | None:
+    return next(iter(_json_fields("value", data).values()))
+
+
+def _json_line(message: Message) -> bytes:
+    record = {"topic": message.topic(), "partition": message.partition(),
+              "offset": message.offset(), "timestamp": int(_timestamp(message)),
+              **_json_fields("key", message.key()), **_json_fields("value", message.value()),
+              "headers": [[key, _json_header_value(value)]
+                          for key, value in message.headers() or []]}
+    return json.dumps(record).encode() + b"\n"
+
+
+JSON_LINES = MessageFormat((_json_line,))
 
 
 def compile_format(text: str) -> MessageFormat:

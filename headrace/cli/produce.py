@@ -25,9 +25,12 @@ from confluent_kafka import KafkaError, Message, Producer
 from headrace.cli.common import (
     DEFAULT_CONNECTION,
     Connection,
+    OutputFormat,
+    OutputOption,
     UserError,
     connection_options,
     describe_kafka_error,
+    emit,
     parse_key_values,
     topic_partitions,
     user_errors,
@@ -87,8 +90,10 @@ def produce(
     compression: Annotated[Codec, typer.Option("--compression", "-z")] = Codec.none,
     acks: Annotated[Acks, typer.Option("--acks")] = Acks.all,
     connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
-    """Write one record per input line (stdin, or --file)."""
+    """Write one record per input line (stdin, or --file); prints nothing unless
+    ``--output json``, which prints the count delivered."""
     with user_errors():
         headers = list(parse_key_values(header, "--header").items())
         if key_separator == "":
@@ -106,6 +111,8 @@ def produce(
                 _send(producer, topic, key, value, headers, partition, tally)
         tally.failed += producer.flush(connection.request_timeout_s + FLUSH_GRACE_S)
         _report(tally, topic)
+        if output is OutputFormat.json:
+            emit(output, {"topic": topic, "delivered": tally.delivered})
 
 
 def _check_target(

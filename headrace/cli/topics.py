@@ -11,7 +11,7 @@ thread.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from confluent_kafka import TopicPartition
@@ -37,6 +37,7 @@ from headrace.cli.common import (
     emit,
     make_table,
     parse_key_values,
+    report,
     topic_partitions,
     user_errors,
     wait_all,
@@ -66,18 +67,21 @@ def create(
         bool, typer.Option("--if-not-exists", help="succeed when the topic already exists")
     ] = False,
     connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
     """Create a topic."""
     with user_errors():
         topic_config = parse_key_values(config, "--config")
         admin, metadata = connection.admin()
         if if_not_exists and name in metadata.topics:
-            typer.echo(f"Topic {name} already exists.")
+            report(output, f"Topic {name} already exists.", {"topic": name, "created": False})
             return
         new_topic = NewTopic(name, partitions, replication_factor, config=topic_config)
         futures = admin.create_topics([new_topic], request_timeout=connection.request_timeout_s)
         wait_all(futures, connection.request_timeout_ms)
-        typer.echo(f"Created topic {name}.")
+        report(output, f"Created topic {name}.", {
+            "topic": name, "created": True, "partitions": partitions,
+            "replication_factor": replication_factor, "configs": topic_config})
 
 
 @app.command("list")
@@ -162,23 +166,26 @@ def alter_config(
     set_items: ConfigSetOption = None,
     delete_keys: ConfigDeleteOption = None,
     connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
     """Set or delete topic configs (IncrementalAlterConfigs)."""
     with user_errors():
         admin, _ = connection.admin()
-        alter_resource_config(admin, ConfigResource.Type.TOPIC, name, set_items, delete_keys,
-                              connection.request_timeout_ms)
-        typer.echo(f"Updated config of topic {name}.")
+        changes = alter_resource_config(admin, ConfigResource.Type.TOPIC, name, set_items,
+                                        delete_keys, connection.request_timeout_ms)
+        report(output, f"Updated config of topic {name}.", {"topic": name, **changes})
 
 
 def alter_resource_config(
     admin: AdminClient, resource_type: ConfigResource.Type, name: str,
     set_items: list[str] | None, delete_keys: list[str] | None, request_timeout_ms: int,
-) -> None:
-    """IncrementalAlterConfigs: SET each key=value and DELETE each key on one resource."""
+) -> dict[str, Any]:
+    """IncrementalAlterConfigs: SET each key=value and DELETE each key on one resource;
+    returns ``{"set": {key: value}, "deleted": [key]}``."""
+    to_set = parse_key_values(set_items, "--set")
     entries = [
         ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
-        for key, value in parse_key_values(set_items, "--set").items()
+        for key, value in to_set.items()
     ]
     entries += [
         ConfigEntry(key, None, incremental_operation=AlterConfigOpType.DELETE)
@@ -191,6 +198,7 @@ def alter_resource_config(
         [resource], request_timeout=request_timeout_ms / 1000
     )
     wait_all(futures, request_timeout_ms)
+    return {"set": to_set, "deleted": list(delete_keys or ())}
 
 
 @app.command("add-partitions")
@@ -201,6 +209,7 @@ def add_partitions(
         int, typer.Option("--partitions", "-p", min=1, help="the new total partition count")
     ],
     connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
     """Grow a topic to --partitions partitions in total (CreatePartitions)."""
     with user_errors():
@@ -209,7 +218,8 @@ def add_partitions(
             [NewPartitions(name, partitions)], request_timeout=connection.request_timeout_s
         )
         wait_all(futures, connection.request_timeout_ms)
-        typer.echo(f"Topic {name} now has {partitions} partitions.")
+        report(output, f"Topic {name} now has {partitions} partitions.",
+               {"topic": name, "partitions": partitions})
 
 
 @app.command()
@@ -217,11 +227,12 @@ def add_partitions(
 def delete(
     names: Annotated[list[str], typer.Argument(help="topic names")],
     connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
 ) -> None:
     """Delete topics."""
     with user_errors():
         admin, _ = connection.admin()
         futures = admin.delete_topics(names, request_timeout=connection.request_timeout_s)
         wait_all(futures, connection.request_timeout_ms)
-        for name in names:
-            typer.echo(f"Deleted topic {name}.")
+        report(output, "\n".join(f"Deleted topic {name}." for name in names),
+               {"deleted": list(names)})

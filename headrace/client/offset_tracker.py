@@ -38,8 +38,11 @@ import zlib
 from bisect import bisect_right
 from collections.abc import Iterable
 
+from headrace.coordinator.config import COORDINATOR_CONFIGS
+
 METADATA_PREFIX = "hr1:"
-OFFSET_METADATA_MAX_BYTES_DEFAULT = 4096  # Kafka broker's offset.metadata.max.bytes default
+# Kafka broker's offset.metadata.max.bytes default
+OFFSET_METADATA_MAX_BYTES_DEFAULT = COORDINATOR_CONFIGS["offset.metadata.max.bytes"].default
 _ALL_SET, _NONE_SET = 0xFF, 0x00
 
 OffsetRange = tuple[int, int]  # [start, end): end exclusive

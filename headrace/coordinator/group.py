@@ -16,7 +16,7 @@ from enum import Enum
 
 from headrace.coordinator.messages import TopicPartition
 from headrace.errors import CorruptMessage
-from headrace.protocol.assignors import CONSUMER_PROTOCOL_TYPE, decode_subscription
+from headrace.protocol.consumer_protocol import CONSUMER_PROTOCOL_TYPE, decode_subscription
 
 
 class GroupState(Enum):

@@ -2,7 +2,7 @@
 
 Owns the keys and values the group coordinator writes to and reads from the offsets topic,
 and which partition of it a group lives in. Every key and value starts with an int16 version;
-fields are classic (non-flexible) Kafka schema fields (see ``headrace.protocol.assignors``)::
+fields are classic (non-flexible) Kafka schema fields (see ``headrace.protocol.consumer_protocol``)::
 
     OffsetCommitKey   v0-1: group STRING, topic STRING, partition INT32          (we write v1)
     GroupMetadataKey  v2:   group STRING
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headrace.errors import CorruptMessage
-from headrace.protocol.assignors import FieldReader, FieldWriter
+from headrace.protocol.consumer_protocol import FieldReader, FieldWriter
 
 OFFSETS_TOPIC_NAME = "__consumer_offsets"
 OFFSETS_TOPIC_NUM_PARTITIONS_DEFAULT = 50

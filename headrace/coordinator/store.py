@@ -28,7 +28,7 @@ from headrace.coordinator.records import (
     encode_offset_commit_key,
     encode_offset_commit_value,
 )
-from headrace.protocol.assignors import CONSUMER_PROTOCOL_TYPE
+from headrace.protocol.consumer_protocol import CONSUMER_PROTOCOL_TYPE
 
 Record = tuple[bytes, bytes | None]
 

@@ -35,6 +35,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin import OffsetSpec as AdminOffsetSpec
 
+from headrace.client.broker_connection import DEFAULT_REQUEST_TIMEOUT_MS
 from headrace.errors import OffsetOutOfRange, UnknownTopicOrPartition
 from headrace.spark.options import (
     EARLIEST_OFFSET_SENTINEL,
@@ -47,7 +48,7 @@ from headrace.storage.clock import Clock, SystemClock
 
 PartitionKey = tuple[str, int]
 PartitionOffsets = dict[PartitionKey, int]
-DEFAULT_REQUEST_TIMEOUT_S = 30.0
+DEFAULT_REQUEST_TIMEOUT_S = DEFAULT_REQUEST_TIMEOUT_MS / 1000
 ADMIN_CLIENT_IDLE_MS = 60_000
 ADMIN_CLIENTS_KEPT = 4
 NO_OFFSET_FOR_TIMESTAMP = -1

@@ -2,8 +2,8 @@
 
 Owns: ``FetchClientConfig`` (the ``kafka.*`` options this client honours) and
 ``PartitionFetchClient``, which speaks just enough of the Kafka protocol over one blocking
-PLAINTEXT socket (``headrace.spark.wire_connection.BrokerConnection``, shared with the sink's
-produce client) to read one topic-partition:
+PLAINTEXT socket (``headrace.client.broker_connection.BrokerConnection``, shared with the
+sink's produce client and the command line) to read one topic-partition:
 
 - ApiVersions v0 on every new connection; Fetch v4-v12 (the versions that name topics, not
   topic ids), Metadata v1-v12 and ListOffsets v1-v7 are negotiated to the highest version both
@@ -47,11 +47,8 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from headrace.errors import error_for_code
-from headrace.protocol import wire
-from headrace.protocol.buffers import RegionPool
-from headrace.protocol.varint import read_unsigned
-from headrace.spark.wire_connection import (
+from headrace.client.broker_connection import (
+    DEFAULT_REQUEST_TIMEOUT_MS,
     NO_ERROR,
     BrokerConnection,
     WireClientError,
@@ -60,6 +57,10 @@ from headrace.spark.wire_connection import (
     first_option,
     parse_servers,
 )
+from headrace.errors import error_for_code
+from headrace.protocol import wire
+from headrace.protocol.buffers import RegionPool
+from headrace.protocol.varint import read_unsigned
 
 FETCH_KEY = 1
 LIST_OFFSETS_KEY = 2
@@ -85,8 +86,8 @@ DEFAULT_MAX_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
 FIRST_FETCH_PARTITION_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_WAIT_MS = 100
 DEFAULT_FETCH_MIN_BYTES = 1
-DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 SOCKET_RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
+LARGEST_BATCH_BYTES = wire.DEFAULT_MAX_FRAME_BYTES  # socket.request.max.bytes' default
 # Response frames kept for reuse by the process's connections (see receive_frame): a task
 # holds one at a time, a second while it asks ListOffsets with a Fetch response in hand.
 FRAME_REGIONS = 2
@@ -212,10 +213,15 @@ class PartitionFetchClient:
         self._partition_max_bytes = min(config.max_partition_fetch_bytes,
                                         FIRST_FETCH_PARTITION_BYTES)
         self._partition_limit_bytes = config.max_partition_fetch_bytes
+        # A response holds at most what was asked for, plus (KIP-74) one first batch over
+        # it, no larger than the produce request that brought it.
+        self._max_response_bytes = (max(config.fetch_max_bytes, config.max_partition_fetch_bytes)
+                                    + LARGEST_BATCH_BYTES)
 
-    @property
-    def _timeout_s(self) -> float:
-        return self.config.request_timeout_ms / 1000
+    def _connection_options(self) -> dict:
+        return {"request_timeout_ms": self.config.request_timeout_ms,
+                "max_response_bytes": self._max_response_bytes,
+                "receive_buffer_bytes": SOCKET_RECEIVE_BUFFER_BYTES, "frame_pool": _FRAMES}
 
     def connect(self) -> None:
         """Find the leader through Metadata and connect to it.
@@ -225,8 +231,7 @@ class PartitionFetchClient:
         """
         self.close()
         bootstrap = self._idle_connections.take(self._cluster) or connect_any(
-            self.config.bootstrap_servers, self.config.client_id, self._timeout_s,
-            receive_buffer_bytes=SOCKET_RECEIVE_BUFFER_BYTES, frame_pool=_FRAMES)
+            self.config.bootstrap_servers, self.config.client_id, **self._connection_options())
         try:
             leader_address = self._leader_address(bootstrap)
         except BaseException:
@@ -234,12 +239,12 @@ class PartitionFetchClient:
             raise
         if leader_address == bootstrap.address:
             self._leader = bootstrap
-            return
-        self._idle_connections.give_back(self._cluster, bootstrap)
-        self._leader = self._idle_connections.take(self._cluster, leader_address) or \
-            BrokerConnection(leader_address, self.config.client_id, self._timeout_s,
-                             receive_buffer_bytes=SOCKET_RECEIVE_BUFFER_BYTES,
-                             frame_pool=_FRAMES)
+        else:
+            self._idle_connections.give_back(self._cluster, bootstrap)
+            self._leader = self._idle_connections.take(self._cluster, leader_address) or \
+                BrokerConnection(leader_address, self.config.client_id,
+                                 **self._connection_options())
+        self._leader.max_response_bytes = self._max_response_bytes  # an idle one: another's
 
     def _leader_address(self, connection: BrokerConnection) -> tuple[str, int]:
         version = connection.version_for(METADATA_KEY, METADATA_VERSIONS)

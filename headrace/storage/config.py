@@ -7,8 +7,7 @@ per-partition view built from topic overrides over broker properties.
 Every topic config Kafka 3.9 accepts is accepted, validated as Kafka's ``LogConfig`` does,
 stored and described; those headrace has no machinery for say so in their documentation
 (DescribeConfigs v3+ ``documentation``): the deprecated ``message.format.version`` (any valid
-MetadataVersion string, ignored from 3.0 on, in Kafka too) and ``message.downconversion.enable``
-(headrace serves Fetch v4+ only, so never down-converts), ``preallocate``,
+MetadataVersion string, ignored from 3.0 on, in Kafka too), ``preallocate``,
 ``unclean.leader.election.enable`` and the replication throttles (one replica), the
 ``compression.*.level`` configs (recompression uses each codec's default level) and the tiered
 storage configs (``remote.storage.enable=true`` is refused as by a broker with tiered storage
@@ -351,47 +350,53 @@ def _broker_value(definition: ConfigDef, broker_properties: Mapping[str, str]) -
     return definition.default
 
 
+def _default(name: str):
+    return TOPIC_CONFIGS[name].default
+
+
 @dataclass(frozen=True, slots=True)
 class LogConfig:
     """The effective configuration of one partition log (Kafka topic config names in
-    snake_case)."""
+    snake_case); each field defaults to its config's default in ``TOPIC_CONFIGS``."""
 
-    segment_bytes: int = 1073741824
-    segment_ms: int = 604800000
-    segment_jitter_ms: int = 0
-    segment_index_bytes: int = 10485760
-    index_interval_bytes: int = 4096
-    flush_messages: int = LONG_MAX
-    flush_ms: int = LONG_MAX
-    retention_ms: int = 604800000
-    retention_bytes: int = -1
-    max_message_bytes: int = 1048588
-    message_timestamp_type: str = "CreateTime"
-    cleanup_policy: tuple[str, ...] = ("delete",)
-    compression_type: str = "producer"
-    min_cleanable_dirty_ratio: float = 0.5
-    min_compaction_lag_ms: int = 0
-    max_compaction_lag_ms: int = LONG_MAX
-    delete_retention_ms: int = 86400000
-    min_insync_replicas: int = 1
-    message_timestamp_before_max_ms: int = LONG_MAX
-    message_timestamp_after_max_ms: int = 3600000
-    file_delete_delay_ms: int = 60000
-    message_timestamp_difference_max_ms: int = LONG_MAX
-    message_format_version: str = DEFAULT_MESSAGE_FORMAT_VERSION
-    message_downconversion_enable: bool = True
-    preallocate: bool = False
-    unclean_leader_election_enable: bool = False
-    leader_replication_throttled_replicas: tuple[str, ...] = ()
-    follower_replication_throttled_replicas: tuple[str, ...] = ()
-    compression_gzip_level: int = GZIP_DEFAULT_LEVEL
-    compression_lz4_level: int = LZ4_DEFAULT_LEVEL
-    compression_zstd_level: int = ZSTD_DEFAULT_LEVEL
-    remote_storage_enable: bool = False
-    local_retention_ms: int = LOCAL_RETENTION_FROM_RETENTION
-    local_retention_bytes: int = LOCAL_RETENTION_FROM_RETENTION
-    remote_log_copy_disable: bool = False
-    remote_log_delete_on_disable: bool = False
+    segment_bytes: int = _default("segment.bytes")
+    segment_ms: int = _default("segment.ms")
+    segment_jitter_ms: int = _default("segment.jitter.ms")
+    segment_index_bytes: int = _default("segment.index.bytes")
+    index_interval_bytes: int = _default("index.interval.bytes")
+    flush_messages: int = _default("flush.messages")
+    flush_ms: int = _default("flush.ms")
+    retention_ms: int = _default("retention.ms")
+    retention_bytes: int = _default("retention.bytes")
+    max_message_bytes: int = _default("max.message.bytes")
+    message_timestamp_type: str = _default("message.timestamp.type")
+    cleanup_policy: tuple[str, ...] = _default("cleanup.policy")
+    compression_type: str = _default("compression.type")
+    min_cleanable_dirty_ratio: float = _default("min.cleanable.dirty.ratio")
+    min_compaction_lag_ms: int = _default("min.compaction.lag.ms")
+    max_compaction_lag_ms: int = _default("max.compaction.lag.ms")
+    delete_retention_ms: int = _default("delete.retention.ms")
+    min_insync_replicas: int = _default("min.insync.replicas")
+    message_timestamp_before_max_ms: int = _default("message.timestamp.before.max.ms")
+    message_timestamp_after_max_ms: int = _default("message.timestamp.after.max.ms")
+    file_delete_delay_ms: int = _default("file.delete.delay.ms")
+    message_timestamp_difference_max_ms: int = _default("message.timestamp.difference.max.ms")
+    message_format_version: str = _default("message.format.version")
+    message_downconversion_enable: bool = _default("message.downconversion.enable")
+    preallocate: bool = _default("preallocate")
+    unclean_leader_election_enable: bool = _default("unclean.leader.election.enable")
+    leader_replication_throttled_replicas: tuple[str, ...] = _default(
+        "leader.replication.throttled.replicas")
+    follower_replication_throttled_replicas: tuple[str, ...] = _default(
+        "follower.replication.throttled.replicas")
+    compression_gzip_level: int = _default("compression.gzip.level")
+    compression_lz4_level: int = _default("compression.lz4.level")
+    compression_zstd_level: int = _default("compression.zstd.level")
+    remote_storage_enable: bool = _default("remote.storage.enable")
+    local_retention_ms: int = _default("local.retention.ms")
+    local_retention_bytes: int = _default("local.retention.bytes")
+    remote_log_copy_disable: bool = _default("remote.log.copy.disable")
+    remote_log_delete_on_disable: bool = _default("remote.log.delete.on.disable")
     # The configured text where the effective field differs (the timestamp limits falling
     # back to message.timestamp.difference.max.ms): what DescribeConfigs reports.
     configured_text: Mapping[str, str] = field(default_factory=dict, compare=False,

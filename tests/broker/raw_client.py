@@ -1,11 +1,13 @@
-"""A minimal blocking Kafka wire client for broker tests: one socket, requests built from
-plain values with ``wire.build``, responses decoded with ``wire.decode_response``."""
+"""A deliberately raw Kafka wire client for broker tests: one socket that sends whatever bytes
+a test makes (malformed frames included) and no request of its own (no ApiVersions), with
+requests built from plain values with ``wire.build``. Framing of responses is the shared
+client's (``headrace.client.broker_connection.receive_frame_bytes``)."""
 
 from __future__ import annotations
 
 import socket
-import struct
 
+from headrace.client.broker_connection import receive_frame_bytes
 from headrace.protocol import wire
 
 SOCKET_TIMEOUT_S = 30.0
@@ -30,17 +32,7 @@ class RawClient:
         self.sock.sendall(data)
 
     def receive_frame(self) -> bytes:
-        (size,) = struct.unpack(">i", self._receive_exactly(4))
-        return self._receive_exactly(size)
-
-    def _receive_exactly(self, count: int) -> bytes:
-        chunks = bytearray()
-        while len(chunks) < count:
-            chunk = self.sock.recv(count - len(chunks))
-            if not chunk:
-                raise ConnectionError("broker closed the connection")
-            chunks += chunk
-        return bytes(chunks)
+        return bytes(receive_frame_bytes(self.sock))
 
     def send(self, api_key: int, api_version: int, values: dict) -> int:
         self.correlation_id += 1

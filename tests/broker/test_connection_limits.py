@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from headrace.client.broker_connection import receive_frame_bytes
 from headrace.protocol import wire
 from tests.broker.raw_client import RawClient
 from tests.broker.test_cleaner_live import _wait_until as wait_until
@@ -137,9 +138,7 @@ def test_reading_pauses_at_queued_max_request_bytes_and_resumes_once_requests_dr
 
 
 def _receive_frame(sock: socket.socket) -> bytes:
-    client = RawClient.__new__(RawClient)
-    client.sock = sock
-    return client.receive_frame()
+    return bytes(receive_frame_bytes(sock))
 
 
 # --- the idle timeout is not defeated by trickling ------------------------------------------

@@ -25,8 +25,8 @@ def run_ok(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProces
     return result
 
 
-def run_json(*args: str) -> object:
-    return json.loads(run_ok(*args, "--output", "json").stdout)
+def run_json(*args: str, stdin: bytes | None = None) -> object:
+    return json.loads(run_ok(*args, "--output", "json", stdin=stdin).stdout)
 
 
 def assert_user_error(result: subprocess.CompletedProcess, fragment: str) -> None:

@@ -132,7 +132,8 @@ def test_reset_offsets_needs_one_strategy(cli_broker):
 
 def test_delete_group(cli_broker):
     _, group = _setup(cli_broker.bootstrap, {0: 2})
-    assert _headrace(cli_broker.bootstrap, "delete", group).returncode == 0
+    deleted = _headrace(cli_broker.bootstrap, "delete", group, "--output", "json")
+    assert deleted.returncode == 0 and json.loads(deleted.stdout) == {"deleted": group}
     again = _headrace(cli_broker.bootstrap, "delete", group)
     assert again.returncode == 1 and "GROUP_ID_NOT_FOUND" in again.stderr
     missing = _headrace(cli_broker.bootstrap, "describe", group)

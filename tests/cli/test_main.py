@@ -61,3 +61,19 @@ def test_config_file_with_a_nul_byte_is_a_one_line_error(tmp_path):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
     assert f"NUL byte at byte {len(text)}" in result.stderr, result.stderr
+
+
+def _leaf_commands(command, path: tuple[str, ...] = ()):
+    if hasattr(command, "commands"):
+        for name, sub in command.commands.items():
+            yield from _leaf_commands(sub, (*path, name))
+    else:
+        yield " ".join(path), command
+
+
+def test_every_client_command_takes_output_json():
+    """README: every command but the broker itself prints JSON with ``--output json``."""
+    main.register_client_commands()
+    without = {path for path, command in _leaf_commands(typer.main.get_command(main.app))
+               if "--output" not in {name for param in command.params for name in param.opts}}
+    assert without == {"broker"}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 
 from headrace.broker.handlers import HANDLERS
@@ -51,6 +54,23 @@ def test_keys_headers_and_format_fields(broker):
     ]
     timestamps = _consume(broker, topic, "--from-beginning", "-p", "1", "-e", "-f", "%T\\t")
     assert all(int(field) > 0 for field in timestamps.split(b"\t")[:-1])
+
+
+def test_consume_output_json_is_one_object_per_record(broker):
+    topic = _topic(broker, "json-lines")
+    run_ok("produce", topic, "-b", broker.bootstrap, "-K", "=", "-H", "source=cli",
+           stdin=b"k=text\nbinary=\xff\xfe\n")
+    output = _consume(broker, topic, "--from-beginning", "-e", "--output", "json")
+    records = [json.loads(line) for line in output.splitlines()]
+    assert [{key: record[key] for key in record if key != "timestamp"} for record in records] == [
+        {"topic": topic, "partition": 0, "offset": 0, "key": "k", "value": "text",
+         "headers": [["source", "cli"]]},
+        {"topic": topic, "partition": 0, "offset": 1, "key": "binary",
+         "value_base64": base64.b64encode(b"\xff\xfe").decode(), "headers": [["source", "cli"]]},
+    ]
+    assert all(record["timestamp"] > 0 for record in records)
+    assert_user_error(run("consume", topic, "-b", broker.bootstrap, "--output", "json",
+                          "--print-key"), "--output json cannot be combined")
 
 
 def test_print_shortcuts(broker):

@@ -15,7 +15,7 @@ from tests.broker.test_damaged_logs import (
     _segment_files,
     _start,
 )
-from tests.cli.cli_runner import assert_user_error, run, run_ok
+from tests.cli.cli_runner import assert_user_error, run, run_json, run_ok
 
 TOPIC = "repairable"
 
@@ -50,6 +50,11 @@ def test_dry_run_changes_nothing_and_repair_truncates_before_the_bad_batch(tmp_p
         assert _files(partition_dir) == before
         assert f"{TOPIC}-1: {segment}: unreadable record batch at byte {position}" in dry
         assert f"would truncate {segment.name} to {position} bytes" in dry, dry
+        planned = run_json("repair", "--log-dir", str(broker.data_dir), "--dry-run")
+        assert _files(partition_dir) == before
+        assert planned["dry_run"] and planned["damaged_partitions"] == 1
+        assert [entry["partition"] for entry in planned["repairs"]] == [f"{TOPIC}-1"]
+        assert f"would truncate {segment.name}" in planned["repairs"][0]["action"]
         done = run_ok("repair", "--log-dir", str(broker.data_dir)).stdout.decode()
         assert f"did truncate {segment.name} to {position} bytes" in done, done
         assert "1 damaged partition(s) repaired" in done

@@ -73,6 +73,30 @@ def test_alter_config_and_add_partitions(broker):
     assert _partition_count(broker, topic) == 4
 
 
+def test_every_topic_change_reports_json(broker):
+    topic = unique_topic("json")
+    created = run_json("topics", "create", topic, "-p", "2", "--config", "retention.ms=9000",
+                       "-b", broker.bootstrap)
+    assert created == {"topic": topic, "created": True, "partitions": 2,
+                       "replication_factor": 1, "configs": {"retention.ms": "9000"}}
+    assert run_json("topics", "create", topic, "--if-not-exists", "-b", broker.bootstrap) == {
+        "topic": topic, "created": False}
+    assert run_json("topics", "alter-config", topic, "--set", "retention.ms=8000", "--delete",
+                    "cleanup.policy", "-b", broker.bootstrap) == {
+        "topic": topic, "set": {"retention.ms": "8000"}, "deleted": ["cleanup.policy"]}
+    assert run_json("configs", "alter", "topic", topic, "--set", "retention.ms=7000", "-b",
+                    broker.bootstrap) == {"resource_type": "topic", "name": topic,
+                                          "set": {"retention.ms": "7000"}, "deleted": []}
+    assert _config_value(broker, "topic", topic, "retention.ms") == "7000"
+    assert run_json("topics", "add-partitions", topic, "-p", "3", "-b", broker.bootstrap) == {
+        "topic": topic, "partitions": 3}
+    assert run_json("produce", topic, "-b", broker.bootstrap, stdin=b"a\nb\n") == {
+        "topic": topic, "delivered": 2}
+    assert run_json("topics", "delete", topic, "-b", broker.bootstrap) == {"deleted": [topic]}
+    assert topic not in {row["topic"] for row in run_json("topics", "list", "-b",
+                                                          broker.bootstrap)}
+
+
 def test_broker_configs_describe_and_alter(broker):
     cluster = run_json("cluster", "info", "-b", broker.bootstrap)
     broker_id = str(cluster["brokers"][0]["id"])

@@ -25,7 +25,8 @@ from headrace.coordinator.messages import (
     Pending,
     SyncGroupRequest,
 )
-from headrace.protocol.assignors import Subscription, encode_subscription
+from headrace.protocol.consumer_protocol import Subscription
+from tests.coordinator.group_leader import encode_subscription
 
 GROUP = "payments"
 SESSION_TIMEOUT_MS = 10_000

@@ -1,17 +1,17 @@
-"""headrace.protocol.assignors: consumer protocol bytes and Kafka's range / roundrobin."""
+"""The consumer protocol bytes (headrace.protocol.consumer_protocol decodes, the tests' group
+leader, tests/coordinator/group_leader.py, encodes) and Kafka's range / roundrobin assignors."""
 
 from __future__ import annotations
 
 import pytest
 
 from headrace.errors import CorruptMessage
-from headrace.protocol.assignors import (
+from headrace.protocol.consumer_protocol import Subscription, decode_subscription
+from tests.coordinator.group_leader import (
     ASSIGNORS,
     Assignment,
     AssignorMember,
-    Subscription,
     decode_assignment,
-    decode_subscription,
     encode_assignment,
     encode_subscription,
     range_assign,

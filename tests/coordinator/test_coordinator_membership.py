@@ -31,10 +31,10 @@ from headrace.coordinator.messages import (
     SyncGroupRequest,
 )
 from headrace.coordinator.records import GroupMetadataKey, decode_group_metadata_value, decode_key
-from headrace.protocol.assignors import (
+from headrace.protocol.consumer_protocol import decode_subscription
+from tests.coordinator.group_leader import (
     AssignorMember,
     decode_assignment,
-    decode_subscription,
     encode_assignment,
     range_assign,
 )

@@ -20,10 +20,10 @@ from headrace.coordinator.messages import (
     OffsetFetchRequest,
     Pending,
 )
-from headrace.protocol.assignors import (
+from headrace.protocol.consumer_protocol import decode_subscription
+from tests.coordinator.group_leader import (
     AssignorMember,
     decode_assignment,
-    decode_subscription,
     encode_assignment,
     range_assign,
 )

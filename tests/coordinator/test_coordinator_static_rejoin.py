@@ -17,7 +17,7 @@ from headrace.coordinator.messages import (
     Pending,
 )
 from headrace.coordinator.records import decode_group_metadata_value
-from headrace.protocol.assignors import decode_subscription
+from headrace.protocol.consumer_protocol import decode_subscription
 
 INSTANCE = "instance-a"
 REJOIN_TOPICS = ("orders", "refunds")
