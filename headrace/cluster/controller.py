@@ -226,6 +226,8 @@ class Controller:
         owner = records.decode_controller_registration(data).broker_id
         if owner != self.broker_id and self._context is not None:
             self._resign(f"broker {owner} is now the controller")
+        elif owner == self.broker_id and self._context is None:
+            self._elect()  # ours but not active (its first read failed): resume
 
     def _elect(self) -> None:
         if self._context is not None or self._stopping or self._zk.state != KazooState.CONNECTED:
@@ -244,7 +246,8 @@ class Controller:
                              version=stat.version)
         created, epoch_set = transaction.commit()
         if isinstance(created, NodeExistsError):
-            return  # another broker is controller; the /controller watch calls us again
+            self._resume_if_ours()  # else another broker is controller: the watch calls again
+            return
         if isinstance(epoch_set, BadVersionError):
             self._enqueue("elect", self._elect)  # raced with another election: read again
             return
@@ -252,6 +255,25 @@ class Controller:
             if isinstance(result, Exception):
                 raise result
         self._become_active(epoch, epoch_set.version)
+
+    def _owns_controller_znode(self) -> bool:
+        stat = self._zk.exists(paths.CONTROLLER)
+        return stat is not None and stat.ephemeralOwner == self._zk.client_id[0]
+
+    def _resume_if_ours(self) -> None:
+        """``/controller`` is this session's own (won, but reading the cluster failed): take up
+        the epoch it set. No other controller can have been elected while it exists."""
+        if not self._owns_controller_znode():
+            return
+        data, stat = self._zk.get(paths.CONTROLLER_EPOCH)
+        self._become_active(records.decode_controller_epoch(data), stat.version)
+
+    def _move_controller(self) -> None:
+        """After being fenced while ``/controller`` is still this session's (the epoch moved
+        on under it): delete it, so that the brokers elect again (Kafka's triggerControllerMove)."""
+        if self._context is None and self._owns_controller_znode():
+            log.warning("controller %d: deleting its /controller to trigger an election", self.broker_id)
+            self._zk.delete(paths.CONTROLLER)
 
     def _become_active(self, epoch: int, epoch_zk_version: int) -> None:
         context = load_context(self._zk, epoch, epoch_zk_version, topic_admin.CONTROLLED_SHUTDOWN)
@@ -285,6 +307,7 @@ class Controller:
         results = transaction.commit()
         if isinstance(results[0], (BadVersionError, NoNodeError)):
             self._resign(f"fenced: /controller_epoch is past epoch {context.epoch}")
+            self._enqueue("move", self._move_controller)
             raise ControllerFenced(f"epoch {context.epoch} fenced by a newer controller; nothing written")
         if isinstance(results[0], Exception) and not isinstance(results[0], RolledBackError):
             raise results[0]
@@ -409,6 +432,9 @@ class Controller:
         for topic in set(context.assignments) - names:
             context.drop_topic(topic)
         added = names - set(context.assignments)
+        if not added:
+            return
+        self._on_brokers_changed()  # brokers registered before the topic count as live
         for topic in sorted(added):
             read_topic(self._zk, context, topic)
         self._create_missing_states(context, added)

@@ -30,7 +30,7 @@ from tests.cluster.conftest import BROKER_SESSION_TIMEOUT_MS
 from tests.conftest import BrokerProcess
 
 FAILOVER_WAIT_S = 3 * BROKER_SESSION_TIMEOUT_MS / 1000 + 10  # generous: the bench measures it
-CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
+METADATA, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 19, 20, 37
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, TOPIC = 32, 44, 2
 NOT_CONTROLLER = 41
 ELECT_LEADERS, ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE = 43, 84, 80
@@ -47,7 +47,13 @@ class BrokerCluster:
                    "every broker registered")
 
     def controller(self) -> int:
-        return wait_until(lambda: controller_id(self.zk), "a controller")
+        """The controller's id, once its broker's metadata lists every live broker (its
+        ensemble node may apply the others' registrations a little after ours)."""
+        active = wait_until(lambda: controller_id(self.zk), "a controller")
+        live = set(self.zk.get_children(paths.BROKER_IDS))
+        wait_until(lambda: {str(b) for b in metadata_brokers(self.brokers[active])} >= live,
+                   "the controller's broker sees every broker")
+        return active
 
     def others(self, broker_id: int) -> list[int]:
         return [b for b in self.brokers if b != broker_id]
@@ -58,6 +64,13 @@ def cluster(cluster_brokers):
     cluster = BrokerCluster(cluster_brokers, (1, 2, 3))
     yield cluster
     close(cluster.zk)
+
+
+def metadata_brokers(broker: BrokerProcess) -> list[int]:
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                                 "include_topic_authorized_operations": False})
+    return [b.node_id for b in response.brokers]
 
 
 def create_topics(broker: BrokerProcess, name: str, partitions: int, **overrides):
@@ -117,6 +130,7 @@ def test_delete_topics_removes_the_znodes(cluster):
     controller = cluster.brokers[cluster.controller()]
     create_topics(controller, "gone", 3)
     assert delete_topics(controller, "gone").error_code == 0
+    cluster.zk.sync("/")
     assert cluster.zk.exists(paths.topic_path("gone")) is None
     assert cluster.zk.exists(paths.topic_config_path("gone")) is None
     assert cluster.zk.get_children(paths.DELETE_TOPICS) == []
