@@ -36,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble  # noqa: E402
 from tests.broker.raw_client import RawClient  # noqa: E402
-from tests.cluster.cluster_helpers import chrooted_connect_string  # noqa: E402
 from tests.conftest import BrokerProcess  # noqa: E402
 
 METADATA_KEY, METADATA_VERSION = 3, 12
@@ -163,7 +162,7 @@ def main() -> None:
     args.scratch.mkdir(parents=True)
     with ZooKeeperEnsemble(args.scratch / "zookeeper", size=1) as zookeeper:
         clusters = {size: Cluster(args.scratch, f"cluster-{size}",
-                                  chrooted_connect_string(zookeeper.connect_string), size)
+                                  f"{zookeeper.connect_string}/cluster-{size}", size)
                     for size in (1, 3)}
         try:
             for cluster in clusters.values():

@@ -123,6 +123,7 @@ def partition_counts_by_broker(metadata) -> tuple[dict[int, int], dict[int, int]
     return replicas, leaders
 
 
+@app.command()
 def up(
     brokers: Annotated[int, typer.Option("--brokers", min=1, help="how many brokers")] = 3,
     base_dir: Annotated[Path, typer.Option(

@@ -128,7 +128,7 @@ class OffsetIndex:
 
     def append_entries(self, offsets: np.ndarray, positions: np.ndarray) -> None:
         """Append entries in bulk (int64 columns; each offset and position increasing), as
-        ``kernel.index_batches`` computes them for a recovered or cleaned segment."""
+        ``segment_io.index_batches`` computes them for a recovered or cleaned segment."""
         self.relative_offsets.frombytes((offsets - self.base_offset).astype(np.int32).tobytes())
         self.positions.frombytes(positions.astype(np.int32).tobytes())
 
@@ -230,7 +230,7 @@ class TimeIndex:
 
     def append_entries(self, timestamps_ms: np.ndarray, offsets: np.ndarray) -> None:
         """Append entries in bulk (int64 columns; timestamps increasing and above the last
-        entry's), as ``kernel.index_batches`` computes them."""
+        entry's), as ``segment_io.index_batches`` computes them."""
         self.timestamps.frombytes(timestamps_ms.astype(np.int64).tobytes())
         self.relative_offsets.frombytes((offsets - self.base_offset).astype(np.int32).tobytes())
 

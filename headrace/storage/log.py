@@ -21,13 +21,13 @@ LogAppendTime stamped if configured (in a copy: the caller's buffer is never cha
 request's batches are written with one ``write``
 (no per-append fstat or seek; index entries only each ``index.interval.bytes``). The common
 request -- one batch in the topic's codec, on a CreateTime topic, fitting the active segment --
-takes the plain path: one kernel call (``kernel.append_plain_batch``) makes the same checks
+takes the plain path: one kernel call (``segment_io.append_plain_batch``) makes the same checks
 and writes the batch with its new base offset to the segment's descriptor with the GIL
 released, reading the caller's buffer in place -- a read-only view of the request frame needs
 no copy (a batch with a producer id, compressed records or a header max timestamp that is not
 its records' largest: validated by that call, then sequence-checked, its records checked
 after decompression, its max timestamp rewritten in a copy, in Python, and written by
-``kernel.write_batch``); it is gated per active segment (``_plain_gate``: set after a general-path
+``segment_io.write_batch``); it is gated per active segment (``_plain_gate``: set after a general-path
 append, cleared by a roll, a config change or a full index) and used only when the log's file
 system is exactly ``RealFileSystem`` (decided once per log), so a wrapping file system still
 sees every write. Whatever the kernel declines goes the general way, which raises the precise
@@ -130,7 +130,6 @@ from headrace.protocol.batch import (
     set_log_append_time,
     set_max_timestamp,
 )
-from headrace.protocol.kernel import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import (
     FileSystem,
@@ -153,6 +152,7 @@ from headrace.storage.segment import (
     LogSegment,
     segment_file_name,
 )
+from headrace.storage.segment_io import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.validation import (
     Summary,
     check_compressed_batch,

@@ -43,9 +43,10 @@ from headrace.protocol.batch import (
     BatchHeader,
     parse_header,
 )
-from headrace.protocol.kernel import IndexedBatches, IndexState, decode_columns, index_batches
+from headrace.protocol.kernel import decode_columns
 from headrace.storage.fs import APPEND_CREATE_FLAGS, FileSystem
 from headrace.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
+from headrace.storage.segment_io import IndexedBatches, IndexState, index_batches
 
 logger = logging.getLogger(__name__)
 

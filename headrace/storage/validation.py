@@ -37,7 +37,7 @@ differs, as Kafka's ``setMaxTimestamp`` does; the summaries carry it to the segm
 
 The size limit runs in the kernel too (``kernel.first_batch_outside_limits``, one call);
 Python only names the error of the batch it points at. The log's plain path
-(``kernel.append_plain_batch``) applies the same checks to a single batch and declines
+(``segment_io.append_plain_batch``) applies the same checks to a single batch and declines
 whatever fails a limit, so these functions raise every error.
 
 Batches are summarised as plain tuples ``(position, size_bytes, attributes,

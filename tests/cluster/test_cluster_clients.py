@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from headrace.errors import LeaderNotAvailable, NotLeaderOrFollower, UnknownTopicOrPartition
 from tests.broker.raw_client import RawClient
-from tests.cluster.cluster_helpers import WAIT_TIMEOUT_S, chrooted_connect_string, wait_until
+from tests.cluster.cluster_helpers import WAIT_TIMEOUT_S, wait_until
 from tests.conftest import BrokerProcess
 from tests.spark.conftest import spark  # noqa: F401 -- the SparkSession fixture
 
@@ -93,7 +93,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, zookeeper_ensemble):
-    connect = chrooted_connect_string(zookeeper_ensemble.connect_string)
+    connect = f"{zookeeper_ensemble.connect_string}/clients-{uuid.uuid4().hex[:8]}"  # brokers create it
     cluster = Cluster(tmp_path_factory.mktemp("cluster"), connect)
     try:
         cluster.start()
