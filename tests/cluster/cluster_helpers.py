@@ -5,7 +5,6 @@ the clients of a test may be connected to different nodes of the ensemble)."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -30,17 +29,6 @@ def wait_until(observe: Callable[[], T], what: str, timeout_s: float = WAIT_TIME
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(POLL_INTERVAL_S)
-
-
-def chrooted_connect_string(connect_string: str) -> str:
-    """A fresh chroot under ``connect_string`` (created), so tests share one ensemble."""
-    chroot = f"/headrace-test-{uuid.uuid4().hex[:12]}"
-    admin = KazooClient(hosts=connect_string)
-    admin.start(timeout=WAIT_TIMEOUT_S)
-    admin.ensure_path(chroot)
-    admin.stop()
-    admin.close()
-    return connect_string + chroot
 
 
 def zookeeper_client(connect_string: str, session_timeout_s: float = SESSION_TIMEOUT_S) -> KazooClient:
