@@ -42,6 +42,7 @@ from headrace.errors import (
     NotController,
     PolicyViolation,
     RequestTimedOut,
+    TopicDeletionDisabled,
 )
 from headrace.storage.config import LogConfig
 
@@ -226,13 +227,26 @@ async def _grow(ctx: Any, topic: Any, request: Any) -> None:
 
 # --- DeleteTopics ---------------------------------------------------------------------------
 
+FIRST_TOPIC_DELETION_DISABLED_VERSION = 3
+
+
+def delete_refusal(broker: Any, api_version: int) -> KafkaError | None:
+    """Kafka's ZooKeeper-mode answer to every topic of a DeleteTopics refused as a whole:
+    NOT_CONTROLLER off the controller; with ``delete.topic.enable`` false, TOPIC_DELETION_DISABLED
+    (INVALID_REQUEST before v3)."""
+    if not broker.controller.is_active:
+        return NotController("")
+    if not broker.config.get_bool("delete.topic.enable"):
+        if api_version < FIRST_TOPIC_DELETION_DISABLED_VERSION:
+            return InvalidRequest("")
+        return TopicDeletionDisabled("")
+    return None
+
+
 async def delete_topic(broker: Any, name: str | None, topic_id: uuid.UUID | None,
                        request: Any) -> dict[str, Any]:
     """Delete a topic named by name or id through the controller; by the time this returns its
     znodes are gone. The response entry."""
-    if not broker.controller.is_active:
-        raise NotController("")
-
     def delete(controller) -> tuple[str, bytes | None]:
         resolved = name if topic_id is None else controller.topic_name_for_id(topic_id.bytes)
         if resolved in INTERNAL_TOPIC_NAMES:

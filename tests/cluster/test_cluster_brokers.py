@@ -287,3 +287,20 @@ def test_huge_partition_counts_are_policy_violations_and_the_cluster_carries_on(
     assert cluster.zk.exists(paths.topic_path("huge")) is None
     assert create_topics(controller, "after", 3).error_code == 0
     assert topic_states(cluster.zk, "after", 3)
+
+
+def test_delete_topics_with_deletion_disabled(cluster_brokers):
+    broker = cluster_brokers.start(1, **{"delete.topic.enable": "false"})
+    zk = zookeeper_client(cluster_brokers.zookeeper_connect)
+    try:
+        wait_until(lambda: controller_id(zk) == 1, "broker 1 is the controller")
+        wait_until(lambda: metadata_brokers(broker) == [1], "it sees itself")
+        assert create_topics(broker, "kept", 1).error_code == 0
+        assert delete_topics(broker, "kept").error_code == 73  # TOPIC_DELETION_DISABLED
+        with RawClient(broker.bootstrap) as client:
+            old = client.request(DELETE_TOPICS, 2, {"timeout": REQUEST_TIMEOUT, "topic_names": ["kept"]})
+        assert old.responses[0].error_code == 42  # INVALID_REQUEST before v3
+        zk.sync("/")
+        assert zk.exists(paths.topic_path("kept")) is not None
+    finally:
+        close(zk)
