@@ -33,7 +33,7 @@ FAILOVER_WAIT_S = 3 * BROKER_SESSION_TIMEOUT_MS / 1000 + 10  # generous: the ben
 METADATA, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 19, 20, 37
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, TOPIC = 32, 44, 2
 NOT_CONTROLLER = 41
-POLICY_VIOLATION = 44
+POLICY_VIOLATION, LEADER_NOT_AVAILABLE = 44, 5
 ELECT_LEADERS, ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE = 43, 84, 80
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
@@ -80,6 +80,14 @@ def metadata_partitions(broker: BrokerProcess, topic: str) -> list[int]:
                                                  "allow_auto_topic_creation": False,
                                                  "include_topic_authorized_operations": False})
     return [p.partition_index for p in response.topics[0].partitions]
+
+
+def metadata_partition_errors(broker: BrokerProcess, topic: str) -> dict[int, int]:
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(METADATA, 12, {"topics": [{"name": topic, "topic_id": None}],
+                                                 "allow_auto_topic_creation": False,
+                                                 "include_topic_authorized_operations": False})
+    return {p.partition_index: p.error_code for p in response.topics[0].partitions}
 
 
 def create_topics(broker: BrokerProcess, name: str, partitions: int, **overrides):
@@ -156,6 +164,10 @@ def test_partitions_of_a_killed_broker_go_offline_and_return_when_it_restarts(cl
     for p in led:
         wait_until(lambda p=p: partition_state(cluster.zk, "rf1", p).leader == -1,
                    "leader -1", timeout_s=FAILOVER_WAIT_S)
+    offline = wait_until(lambda: {p for p, code in metadata_partition_errors(
+        cluster.brokers[active], "rf1").items() if code == LEADER_NOT_AVAILABLE} == set(led),
+        "Metadata says LEADER_NOT_AVAILABLE for them")
+    assert offline
     cluster.brokers[victim].start()
     for p in led:
         wait_until(lambda p=p: partition_state(cluster.zk, "rf1", p).leader == victim, "leader back")
