@@ -101,6 +101,7 @@ def test_losing_the_zookeeper_node_of_its_session_keeps_the_registration(
         cluster_brokers, zookeeper_ensemble, zookeeper_client):
     broker, path = cluster_brokers.start_registered(
         zookeeper_client, 3, **{"zookeeper.session.timeout.ms": "6000"})
+    _wait_for_log(broker, 0, "headrace broker 3 serving on")  # start-up over: ZooKeeper too
     _, before = zookeeper_client.get(path)
     node = zookeeper_ensemble.node_serving_session(before.ephemeralOwner)
     assert node is not None
