@@ -170,7 +170,7 @@ class Broker:
         try:
             await asyncio.get_running_loop().run_in_executor(
                 None, membership.register, self.state.advertised_host,
-                self.state.advertised_port)
+                self.state.advertised_port, self.clock.now_ms())
             self.state.controller = ControllerService(membership, self.state.config)
             await asyncio.get_running_loop().run_in_executor(None, self.state.controller.start)
         except BaseException:
