@@ -58,7 +58,8 @@ stays at the read buffer plus about one chunk of output and the ``O_DIRECT`` sta
 span (``OffsetMap.clear``), falling back to the whole buffer.
 
 Files: each group is written to ``<base>.log.cleaned``, fsynced, and swapped in by
-``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.log``; see ``log`` for crash rules).
+``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.log``; see ``local_log`` and
+``log_loader`` for the crash rules).
 ``log.fs`` opens, fsyncs and closes it and writes the recompressed chunks; the kernel's spans
 read the segments and write to that descriptor themselves, each on a helper thread
 ``span_niceness`` nicer than the caller (see ``kernel.map_span``). The ``.cleaned`` file is opened
@@ -113,7 +114,8 @@ from headrace.protocol.kernel import (
     whole_batches_bytes,
 )
 from headrace.storage.fs import FileSystem
-from headrace.storage.log import CLEANED_SUFFIX, CleaningAborted, Log
+from headrace.storage.local_log import CLEANED_SUFFIX, CleaningAborted
+from headrace.storage.log import Log
 from headrace.storage.offset_map import HASH_RANGE_VALUES, MAX_OFFSET_SPAN, OffsetMap
 from headrace.storage.segment import (
     LOG_SUFFIX,

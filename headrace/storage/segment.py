@@ -114,7 +114,8 @@ class BatchLocation:
 
 
 class LogSegment:
-    """A segment file and its indexes; created, loaded or recovered by ``Log``."""
+    """A segment file and its indexes; loaded or recovered by ``LogLoader``, created and
+    retired by ``LocalLog``."""
 
     # Slots: every append reads and writes several of these attributes.
     __slots__ = ("fs", "directory", "base_offset", "index_interval_bytes", "log_path", "fd",
@@ -349,6 +350,22 @@ class LogSegment:
         if last is not None:
             self.max_timestamp_ms, self.offset_of_max_timestamp = last
         return True
+
+    def rebuild_indexes(self, sealed: bool) -> None:
+        """Rebuild damaged index files from the log (a full scan of this segment). A bad
+        byte in it is damage (KafkaStorageError naming the file and byte), never truncated:
+        the segment may hold acknowledged, flushed records after it."""
+        self.recover(0, truncate=False)
+        if sealed:
+            self.seal()
+        self.flush()
+
+    def adopt_indexes(self, index: IndexedBatches) -> None:
+        """Give a fresh, sealed segment the index ``index_batches`` computed over its whole
+        file (what ``rebuild_indexes`` would compute, without reading the file)."""
+        self.apply_index(index)
+        self.seal()
+        self.flush()
 
     def _offset_upper_bound(self) -> int:
         last_offset, _ = self.offset_index.last_entry()
