@@ -470,7 +470,9 @@ class Cleaner:
         on to ``end`` (False: the map filled)."""
         direct_fd = _open_direct(log.fs, segment)
         try:
-            return self._walk_spans(log, segment, start, end, run_span, run_chunk, direct_fd)
+            with segment.pinned():  # ``segment.fd`` stays open for the spans
+                return self._walk_spans(log, segment, start, end, run_span, run_chunk,
+                                        direct_fd)
         finally:
             if direct_fd >= 0:
                 log.fs.close(direct_fd)

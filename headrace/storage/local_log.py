@@ -61,10 +61,11 @@ MAX_READ_HINTS = 16  # remembered next-read positions per log (one per sequentia
 
 
 def open_segment(fs: FileSystem, directory: Path, config: LogConfig, base_offset: int,
-                 now_ms: int) -> LogSegment:
-    """The segment of ``directory`` at ``base_offset``, created if it does not exist."""
+                 now_ms: int, active: bool = False) -> LogSegment:
+    """The segment of ``directory`` at ``base_offset``, created if it does not exist; an
+    ``active`` one keeps its files open, a sealed one opens them when used."""
     return LogSegment(fs, directory, base_offset, config.segment_index_bytes,
-                      config.index_interval_bytes, now_ms)
+                      config.index_interval_bytes, now_ms, active)
 
 
 class CleaningAborted(Exception):
@@ -177,7 +178,8 @@ class LocalLog:
         """A new, empty active segment at the log end offset (after
         ``seal_active_segment``)."""
         log_end_offset = self.view.log_end_offset
-        segment = open_segment(self.fs, self.dir, self.config, log_end_offset, now_ms)
+        segment = open_segment(self.fs, self.dir, self.config, log_end_offset, now_ms,
+                               active=True)
         self.segments.append(segment)
         view = self.view
         self.view = LogView(tuple(self.segments), log_end_offset, 0, view.log_start_offset)

@@ -60,8 +60,9 @@ directory) marks the log as no longer cleanable and waits until a cleaning in pr
 stopped, so no cleaner touches a segment file after its descriptor is closed or writes a
 ``.cleaned`` file into a directory that no longer belongs to this log. It must be called
 without holding the log's lock (the cleaner takes that lock in ``replace_segments``).
-Retention, DeleteRecords and rolls need no guard: the cleaner reads sealed segments through
-descriptors that stay open until ``file.delete.delay.ms``, and ``replace_segments`` re-checks
+Retention, DeleteRecords and rolls need no guard: the cleaner reads a sealed segment pinned
+open (``LogSegment.pinned``), a retired one stays readable under its ``.deleted`` name until
+``file.delete.delay.ms``, and ``replace_segments`` re-checks
 under the log's lock that the segments it replaces are still in the log (``CleaningAborted``
 otherwise, nothing changed).
 """

@@ -124,6 +124,7 @@ class LogLoader:
         except BaseException:
             self._abandon_loading()
             raise
+        segments[-1].make_active()
         return LoadedSegments(segments, log_end_offset, snapshot_limit)
 
     def _abandon_loading(self) -> None:
