@@ -268,6 +268,9 @@ class LogSegment:
     def fd(self) -> int:
         """The log file's descriptor: the active segment's (open until sealed), or a sealed
         one's inside ``pinned()``; anything else holds ``log_file()`` while it reads."""
+        held = self._log_file
+        if held is not None and self._active:  # every append: no call, no touch
+            return held.fd
         return self.log_file().fd
 
     def log_file(self) -> SharedDescriptor:

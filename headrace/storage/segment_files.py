@@ -47,8 +47,10 @@ class SharedDescriptor:
         self._fs = fs
 
     def __del__(self) -> None:
-        with contextlib.suppress(OSError):
+        try:  # no module globals: this may run while the interpreter shuts down
             self._fs.close(self.fd)
+        except OSError:
+            pass
 
 
 class SegmentFilesOwner(Protocol):
