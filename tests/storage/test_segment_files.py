@@ -97,3 +97,18 @@ def test_a_segment_retired_while_closed_is_read_through_an_old_view(scratch, sma
         assert again.read_bytes() == first_batches
     finally:
         log.close()
+
+
+def test_a_pinned_segment_keeps_its_files_while_others_open(scratch, small_budget):
+    """What the cleaner relies on while it walks a segment with ``segment.fd``."""
+    log = _filled_log(scratch)
+    try:
+        walked = log.segments[0]
+        with walked.pinned() as fd:
+            read_all(log)  # every other sealed segment opens: more than the budget
+            assert walked._log_file is not None and walked.fd == fd
+            assert os.readlink(f"/proc/self/fd/{fd}") == str(walked.log_path)
+        read_all(log)
+        assert walked._log_file is None  # unpinned: it lets go again
+    finally:
+        log.close()
