@@ -13,9 +13,10 @@ from a known-good position that truncates at the first bad byte and rebuilds the
 after it; ``scan_chunk`` is its step, shared with ``headrace repair``; without truncation, for
 sealed segments, a bad byte is a KafkaStorageError naming the file and byte), the header walk
 to a segment's end that finds its next offset (gap detection at load), renaming/removing its
-files, and its times as Kafka's ``LogSegment`` defines them: the largest timestamp (the largest valid batch max timestamp, else the log file's
-last-modified time, read through the injected file system: -1 is never read as 1970), the
-first batch's timestamp (Kafka's rolling base) and the creation time.
+files, and its times as Kafka's ``LogSegment`` defines them: the largest timestamp (the
+largest valid batch max timestamp, else the log file's last-modified time, read through the
+injected file system: -1 is never read as 1970), the first batch's timestamp (Kafka's rolling
+base) and the creation time.
 
 Descriptors: the active segment (``make_active``) keeps its three files open. A sealed one
 opens them when used and lets go of them when the process's open-segment budget evicts it
