@@ -142,8 +142,9 @@ _new_append_result = functools.partial(tuple.__new__, AppendResult)
 # time after which it must roll by age, the largest last offset its index can address, the
 # largest batch max timestamp it takes before rolling by age, the broker time until which no
 # batch the kernel accepts -- none stamped past message.timestamp.after.max.ms -- can carry
-# a larger one, so the header need not be read). A plain tuple: read on every append.
-SingleBatchWindow = tuple[LogSegment, int, int, int, int]
+# a larger one, so the header need not be read, the segment's log file descriptor: open until
+# the segment is sealed, which closes the window). A plain tuple: read on every append.
+SingleBatchWindow = tuple[LogSegment, int, int, int, int, int]
 # A batch header's batch_length (int32 at byte 8) and max_timestamp (int64 at byte 35).
 _LENGTH_AND_MAX_TIMESTAMP = struct.Struct(">8xi23xq").unpack_from
 
@@ -282,9 +283,9 @@ class Log:
         """A single batch in one kernel call (two with a producer id, compressed records
         or a max timestamp to rewrite); None (nothing written) when the kernel declines the
         request and the general path must decide."""
-        active, local = window[0], self._local
+        active, fd, local = window[0], window[5], self._local
         first_offset = local.view.log_end_offset
-        written = append_plain_batch(records, active.fd, first_offset,
+        written = append_plain_batch(records, fd, first_offset,
                                      self._segment_bytes - active.size_bytes, window[2],
                                      now_ms, self._kernel_record_limits[from_client])
         if written is None:
@@ -293,7 +294,7 @@ class Log:
         if not was_written:
             records, max_timestamp_ms = self._finish_single_batch(records, max_timestamp_ms,
                                                                   now_ms, from_client)
-            duplicate = self._write_producer_batch(records, active.fd, first_offset)
+            duplicate = self._write_producer_batch(records, fd, first_offset)
             if duplicate is not None:
                 return duplicate
         if active.note_written_batch(len(records), last_offset, max_timestamp_ms, now_ms):
@@ -381,7 +382,7 @@ class Log:
             unread_until_ms = ROLL_NEVER if message_deadline_ms == ROLL_NEVER else \
                 message_deadline_ms - self.config.message_timestamp_after_max_ms
             return (active, broker_deadline_ms, active.base_offset + MAX_RELATIVE_OFFSET,
-                    message_deadline_ms, unread_until_ms)
+                    message_deadline_ms, unread_until_ms, active.fd)
         return None
 
     def _write(self, records: bytearray, summaries: tuple[Summary, ...], first_offset: int,

@@ -247,7 +247,8 @@ class LogSegment:
 
     def make_active(self) -> None:
         """The segment takes appends: its files stay open until it is sealed or closed."""
-        self._active = True
+        with self._files_lock:  # a release_files racing with this one either ran or sees it
+            self._active = True
         self._open_files.forget(self)
         self.log_file()
 
@@ -292,17 +293,20 @@ class LogSegment:
                 if self._deleted else self.log_path
             held = SharedDescriptor(self.fs, self.fs.open(path, REOPEN_FLAGS))
             self._log_file = held
-        self._open_files.opened(self)
+            counted = not self._active
+        if counted:
+            self._open_files.opened(self)
         return held
 
     def release_files(self) -> None:
         """Let go of the descriptors of a sealed segment (they close once no slice or
         operation holds them); the next use opens them again."""
-        if self._active:
-            return
-        self._log_file = None
-        self.offset_index.release_file()
-        self.time_index.release_file()
+        with self._files_lock:
+            if self._active:
+                return
+            self._log_file = None
+            self.offset_index.release_file()
+            self.time_index.release_file()
 
     @contextlib.contextmanager
     def pinned(self) -> Iterator[int]:
