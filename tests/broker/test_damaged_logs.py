@@ -293,6 +293,68 @@ def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
         broker.stop()
 
 
+# Segment files a broker may not hold open at once: __consumer_offsets' 50 partitions and
+# LOW_LIMIT_PARTITIONS more keep their active segments open (3 files each); every other
+# partition's 3+ sealed segments must open only when read.
+LOW_OPEN_FILE_LIMIT = 512
+LOW_LIMIT_PARTITIONS = 40
+OFFSETS_TOPIC_PARTITIONS = 50
+
+
+def _limit_open_files_to(limit: int):
+    def set_limit() -> None:  # runs in the broker process before it starts
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    return set_limit
+
+
+def _segment_file_count(data_dir: Path) -> int:
+    return sum(1 for _ in data_dir.glob("*/*.log")) + sum(
+        1 for _ in data_dir.glob("*/*index"))
+
+
+def _consume_every_partition(bootstrap: str, topic: str, written: dict[int, list]
+                             ) -> dict[int, list]:
+    """Every record of every partition of ``topic`` from offset 0, by partition (bounded by
+    the record count and CLIENT_TIMEOUT_S)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, partition, 0) for partition in written])
+    read: dict[int, list] = {partition: [] for partition in written}
+    total = sum(len(values) for values in written.values())
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    try:
+        while sum(len(values) for values in read.values()) < total and \
+                time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None:
+                assert message.error() is None, message.error()
+                read[message.partition()].append(message.value())
+    finally:
+        consumer.close()
+    return read
+
+
+def test_more_segment_files_than_even_the_hard_open_file_limit_load_and_serve(tmp_path):
+    """Sealed segments hold no descriptor until read: a data directory with more segment
+    files than the broker's hard RLIMIT_NOFILE (so raising the soft limit cannot help)
+    loads every partition and serves every record of each."""
+    topic = "many-segments"
+    broker = _start(tmp_path)
+    try:
+        _create_topic(broker.bootstrap, topic, LOW_LIMIT_PARTITIONS)
+        written = _fill_partitions(broker, topic, LOW_LIMIT_PARTITIONS)
+        assert broker.stop() == 0
+        assert _segment_file_count(broker.data_dir) > LOW_OPEN_FILE_LIMIT
+        assert 3 * (OFFSETS_TOPIC_PARTITIONS + LOW_LIMIT_PARTITIONS) < LOW_OPEN_FILE_LIMIT * 3 // 4
+        broker.preexec_fn = _limit_open_files_to(LOW_OPEN_FILE_LIMIT)
+        broker.start()
+        assert " ERROR " not in broker.log_text()
+        assert _consume_every_partition(broker.bootstrap, topic, written) == written
+        assert " ERROR " not in broker.log_text()
+    finally:
+        broker.stop()
+
+
 def test_unreadable_offsets_partition_is_one_error_and_the_broker_serves(tmp_path):
     broker = _start(tmp_path)
     try:
