@@ -33,6 +33,7 @@ FAILOVER_WAIT_S = 3 * BROKER_SESSION_TIMEOUT_MS / 1000 + 10  # generous: the ben
 METADATA, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 19, 20, 37
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, TOPIC = 32, 44, 2
 NOT_CONTROLLER = 41
+POLICY_VIOLATION = 44
 ELECT_LEADERS, ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE = 43, 84, 80
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
@@ -71,6 +72,14 @@ def metadata_brokers(broker: BrokerProcess) -> list[int]:
         response = client.request(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
                                                  "include_topic_authorized_operations": False})
     return [b.node_id for b in response.brokers]
+
+
+def metadata_partitions(broker: BrokerProcess, topic: str) -> list[int]:
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(METADATA, 12, {"topics": [{"name": topic, "topic_id": None}],
+                                                 "allow_auto_topic_creation": False,
+                                                 "include_topic_authorized_operations": False})
+    return [p.partition_index for p in response.topics[0].partitions]
 
 
 def create_topics(broker: BrokerProcess, name: str, partitions: int, **overrides):
@@ -239,3 +248,59 @@ def test_elect_leaders_on_the_controller_and_elsewhere(cluster):
                     "--bootstrap-server", cluster.brokers[cluster.others(active)[1]].bootstrap)
     assert {(row["partition"], row["result"]) for row in rows} == {
         (p, "PREFERRED_LEADER_NOT_AVAILABLE" if p in led else "ELECTION_NOT_NEEDED") for p in range(3)}
+
+
+def test_create_partitions_and_validate_only_on_the_controller(cluster):
+    controller = cluster.brokers[cluster.controller()]
+    create_topics(controller, "growing", 2)
+    with RawClient(controller.bootstrap) as client:
+        dry = client.request(CREATE_TOPICS, 7, {"timeout": REQUEST_TIMEOUT, "validate_only": True,
+                                                "topics": [{"name": "dry", "num_partitions": 6,
+                                                            "replication_factor": 1,
+                                                            "assignments": [], "configs": []}]})
+        assert (dry.topics[0].error_code, dry.topics[0].num_partitions) == (0, 6)
+        grown = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [{"name": "growing", "count": 5,
+                                                                 "assignments": None}]})
+        assert grown.results[0].error_code == 0
+        again = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [{"name": "growing", "count": 5,
+                                                                 "assignments": None}]})
+        assert again.results[0].error_code == 37  # INVALID_PARTITIONS
+    cluster.zk.sync("/")
+    assert cluster.zk.exists(paths.topic_path("dry")) is None
+    states = topic_states(cluster.zk, "growing", 5)  # the new ones written before the answer
+    assert states and all(state.has_leader for state in states.values())
+    assert len(metadata_partitions(controller, "growing")) == 5
+
+
+def test_huge_partition_counts_are_policy_violations_and_the_cluster_carries_on(cluster):
+    controller = cluster.brokers[cluster.controller()]
+    assert create_topics(controller, "huge", 2**31 - 1).error_code == POLICY_VIOLATION
+    create_topics(controller, "small", 1)
+    with RawClient(controller.bootstrap) as client:
+        grown = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [{"name": "small", "count": 2**31 - 1,
+                                                                 "assignments": None}]})
+    assert grown.results[0].error_code == POLICY_VIOLATION
+    cluster.zk.sync("/")
+    assert cluster.zk.exists(paths.topic_path("huge")) is None
+    assert create_topics(controller, "after", 3).error_code == 0
+    assert topic_states(cluster.zk, "after", 3)
+
+
+def test_delete_topics_with_deletion_disabled(cluster_brokers):
+    broker = cluster_brokers.start(1, **{"delete.topic.enable": "false"})
+    zk = zookeeper_client(cluster_brokers.zookeeper_connect)
+    try:
+        wait_until(lambda: controller_id(zk) == 1, "broker 1 is the controller")
+        wait_until(lambda: metadata_brokers(broker) == [1], "it sees itself")
+        assert create_topics(broker, "kept", 1).error_code == 0
+        assert delete_topics(broker, "kept").error_code == 73  # TOPIC_DELETION_DISABLED
+        with RawClient(broker.bootstrap) as client:
+            old = client.request(DELETE_TOPICS, 2, {"timeout": REQUEST_TIMEOUT, "topic_names": ["kept"]})
+        assert old.responses[0].error_code == 42  # INVALID_REQUEST before v3
+        zk.sync("/")
+        assert zk.exists(paths.topic_path("kept")) is not None
+    finally:
+        close(zk)

@@ -5,17 +5,26 @@ ElectLeaders and NOT_CONTROLLER. Brokers here are kazoo sessions holding ``/brok
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
+from headrace.broker.controller_service import ControllerService
 from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
-from headrace.cluster.controller import ELECTION_TYPE_PREFERRED, Controller
-from headrace.errors import ElectionNotNeeded, NotController, PreferredLeaderNotAvailable
+from headrace.cluster.controller import ELECTION_TYPE_PREFERRED, Controller, ControllerFenced
+from headrace.errors import (
+    ElectionNotNeeded,
+    KafkaError,
+    NotController,
+    PreferredLeaderNotAvailable,
+    RequestTimedOut,
+)
 from tests.cluster.cluster_helpers import (
     WAIT_TIMEOUT_S,
     close,
@@ -289,3 +298,37 @@ def test_a_controller_fenced_while_it_still_holds_controller_makes_way_for_an_el
     assert controller_epoch(admin) == epoch + 6 and controller_id(admin) == 1
     state = wait_until(lambda: partition_state(admin, "after", 0), "the topic's state")
     assert state.controller_epoch == epoch + 6
+
+
+def test_partitions_added_to_an_assignment_by_another_writer_get_states(cluster, admin):
+    cluster.add_broker(1)
+    active_seeing(cluster)
+    topic_admin.create_topic_assignment(admin, "extended", 1, 1, {})
+    wait_until(lambda: topic_states(admin, "extended", 1), "the first partition's state")
+    topic_admin.add_partitions(admin, "extended", 3)
+    states = wait_until(lambda: topic_states(admin, "extended", 3), "the added partitions' states")
+    assert {state.leader for state in states.values()} == {1}
+
+
+def test_the_broker_side_maps_zookeeper_failures_to_kafka_errors(cluster):
+    cluster.add_broker(1)
+    wait_until(cluster.active, "a controller")
+    membership = SimpleNamespace(session=SimpleNamespace(client=cluster.sessions[1]), broker_id=1)
+    service = ControllerService(membership, SimpleNamespace(get_bool=lambda _name: False))
+    service.controller = cluster.controllers[1]  # the running one, not a second candidate
+
+    def failing(error):
+        def action(_controller):
+            raise error
+        return action
+
+    async def outcome(action) -> type:
+        try:
+            await service.run(action, 10_000)
+        except KafkaError as error:
+            return type(error)
+        return type(None)
+
+    assert asyncio.run(outcome(failing(ConnectionLoss()))) is RequestTimedOut
+    assert asyncio.run(outcome(failing(SessionExpiredError()))) is NotController
+    assert asyncio.run(outcome(failing(ControllerFenced("fenced")))) is NotController
