@@ -46,6 +46,15 @@ from headrace.cli.common import (
 app = typer.Typer(no_args_is_help=True, help="Inspect the cluster.")
 
 
+def describe_cluster(connection: Connection):
+    """(DescribeCluster's answer, the Metadata of every topic) through one AdminClient."""
+    admin, metadata = connection.admin()
+    description = admin.describe_cluster(
+        request_timeout=connection.request_timeout_s
+    ).result(timeout=connection.request_timeout_s)
+    return description, metadata
+
+
 @app.command()
 @connection_options
 def info(
@@ -54,10 +63,7 @@ def info(
 ) -> None:
     """Cluster id, controller, brokers and how many topics there are."""
     with user_errors():
-        admin, metadata = connection.admin()
-        description = admin.describe_cluster(
-            request_timeout=connection.request_timeout_s
-        ).result(timeout=connection.request_timeout_s)
+        description, metadata = describe_cluster(connection)
         brokers = [
             {"id": node.id, "host": node.host, "port": node.port, "rack": node.rack}
             for node in sorted(description.nodes, key=lambda node: node.id)
@@ -85,10 +91,7 @@ def describe(
 ) -> None:
     """Brokers, the controller, and per broker how many partitions it holds and leads."""
     with user_errors():
-        admin, metadata = connection.admin()
-        description = admin.describe_cluster(
-            request_timeout=connection.request_timeout_s
-        ).result(timeout=connection.request_timeout_s)
+        description, metadata = describe_cluster(connection)
         controller = description.controller.id if description.controller else None
         replicas, leaders = partition_counts_by_broker(metadata)
         brokers = [

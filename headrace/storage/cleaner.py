@@ -58,7 +58,8 @@ stays at the read buffer plus about one chunk of output and the ``O_DIRECT`` sta
 span (``OffsetMap.clear``), falling back to the whole buffer.
 
 Files: each group is written to ``<base>.log.cleaned``, fsynced, and swapped in by
-``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.log``; see ``log`` for crash rules).
+``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.log``; see ``local_log`` and
+``log_loader`` for the crash rules).
 ``log.fs`` opens, fsyncs and closes it and writes the recompressed chunks; the kernel's spans
 read the segments and write to that descriptor themselves, each on a helper thread
 ``span_niceness`` nicer than the caller (see ``segment_io.map_span``). The ``.cleaned`` file is opened
@@ -95,7 +96,8 @@ import numpy as np
 from headrace.errors import CorruptMessage
 from headrace.protocol.kernel import whole_batches_bytes
 from headrace.storage.fs import FileSystem
-from headrace.storage.log import CLEANED_SUFFIX, CleaningAborted, Log
+from headrace.storage.local_log import CLEANED_SUFFIX, CleaningAborted
+from headrace.storage.log import Log
 from headrace.storage.offset_map import HASH_RANGE_VALUES, MAX_OFFSET_SPAN, OffsetMap
 from headrace.storage.segment import (
     LOG_SUFFIX,
@@ -468,7 +470,9 @@ class Cleaner:
         on to ``end`` (False: the map filled)."""
         direct_fd = _open_direct(log.fs, segment)
         try:
-            return self._walk_spans(log, segment, start, end, run_span, run_chunk, direct_fd)
+            with segment.pinned():  # ``segment.fd`` stays open for the spans
+                return self._walk_spans(log, segment, start, end, run_span, run_chunk,
+                                        direct_fd)
         finally:
             if direct_fd >= 0:
                 log.fs.close(direct_fd)

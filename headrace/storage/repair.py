@@ -24,7 +24,7 @@ from pathlib import Path
 
 from headrace.errors import CorruptMessage, KafkaStorageError
 from headrace.storage.fs import FileSystem
-from headrace.storage.log import accept_gap, read_accepted_gaps
+from headrace.storage.log_loader import accept_gap, read_accepted_gaps
 from headrace.storage.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,

@@ -1,5 +1,6 @@
 """A broker process in cluster mode against a real three-node ensemble: its registration (Kafka's
-JSON), the cluster id from /cluster/id, session expiry after SIGKILL, restart, a duplicate
+JSON), the cluster id from /cluster/id, session expiry after SIGKILL, restart, registering again
+after its session expired (SIGSTOP past the session timeout), a duplicate
 broker.id, broker ids generated from /brokers/seqid, losing the ZooKeeper node it talks to; the
 cluster-mode configs checked as Kafka's, and a single-node data directory refused."""
 
@@ -9,6 +10,7 @@ import json
 import os
 import re
 import selectors
+import signal
 import subprocess
 import time
 
@@ -59,6 +61,21 @@ def test_broker_registers_kafka_json_expires_on_sigkill_and_returns_on_restart(
     assert restarted.czxid > stat.czxid  # a new broker epoch
 
 
+def test_a_broker_whose_session_expired_registers_again(cluster_brokers, zookeeper_client):
+    broker, path = cluster_brokers.start_registered(zookeeper_client, 4)
+    _wait_for_log(broker, 0, "headrace broker 4 serving on")
+    _, before = zookeeper_client.get(path)
+    os.kill(broker.pid, signal.SIGSTOP)  # silent past its session timeout: ZooKeeper expires it
+    try:
+        wait_for_znode(zookeeper_client, path, present=False)
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+    wait_for_znode(zookeeper_client, path)
+    _, after = zookeeper_client.get(path)
+    assert after.czxid > before.czxid and after.ephemeralOwner != before.ephemeralOwner
+    assert broker.process.poll() is None
+
+
 def test_a_clean_shutdown_deregisters_at_once(cluster_brokers, zookeeper_client):
     broker, path = cluster_brokers.start_registered(zookeeper_client, 2)
     assert broker.stop() == 0
@@ -101,6 +118,7 @@ def test_losing_the_zookeeper_node_of_its_session_keeps_the_registration(
         cluster_brokers, zookeeper_ensemble, zookeeper_client):
     broker, path = cluster_brokers.start_registered(
         zookeeper_client, 3, **{"zookeeper.session.timeout.ms": "6000"})
+    _wait_for_log(broker, 0, "headrace broker 3 serving on")  # start-up over: ZooKeeper too
     _, before = zookeeper_client.get(path)
     node = zookeeper_ensemble.node_serving_session(before.ephemeralOwner)
     assert node is not None

@@ -31,6 +31,7 @@ SESSION_TIMEOUT_MS = 4000  # a SIGKILLed broker leaves ZooKeeper this long after
 OFFSETS_PARTITIONS = 6
 RECORDS_PER_PARTITION = 25
 METADATA_KEY, PRODUCE_KEY, FETCH_KEY, LIST_OFFSETS_KEY, FIND_COORDINATOR_KEY = 3, 0, 1, 2, 10
+DESCRIBE_CONFIGS_KEY = 32
 
 
 class Cluster:
@@ -217,6 +218,31 @@ def test_cluster_describe_counts_partitions_and_leaders_per_broker(cluster):
     assert {row["partition"]: (row["leader"], row["replicas"], row["isr"])
             for row in topic_rows["partitions"]} == {
         p: (leader, [leader], [leader]) for p, leader in leaders.items()}
+
+
+def test_a_topic_config_change_reaches_every_broker_and_the_leaders_logs(cluster):
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    topic, leaders = create_topic(cluster, 3)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", "123456", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=WAIT_TIMEOUT_S)
+
+    def retention_ms_on(broker_id: int) -> str:
+        with RawClient(cluster.brokers[broker_id].bootstrap) as client:
+            answer = client.request(DESCRIBE_CONFIGS_KEY, 4, {
+                "resources": [{"resource_type": 2, "resource_name": topic,
+                               "configuration_keys": ["retention.ms"]}],
+                "include_synonyms": False, "include_documentation": False})
+        return answer.results[0].configs[0].value
+
+    wait_until(lambda: all(retention_ms_on(b) == "123456" for b in BROKER_IDS),
+               "every broker to describe the new retention.ms")
+    for partition, leader in leaders.items():  # the leader's own log runs with it
+        log_config = cluster.brokers[leader].data_dir / "__topic_configs" / topic
+        wait_until(lambda path=log_config: "retention.ms=123456" in path.read_text(),
+                   f"{topic}-{partition}'s leader to apply retention.ms")
 
 
 # --- clients ---------------------------------------------------------------------------------
