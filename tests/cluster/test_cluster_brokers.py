@@ -34,6 +34,7 @@ METADATA, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 19, 20, 37
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, TOPIC = 32, 44, 2
 NOT_CONTROLLER = 41
 POLICY_VIOLATION, LEADER_NOT_AVAILABLE = 44, 5
+DESCRIBE_CLUSTER = 60
 ELECT_LEADERS, ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE = 43, 84, 80
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
@@ -90,6 +91,12 @@ def metadata_partition_errors(broker: BrokerProcess, topic: str) -> dict[int, in
     return {p.partition_index: p.error_code for p in response.topics[0].partitions}
 
 
+def described_controller(broker: BrokerProcess) -> int:
+    with RawClient(broker.bootstrap) as client:
+        return client.request(DESCRIBE_CLUSTER, 0, {
+            "include_cluster_authorized_operations": False}).controller_id
+
+
 def create_topics(broker: BrokerProcess, name: str, partitions: int, **overrides):
     topic = {"name": name, "num_partitions": partitions, "replication_factor": 1,
              "assignments": [], "configs": [], **overrides}
@@ -114,6 +121,9 @@ def test_sigkill_of_the_controller_elects_a_new_one_with_the_next_epoch(cluster)
                         "a new controller", timeout_s=FAILOVER_WAIT_S)
     assert second in cluster.others(first)
     assert controller_epoch(cluster.zk) == epoch + 1
+    for broker_id in cluster.others(first):
+        wait_until(lambda b=broker_id: described_controller(cluster.brokers[b]) == second,
+                   f"DescribeCluster on broker {broker_id} names the new controller")
 
 
 def test_create_topics_on_the_controller_spreads_12_leaders_4_4_4(cluster):
