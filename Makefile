@@ -8,8 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run cluster test install system-deps lint bench clean kernel-asan
 
 # setuptools as pyproject's build-system asks: tests/spark/test_install.py builds without isolation.
-$(STAMP): pyproject.toml setup.py headrace/protocol/_kernel.c headrace/protocol/_prepass.c \
-		headrace/protocol/_message_format.c
+$(STAMP): pyproject.toml setup.py $(wildcard headrace/*/*.c headrace/*/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip 'setuptools>=77' wheel >/dev/null
 	$(BIN)/pip install -e '.[spark,test]'

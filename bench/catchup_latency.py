@@ -48,7 +48,7 @@ from cleaner_produce_latency import (  # noqa: E402
     report_round,
 )
 
-from headrace.protocol.kernel import page_cache_holds  # noqa: E402
+from headrace.storage.segment_io import page_cache_holds  # noqa: E402
 from tests.page_cache import drop_from_page_cache  # noqa: E402
 
 COLD_VALUE_BYTES = 1000

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cleaner_workload import NOW_MS, BatchBuilder, permuted_ids  # noqa: E402
 
 from headrace.broker.cleaner_service import CLEANER_SPAN_NICENESS  # noqa: E402
-from headrace.protocol.kernel import note_broker_request  # noqa: E402
+from headrace.broker.scheduling import note_broker_request  # noqa: E402
 from headrace.storage.cleaner import Cleaner  # noqa: E402
 from headrace.storage.config import LogConfig  # noqa: E402
 from headrace.storage.fs import RealFileSystem  # noqa: E402

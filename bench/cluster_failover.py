@@ -6,7 +6,7 @@ A three-node ZooKeeper ensemble and three brokers (``zookeeper.session.timeout.m
 127.0.0.1. ``--rounds`` rounds of:
 
 1. ``controller``: SIGKILL the controller; time until ``/controller`` names another broker
-   (observed by a kazoo watch), then restart the killed broker and wait until it is
+   (read every 20 ms), then restart the killed broker and wait until it is
    registered again.
 2. ``sigterm`` and ``sigkill``: a topic of ``--partitions`` partitions (RF 1, the limit of this
    release) is spread over the brokers; one broker that leads some of them (not the
@@ -30,7 +30,6 @@ import shutil
 import signal
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -38,32 +37,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Producer  # noqa: E402
 from kazoo.client import KazooClient  # noqa: E402
+from kazoo.exceptions import NoNodeError  # noqa: E402
 
 from headrace.cluster import zookeeper_paths as paths  # noqa: E402
 from headrace.cluster import zookeeper_records as records  # noqa: E402
 from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble  # noqa: E402
 from tests.broker.raw_client import RawClient  # noqa: E402
+from tests.cluster.cluster_helpers import wait_until  # noqa: E402
 from tests.conftest import BrokerProcess  # noqa: E402
 
 BROKER_IDS = (1, 2, 3)
 TOPIC = "failover"
 CHROOT = "/failover-bench"
-
-
-def wait_for(observe, what: str, timeout_s: float, wake: threading.Event | None = None):
-    """``observe()`` until truthy, woken by ``wake`` (a watch) or every 10 ms; bounded."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = observe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout_s} s waiting for {what}")
-        if wake is not None:
-            wake.wait(0.01)
-            wake.clear()
-        else:
-            time.sleep(0.01)
 
 
 class Cluster:
@@ -81,26 +66,26 @@ class Cluster:
             self.brokers[broker_id].start()
         self.zk = KazooClient(hosts=connect)
         self.zk.start(timeout=wait_timeout_s)
-        self.changed = threading.Event()
         self.wait(lambda: len(self.zk.get_children(paths.BROKER_IDS)) == 3, "three brokers")
 
     def wait(self, observe, what: str):
-        return wait_for(observe, what, self.wait_timeout_s, self.changed)
+        """``observe()`` until truthy, read every 20 ms (the figures' resolution); bounded."""
+        return wait_until(observe, what, self.wait_timeout_s)
 
     def controller(self) -> int | None:
-        data = self.zk.exists(paths.CONTROLLER, watch=lambda _e: self.changed.set())
-        if data is None:
+        try:
+            data, _ = self.zk.get(paths.CONTROLLER)
+        except NoNodeError:
             return None
-        return records.decode_controller_registration(self.zk.get(paths.CONTROLLER)[0]).broker_id
+        return records.decode_controller_registration(data).broker_id
 
     def leader(self, partition: int) -> int:
         path = paths.partition_state_path(TOPIC, partition)
-        data, _ = self.zk.get(path, watch=lambda _e: self.changed.set())
+        data, _ = self.zk.get(path)
         return records.decode_partition_state(data).leader
 
     def registered(self, broker_id: int) -> bool:
-        return self.zk.exists(paths.broker_id_path(broker_id),
-                              watch=lambda _e: self.changed.set()) is not None
+        return self.zk.exists(paths.broker_id_path(broker_id)) is not None
 
     def restart(self, broker_id: int) -> None:
         broker = self.brokers[broker_id]

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Builds the C extensions (the record kernel, headrace/protocol/_kernel.c, the request
-# pre-pass walker, _prepass.c, and the message-format conversion, _message_format.c) with
-# AddressSanitizer and UBSan into build/kernel-asan/ and runs their tests against them:
-# tests/protocol/test_kernel*.py (the kernel fuzzer among them), test_prepass.py,
-# test_message_format.py, and tests/fuzz/test_wire_decode_fuzz.py, which feeds the walker
-# the wire fuzzer's malformed requests. A second build shrinks HELD_VIEWS_MAX so that the
-# held-buffer bounds check is reached. Any sanitizer finding aborts the run (non-zero exit).
+# Builds every C extension of setup.py with AddressSanitizer and UBSan into build/kernel-asan/
+# and runs each one's tests against it:
+#   protocol  _kernel, _prepass, _message_format: tests/protocol/test_kernel*.py (the batch
+#             fuzzer among them), test_prepass.py, test_message_format.py, and
+#             tests/fuzz/test_wire_decode_fuzz.py, which feeds the walker the wire fuzzer's
+#             malformed requests;
+#   storage   _segment_io: tests/storage/test_segment_io*.py (plain append, recovery scan,
+#             cleaner passes and spans, page-cache probes, O_DIRECT reads);
+#   spark     _encoder: tests/spark/test_encoder*.py (its column fuzzer among them) and
+#             test_sink_encode.py;
+#   broker    _scheduling: tests/broker/test_scheduling.py.
+# A second build shrinks HELD_VIEWS_MAX so that the encoder's held-buffer bounds check is
+# reached. Any sanitizer finding aborts the run (non-zero exit).
 #
-# The sources are copied into build/kernel-asan/<variant>/ so the sanitized extension is
-# imported instead of the regular one; the worktree's own _kernel*.so is left alone.
+# The sources are copied into build/kernel-asan/<variant>/ so the sanitized extensions are
+# imported instead of the regular ones; the worktree's own *.so are left alone.
 # CPython's interpreter is not sanitized: libasan is preloaded, and leak detection is off
 # (CPython keeps memory until exit by design). Needs gcc (libasan and libubsan come with it).
 #
@@ -26,7 +32,7 @@ if [ ! -e "$LIBASAN" ]; then
     exit 1
 fi
 
-# build VARIANT EXTRA_CFLAGS: a copy of the package and its tests with a sanitized kernel.
+# build VARIANT EXTRA_CFLAGS: a copy of the package and its tests with sanitized extensions.
 build() {
     local variant=$1 extra=$2 dir=$OUT/$1
     rm -rf "$dir"
@@ -50,6 +56,9 @@ run() {
 
 build default ""
 run default tests/protocol/test_kernel*.py tests/protocol/test_prepass.py \
-    tests/protocol/test_message_format.py tests/fuzz/test_wire_decode_fuzz.py
+    tests/protocol/test_message_format.py tests/fuzz/test_wire_decode_fuzz.py \
+    tests/storage/test_segment_io*.py \
+    tests/spark/test_encoder*.py tests/spark/test_sink_encode.py \
+    tests/broker/test_scheduling.py
 build small-held-views "-DHELD_VIEWS_MAX=8"
-run small-held-views tests/protocol/test_kernel_bounds.py
+run small-held-views tests/spark/test_encoder_bounds.py

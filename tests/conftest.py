@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -67,9 +67,11 @@ def free_port() -> int:
 
 class BrokerProcess:
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.data_dir = data_dir
         self.env = env
+        self.preexec_fn = preexec_fn  # run in the broker process before it starts (rlimits)
         self.port = free_port()
         self.overrides = dict(overrides or {})
         self.process: subprocess.Popen | None = None
@@ -94,7 +96,7 @@ class BrokerProcess:
             command += ["--override", f"{key}={value}"]
         log_file = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the subprocess
         self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                        env=self.env)
+                                        env=self.env, preexec_fn=self.preexec_fn)
         log_file.close()
         self._wait_until_serving()
 

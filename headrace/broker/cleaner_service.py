@@ -17,7 +17,7 @@ full-speed cleaning yields the CPU to the event loop and the append thread; the 
 thread itself keeps the broker's priority, because it takes the GIL between spans, and a
 low-priority thread preempted while holding the GIL would stall every other thread. Such a
 span is also cooperative: while the broker receives requests (the connections note each
-with ``kernel.note_broker_request``) it pauses 50 us after every 250 us of CPU, so a thread
+with ``scheduling.note_broker_request``) it pauses 50 us after every 250 us of CPU, so a thread
 woken on its CPU runs at once instead of after a scheduler tick (a broker busy all along
 cleans about a third slower but never stops; an idle broker's cleaning never pauses).
 

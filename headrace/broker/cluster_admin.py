@@ -40,7 +40,9 @@ from headrace.errors import (
     InvalidRequest,
     KafkaError,
     NotController,
+    PolicyViolation,
     RequestTimedOut,
+    TopicDeletionDisabled,
 )
 from headrace.storage.config import LogConfig
 
@@ -86,6 +88,9 @@ async def _create_topic(ctx: Any, topic: Any, count: int, request: Any) -> dict[
     single_node.validate_topic_name(topic.name)
     overrides = single_node._overrides(topic)
     partitions, replication_factor, manual = _resolve_layout(ctx.broker.config, topic)
+    # the bound of the single-node path, also keeping the assignment znode far below
+    # ZooKeeper's 1 MiB jute.maxbuffer (a larger write would close the broker's session)
+    single_node.check_records_per_user_op(1 + len(overrides) + partitions)
     timeout_ms = request_timeout_ms(request)
 
     def create(controller) -> records.TopicAssignment:
@@ -197,6 +202,9 @@ async def create_partitions(ctx: Any, request: Any):
 async def _grow(ctx: Any, topic: Any, request: Any) -> None:
     manual = [tuple(a.broker_ids) for a in topic.assignments] if topic.assignments is not None else None
 
+    if topic.count > single_node.MAX_RECORDS_PER_USER_OP:
+        raise PolicyViolation("Unable to perform excessively large batch operation.")
+
     def grow(controller) -> None:
         existing = controller.assignment(topic.name).partitions
         if topic.count == len(existing):
@@ -212,17 +220,33 @@ async def _grow(ctx: Any, topic: Any, request: Any) -> None:
 
     timeout_ms = request_timeout_ms(request)
     await ctx.broker.controller.run(grow, timeout_ms)
+    if not request.validate_only:
+        await _wait_for_metadata(ctx.broker, lambda metadata: _has_leaders(
+            metadata, topic.name, topic.count), timeout_ms)
 
 
 # --- DeleteTopics ---------------------------------------------------------------------------
+
+FIRST_TOPIC_DELETION_DISABLED_VERSION = 3
+
+
+def delete_refusal(broker: Any, api_version: int) -> KafkaError | None:
+    """Kafka's ZooKeeper-mode answer to every topic of a DeleteTopics refused as a whole:
+    NOT_CONTROLLER off the controller; with ``delete.topic.enable`` false, TOPIC_DELETION_DISABLED
+    (INVALID_REQUEST before v3)."""
+    if not broker.controller.is_active:
+        return NotController("")
+    if not broker.config.get_bool("delete.topic.enable"):
+        if api_version < FIRST_TOPIC_DELETION_DISABLED_VERSION:
+            return InvalidRequest("")
+        return TopicDeletionDisabled("")
+    return None
+
 
 async def delete_topic(broker: Any, name: str | None, topic_id: uuid.UUID | None,
                        request: Any) -> dict[str, Any]:
     """Delete a topic named by name or id through the controller; by the time this returns its
     znodes are gone. The response entry."""
-    if not broker.controller.is_active:
-        raise NotController("")
-
     def delete(controller) -> tuple[str, bytes | None]:
         resolved = name if topic_id is None else controller.topic_name_for_id(topic_id.bytes)
         if resolved in INTERNAL_TOPIC_NAMES:

@@ -31,7 +31,6 @@ in an executor, one at a time. Session events reach listeners on the session's e
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 from kazoo.exceptions import KazooException
@@ -93,12 +92,13 @@ class ClusterMembership:
             "version": ZOOKEEPER_META_PROPERTIES_VERSION,
             "broker.id": str(self.broker_id), "cluster.id": self.cluster_id})
 
-    def register(self, host: str, port: int) -> int:
-        """Register ``/brokers/ids/<id>`` with the bound listener; the broker epoch."""
+    def register(self, host: str, port: int, now_ms: int) -> int:
+        """Register ``/brokers/ids/<id>`` with the bound listener (``now_ms``: its timestamp);
+        the broker epoch."""
         endpoint = f"PLAINTEXT://{host}:{port}"
         registration = BrokerRegistration(
             broker_id=self.broker_id, host=host, port=port, endpoints=(endpoint,),
-            timestamp_ms=int(time.time() * 1000))
+            timestamp_ms=now_ms)
         try:
             return self.session.register_broker(registration)
         except KazooException as error:

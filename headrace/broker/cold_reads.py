@@ -6,10 +6,10 @@ event loop thread, stalling every connection, and a buffered read of cold data (
 allocation, readahead) was measured to stall the machine's other threads too: a paced
 producer's p99 went from 0.44 ms to 16.8 ms while a consumer read 3 GB of cold log, where
 ``O_DIRECT`` reads left it near idle (BENCHMARKS.md, "Catch-up consumer"). So a slice whose
-pages are not all cached (``kernel.page_cache_holds``) is read on a worker thread, through a
+pages are not all cached (``segment_io.page_cache_holds``) is read on a worker thread, through a
 second descriptor of its file opened ``O_DIRECT`` (reopened by ``/proc/self/fd``, which also
 works for a segment already renamed for deletion), into an aligned buffer
-(``kernel.read_chunk``), and the response sends those bytes instead. A file system that refuses
+(``segment_io.read_chunk``), and the response sends those bytes instead. A file system that refuses
 ``O_DIRECT`` gets a buffered read on the worker thread. Cold data so never enters the page cache
 for one reader and leaves the cache to the hot data other consumers read.
 
@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 from headrace.errors import CorruptMessage
-from headrace.protocol.kernel import (
+from headrace.storage.segment_io import (
     DIRECT_READ_SLACK_BYTES,
     aligned_buffer,
     page_cache_holds,

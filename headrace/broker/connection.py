@@ -57,9 +57,9 @@ from headrace.broker.cold_reads import IN_MEMORY, cold_slices, read_slices
 from headrace.broker.context import RawResponse, RequestContext
 from headrace.broker.handlers import HANDLERS
 from headrace.broker.request_memory import RequestMemory
+from headrace.broker.scheduling import note_broker_request
 from headrace.errors import InvalidRequest, UnsupportedVersion
 from headrace.protocol import wire
-from headrace.protocol.kernel import note_broker_request
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ Owns the one ``headrace.cluster.controller.Controller`` of a broker in cluster m
 broker's ZooKeeper session, with ``unclean.leader.election.enable``), started once the broker
 is registered in ``/brokers/ids`` (as Kafka starts its controller after registering) and
 stopped before the session is closed. ``run`` hands an action to the controller's event thread
-and awaits it from the event loop, bounded by ``timeout_ms``: REQUEST_TIMED_OUT past it,
-NOT_CONTROLLER when this broker is not the active controller.
+and awaits it from the event loop, bounded by ``timeout_ms``: REQUEST_TIMED_OUT past it or
+when ZooKeeper could not complete it, NOT_CONTROLLER when this broker is not (or no longer)
+the active controller.
 
 Thread-safety: ``start`` and ``stop`` block on ZooKeeper (the server calls them in an
 executor); ``run`` is called on the event loop thread.
@@ -17,8 +18,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from headrace.cluster.controller import Controller
-from headrace.errors import RequestTimedOut
+from kazoo.exceptions import KazooException, SessionExpiredError
+
+from headrace.cluster.controller import Controller, ControllerFenced
+from headrace.errors import NotController, RequestTimedOut
 
 T = TypeVar("T")
 
@@ -48,3 +51,7 @@ class ControllerService:
         except TimeoutError:
             future.cancel()
             raise RequestTimedOut(f"The controller did not answer within {timeout_ms} ms.") from None
+        except (ControllerFenced, SessionExpiredError):
+            raise NotController("This broker stopped being the controller.") from None
+        except KazooException as error:  # e.g. the connection to ZooKeeper lost meanwhile
+            raise RequestTimedOut(f"ZooKeeper did not complete the change: {error!r}") from None

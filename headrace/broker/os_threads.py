@@ -4,8 +4,8 @@ process's name. Linux keeps 15 bytes of a thread's name (``prctl(PR_SET_NAME)``)
 naming is skipped.
 
 Names in use: ``hr-append`` (the append thread), ``hr-background`` (checkpoints, deletions),
-``hr-cleaner`` (each log cleaner thread) and, set by the record kernel, ``hr-clean-span``
-(the niced helper a cleaner span runs on). The event loop keeps the process's name (its
+``hr-cleaner`` (each log cleaner thread) and, set by storage's compiled spans
+(``_segment_io.c``), ``hr-clean-span`` (the niced helper a cleaner span runs on). The event loop keeps the process's name (its
 thread id is the process id).
 
 Thread-safety: ``name_this_thread`` names only the calling thread.

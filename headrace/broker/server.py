@@ -170,7 +170,7 @@ class Broker:
         try:
             await asyncio.get_running_loop().run_in_executor(
                 None, membership.register, self.state.advertised_host,
-                self.state.advertised_port)
+                self.state.advertised_port, self.clock.now_ms())
             self.state.controller = ControllerService(membership, self.state.config)
             await asyncio.get_running_loop().run_in_executor(None, self.state.controller.start)
         except BaseException:
@@ -302,8 +302,9 @@ async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:
 
 def raise_open_file_limit() -> None:
     """Raise the soft limit on open files to the hard limit, as the JVM does for Kafka
-    (MaxFDLimit): every segment holds its log and index files open, so a data directory with
-    many partitions must not fail to load under a low default soft limit."""
+    (MaxFDLimit): each partition's active segment holds its log and index files open, and
+    sealed segments open theirs when read, within a share of this limit (see
+    ``headrace.storage.segment_files``), so a low default soft limit costs connections."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

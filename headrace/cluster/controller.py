@@ -24,7 +24,8 @@ and a zombie controller cannot mislead a broker when its writes are refused by Z
 
 Events (Kafka's ``ControllerEventManager``): ZooKeeper watches (``/controller``, children of
 ``/brokers/ids``, ``/brokers/topics``, ``/admin/delete_topics`` and headrace's own
-``/headrace/controlled_shutdown``, see ``topic_admin``) and admin requests (``submit``) become
+``/headrace/controlled_shutdown``, see ``topic_admin``; and each topic's assignment, for
+partitions added to it) and admin requests (``submit``) become
 events on one queue, drained by one thread (``hr-controller``), which alone touches the
 controller's context; a watch event that is already queued is not queued twice, and each
 re-reads ZooKeeper (watches fire once). Kazoo's callbacks only enqueue.
@@ -104,6 +105,7 @@ class Controller:
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self._events: queue.Queue = queue.Queue()
         self._queued_keys: set[str] = set()
+        self._watched_topics: set[str] = set()  # topics whose assignment is watched
         self._lock = threading.Lock()
         self._context: ControllerContext | None = None
         self._session_lost = False
@@ -226,6 +228,8 @@ class Controller:
         owner = records.decode_controller_registration(data).broker_id
         if owner != self.broker_id and self._context is not None:
             self._resign(f"broker {owner} is now the controller")
+        elif owner == self.broker_id and self._context is None:
+            self._elect()  # ours but not active (its first read failed): resume
 
     def _elect(self) -> None:
         if self._context is not None or self._stopping or self._zk.state != KazooState.CONNECTED:
@@ -244,7 +248,8 @@ class Controller:
                              version=stat.version)
         created, epoch_set = transaction.commit()
         if isinstance(created, NodeExistsError):
-            return  # another broker is controller; the /controller watch calls us again
+            self._resume_if_ours()  # else another broker is controller: the watch calls again
+            return
         if isinstance(epoch_set, BadVersionError):
             self._enqueue("elect", self._elect)  # raced with another election: read again
             return
@@ -253,10 +258,31 @@ class Controller:
                 raise result
         self._become_active(epoch, epoch_set.version)
 
+    def _owns_controller_znode(self) -> bool:
+        stat = self._zk.exists(paths.CONTROLLER)
+        return stat is not None and stat.ephemeralOwner == self._zk.client_id[0]
+
+    def _resume_if_ours(self) -> None:
+        """``/controller`` is this session's own (won, but reading the cluster failed): take up
+        the epoch it set. No other controller can have been elected while it exists."""
+        if not self._owns_controller_znode():
+            return
+        data, stat = self._zk.get(paths.CONTROLLER_EPOCH)
+        self._become_active(records.decode_controller_epoch(data), stat.version)
+
+    def _move_controller(self) -> None:
+        """After being fenced while ``/controller`` is still this session's (the epoch moved
+        on under it): delete it, so that the brokers elect again (Kafka's triggerControllerMove)."""
+        if self._context is None and self._owns_controller_znode():
+            log.warning("controller %d: deleting its /controller to trigger an election", self.broker_id)
+            self._zk.delete(paths.CONTROLLER)
+
     def _become_active(self, epoch: int, epoch_zk_version: int) -> None:
         context = load_context(self._zk, epoch, epoch_zk_version, topic_admin.CONTROLLED_SHUTDOWN)
         with self._lock:
             self._context = context
+        for topic in sorted(context.assignments):
+            self._watch_assignment(topic)
         log.info("controller %d: became the controller, epoch %d", self.broker_id, epoch)
         self._reconcile()
 
@@ -285,6 +311,7 @@ class Controller:
         results = transaction.commit()
         if isinstance(results[0], (BadVersionError, NoNodeError)):
             self._resign(f"fenced: /controller_epoch is past epoch {context.epoch}")
+            self._enqueue("move", self._move_controller)
             raise ControllerFenced(f"epoch {context.epoch} fenced by a newer controller; nothing written")
         if isinstance(results[0], Exception) and not isinstance(results[0], RolledBackError):
             raise results[0]
@@ -409,9 +436,40 @@ class Controller:
         for topic in set(context.assignments) - names:
             context.drop_topic(topic)
         added = names - set(context.assignments)
+        if not added:
+            return
+        self._on_brokers_changed()  # brokers registered before the topic count as live
         for topic in sorted(added):
             read_topic(self._zk, context, topic)
+            self._watch_assignment(topic)
         self._create_missing_states(context, added)
+
+    def _watch_assignment(self, topic: str) -> None:
+        """Kafka's PartitionModificationsHandler: partitions added to the assignment by anyone
+        get their states. One watch per topic, until the topic's znode goes."""
+        with self._lock:
+            if topic in self._watched_topics:
+                return
+            self._watched_topics.add(topic)
+
+        def on_assignment(data: bytes | None, _stat: Any) -> bool:
+            if data is None or self._stopping:
+                with self._lock:
+                    self._watched_topics.discard(topic)
+                return False
+            self._enqueue(f"partitions:{topic}", lambda: self._on_partitions_changed(topic))
+            return True
+
+        self._zk.DataWatch(paths.topic_path(topic), on_assignment)
+
+    def _on_partitions_changed(self, topic: str) -> None:
+        context = self._context
+        if context is None or topic not in context.assignments:
+            return
+        known = set(context.assignments[topic].partitions)
+        read_topic(self._zk, context, topic)
+        if topic in context.assignments and set(context.assignments[topic].partitions) != known:
+            self._create_missing_states(context, {topic})
 
     def create_topic(self, name: str, partitions: int, replication_factor: int,
                      configs: dict[str, str], manual_assignment=None) -> dict[int, records.PartitionState]:
@@ -422,6 +480,7 @@ class Controller:
         topic_admin.create_topic_assignment(self._zk, name, partitions, replication_factor,
                                             configs, manual_assignment=manual_assignment)
         read_topic(self._zk, context, name)
+        self._watch_assignment(name)
         self._create_missing_states(context, {name})
         return self._topic_states(context, name)
 

@@ -23,18 +23,12 @@
  * input is reported as headrace.errors.CorruptMessage (or InvalidRecord where Kafka's
  * LogValidator says so), never read past.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#define KERNEL_MODULE_NAME "headrace.protocol._message_format"
+#include "kernel_common.h" /* Failure, big-endian loads and stores; LOG_OVERHEAD_BYTES, ... */
 
-#define LOG_OVERHEAD_BYTES 12
 #define LEGACY_V0_OVERHEAD_BYTES 14 /* crc, magic, attributes, key and value lengths */
 #define LEGACY_V1_OVERHEAD_BYTES 22 /* the same and a timestamp */
 #define LEGACY_TIMESTAMP_TYPE_BIT 0x08
-#define BATCH_HEADER_BYTES 61
 #define BATCH_MAGIC_AT 16
 #define BATCH_ATTRIBUTES_AT 21
 #define BATCH_BASE_TIMESTAMP_AT 27
@@ -43,44 +37,9 @@
 #define CODEC_MASK 0x07
 #define TIMESTAMP_TYPE_BIT 0x08
 #define CONTROL_BIT 0x20
-#define CURRENT_MAGIC 2
-#define NO_TIMESTAMP (-1)
 #define VARINT_MAX_BYTES 5
 #define VARLONG_MAX_BYTES 10
-#define FAILURE_MESSAGE_BYTES 200
 #define OUTPUT_INITIAL_BYTES 4096
-
-static PyObject *corrupt_message_error; /* headrace.errors.CorruptMessage */
-static PyObject *invalid_record_error;  /* headrace.errors.InvalidRecord */
-
-/* ------------------------------------------------------------------ failures */
-
-typedef enum { FAIL_NONE, FAIL_CORRUPT, FAIL_INVALID_RECORD, FAIL_NO_MEMORY } FailKind;
-
-typedef struct {
-    FailKind kind;
-    char message[FAILURE_MESSAGE_BYTES];
-} Failure;
-
-/* Record a failure (callable without the GIL); always returns -1. */
-static int fail(Failure *f, FailKind kind, const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    f->kind = kind;
-    vsnprintf(f->message, sizeof f->message, fmt, args);
-    va_end(args);
-    return -1;
-}
-
-static PyObject *raise_failure(const Failure *f)
-{
-    if (f->kind == FAIL_NO_MEMORY)
-        return PyErr_NoMemory();
-    PyErr_SetString(f->kind == FAIL_INVALID_RECORD ? invalid_record_error : corrupt_message_error,
-                    f->message);
-    return NULL;
-}
 
 /* ------------------------------------------------------------------ growable output */
 
@@ -113,25 +72,7 @@ static PyObject *output_to_bytes(Output *out)
     return bytes;
 }
 
-/* ------------------------------------------------------------------ byte order, CRC-32 */
-
-static uint32_t be32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static uint64_t be64(const uint8_t *p) { return (uint64_t)be32(p) << 32 | be32(p + 4); }
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    put32(p, (uint32_t)(v >> 32));
-    put32(p + 4, (uint32_t)v);
-}
+/* ------------------------------------------------------------------ CRC-32 */
 
 /* CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320, zlib's), sliced by 8 bytes. */
 static uint32_t crc32_tables[8][256];
@@ -182,7 +123,7 @@ static void put_varint(Output *out, int64_t value)
 }
 
 /* A zigzag varint of at most max_bytes at *p (< end); -1 when truncated or too long. */
-static int read_varint(const uint8_t **p, const uint8_t *end, int max_bytes, int64_t *value)
+static int read_signed_varint(const uint8_t **p, const uint8_t *end, int max_bytes, int64_t *value)
 {
     uint64_t result = 0;
     for (int i = 0; i < max_bytes && *p < end; i++) {
@@ -435,25 +376,25 @@ static int append_legacy(Output *out, int magic, int64_t offset, int attributes,
     if (reserve(out, LOG_OVERHEAD_BYTES + size, f))
         return -1;
     uint8_t *p = out->data + out->length;
-    put64(p, (uint64_t)offset);
-    put32(p + 8, (uint32_t)size);
+    put_be64_at(p, (uint64_t)offset);
+    put_be32_at(p + 8, (uint32_t)size);
     uint8_t *message = p + LOG_OVERHEAD_BYTES, *q = message + 4;
     *q++ = (uint8_t)magic;
     *q++ = (uint8_t)attributes;
     if (magic == 1) {
-        put64(q, (uint64_t)timestamp);
+        put_be64_at(q, (uint64_t)timestamp);
         q += 8;
     }
-    put32(q, (uint32_t)(key_length < 0 ? -1 : key_length));
+    put_be32_at(q, (uint32_t)(key_length < 0 ? -1 : key_length));
     q += 4;
     if (key_bytes)
         memcpy(q, key, key_bytes);
     q += key_bytes;
-    put32(q, (uint32_t)(value_length < 0 ? -1 : value_length));
+    put_be32_at(q, (uint32_t)(value_length < 0 ? -1 : value_length));
     q += 4;
     if (value_bytes)
         memcpy(q, value, value_bytes);
-    put32(message, crc32_ieee(message + 4, size - 4));
+    put_be32_at(message, crc32_ieee(message + 4, size - 4));
     out->length += LOG_OVERHEAD_BYTES + size;
     return 0;
 }
@@ -461,7 +402,7 @@ static int append_legacy(Output *out, int magic, int64_t offset, int attributes,
 /* Skip a varint-length field (key, value or header part) of a v2 record; -1 if malformed. */
 static int v2_field(const uint8_t **p, const uint8_t *end, const uint8_t **start, int64_t *length)
 {
-    if (read_varint(p, end, VARINT_MAX_BYTES, length) || *length < -1 || end - *p < *length)
+    if (read_signed_varint(p, end, VARINT_MAX_BYTES, length) || *length < -1 || end - *p < *length)
         return -1;
     *start = *p;
     if (*length > 0)
@@ -494,15 +435,15 @@ static int batch_to_legacy(const uint8_t *header, const uint8_t *records, size_t
     for (int32_t i = 0; i < count; i++) {
         int64_t length, timestamp_delta, offset_delta, key_length, value_length, header_count;
         const uint8_t *key, *value, *ignored;
-        if (read_varint(&p, end, VARINT_MAX_BYTES, &length) || length <= 0 || end - p < length)
+        if (read_signed_varint(&p, end, VARINT_MAX_BYTES, &length) || length <= 0 || end - p < length)
             goto malformed;
         const uint8_t *record_end = p + length;
         p++; /* attributes */
-        if (read_varint(&p, record_end, VARLONG_MAX_BYTES, &timestamp_delta) ||
-            read_varint(&p, record_end, VARINT_MAX_BYTES, &offset_delta) ||
+        if (read_signed_varint(&p, record_end, VARLONG_MAX_BYTES, &timestamp_delta) ||
+            read_signed_varint(&p, record_end, VARINT_MAX_BYTES, &offset_delta) ||
             v2_field(&p, record_end, &key, &key_length) ||
             v2_field(&p, record_end, &value, &value_length) ||
-            read_varint(&p, record_end, VARINT_MAX_BYTES, &header_count) || header_count < 0)
+            read_signed_varint(&p, record_end, VARINT_MAX_BYTES, &header_count) || header_count < 0)
             goto malformed;
         for (int64_t h = 0; h < header_count; h++) {
             int64_t part_length;
@@ -712,13 +653,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__message_format(void)
 {
     crc32_init_tables();
-    PyObject *errors = PyImport_ImportModule("headrace.errors");
-    if (!errors)
-        return NULL;
-    corrupt_message_error = PyObject_GetAttrString(errors, "CorruptMessage");
-    invalid_record_error = PyObject_GetAttrString(errors, "InvalidRecord");
-    Py_DECREF(errors);
-    if (!corrupt_message_error || !invalid_record_error)
+    if (kernel_common_init() < 0)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -34,11 +34,8 @@
  *
  * Thread-safety: no state; the walk holds the GIL (it is short: lengths only).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <string.h>
+#define KERNEL_MODULE_NAME "headrace.protocol._prepass"
+#include "kernel_common.h" /* read_uvarint over a Cursor, big-endian loads */
 
 #define HEADER_WORDS 4
 #define STRUCT_WORDS 4
@@ -68,7 +65,7 @@ typedef struct {
     char message[MESSAGE_BYTES];
 } Walk;
 
-static int fail(Walk *w, int32_t op, const char *fmt, ...)
+static int walk_fail(Walk *w, int32_t op, const char *fmt, ...)
 {
     va_list args;
     va_start(args, fmt);
@@ -80,31 +77,26 @@ static int fail(Walk *w, int32_t op, const char *fmt, ...)
 
 static Py_ssize_t left(const Walk *w) { return w->end - w->position; }
 
-static int read_uvarint(Walk *w, int32_t op, uint64_t *value)
+static int walk_uvarint(Walk *w, int32_t op, uint64_t *value)
 {
-    uint64_t result = 0;
-    for (int i = 0; i < MAX_UVARINT_BYTES; i++) {
-        if (w->position >= w->end)
-            return fail(w, op, "unsigned varint overruns the frame");
-        uint8_t byte = w->data[w->position++];
-        result |= (uint64_t)(byte & 0x7F) << (7 * i);
-        if (!(byte & 0x80)) {
-            *value = result;
-            return 0;
-        }
-    }
-    return fail(w, op, "unsigned varint longer than %d bytes", MAX_UVARINT_BYTES);
+    Cursor c = {w->data + w->position, w->data + w->end};
+    int status = read_uvarint(&c, MAX_UVARINT_BYTES, value);
+    Py_ssize_t consumed = c.p - (w->data + w->position);
+    w->position += consumed;
+    if (status == 0)
+        return 0;
+    if (consumed < MAX_UVARINT_BYTES) /* the frame ended inside it */
+        return walk_fail(w, op, "unsigned varint overruns the frame");
+    return walk_fail(w, op, "unsigned varint longer than %d bytes", MAX_UVARINT_BYTES);
 }
 
 static int read_be(Walk *w, int32_t op, int width, int64_t *value)
 {
     if (left(w) < width)
-        return fail(w, op, "%d-byte length overruns the frame", width);
+        return walk_fail(w, op, "%d-byte length overruns the frame", width);
     const uint8_t *p = w->data + w->position;
     w->position += width;
-    *value = width == 2 ? (int16_t)(((uint16_t)p[0] << 8) | p[1])
-                        : (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16)
-                                    | ((uint32_t)p[2] << 8) | p[3]);
+    *value = width == 2 ? (int16_t)be16(p) : (int32_t)be32(p);
     return 0;
 }
 
@@ -114,23 +106,23 @@ static int read_length(Walk *w, int32_t op, int legacy_width, int nullable, int6
 {
     if (w->program->flexible) {
         uint64_t raw;
-        if (read_uvarint(w, op, &raw) < 0)
+        if (walk_uvarint(w, op, &raw) < 0)
             return -1;
         *length = (int64_t)raw - 1;
     } else if (read_be(w, op, legacy_width, length) < 0) {
         return -1;
     } else if (*length < -1) {
-        return fail(w, op, "negative length %lld", (long long)*length);
+        return walk_fail(w, op, "negative length %lld", (long long)*length);
     }
     if (*length == -1 && !nullable)
-        return fail(w, op, "non-nullable field was serialized as null");
+        return walk_fail(w, op, "non-nullable field was serialized as null");
     return 0;
 }
 
 static int skip(Walk *w, int32_t op, int64_t bytes)
 {
     if (bytes > left(w))
-        return fail(w, op, "%lld bytes overrun the %lld bytes left", (long long)bytes,
+        return walk_fail(w, op, "%lld bytes overrun the %lld bytes left", (long long)bytes,
                     (long long)left(w));
     w->position += (Py_ssize_t)bytes;
     return 0;
@@ -141,7 +133,7 @@ static int check_count(Walk *w, int32_t op, int64_t count, int64_t item_min_byte
     if (item_min_bytes < 1)
         item_min_bytes = 1;
     if (count > left(w) / item_min_bytes)
-        return fail(w, op, "array of %lld items (at least %lld bytes each) overruns the "
+        return walk_fail(w, op, "array of %lld items (at least %lld bytes each) overruns the "
                     "%lld bytes left", (long long)count, (long long)item_min_bytes,
                     (long long)left(w));
     return 0;
@@ -166,7 +158,7 @@ static int walk_op(Walk *w, int32_t op, int depth)
         if (nullable) {
             int64_t marker;
             if (left(w) < 1)
-                return fail(w, op, "struct marker overruns the frame");
+                return walk_fail(w, op, "struct marker overruns the frame");
             marker = (int8_t)w->data[w->position++];
             if (marker < 0)
                 return 0;
@@ -198,7 +190,7 @@ static int walk_op(Walk *w, int32_t op, int depth)
         return 0;
     }
     default:
-        return fail(w, op, "bad opcode %d", o[0]);
+        return walk_fail(w, op, "bad opcode %d", o[0]);
     }
 }
 
@@ -212,7 +204,7 @@ static int walk_tagged_value(Walk *w, int32_t op, int64_t size, int depth)
     if (status < 0)
         return -1;
     if (w->position != value_end)
-        return fail(w, op, "tagged field of %lld bytes holds %lld bytes of value",
+        return walk_fail(w, op, "tagged field of %lld bytes holds %lld bytes of value",
                     (long long)size, (long long)(w->position - (value_end - size)));
     return 0;
 }
@@ -220,13 +212,13 @@ static int walk_tagged_value(Walk *w, int32_t op, int64_t size, int depth)
 static int walk_tagged_fields(Walk *w, const int32_t *s, int depth)
 {
     uint64_t count, tag, size;
-    if (read_uvarint(w, -1, &count) < 0)
+    if (walk_uvarint(w, -1, &count) < 0)
         return -1;
     for (uint64_t i = 0; i < count; i++) {
-        if (read_uvarint(w, -1, &tag) < 0 || read_uvarint(w, -1, &size) < 0)
+        if (walk_uvarint(w, -1, &tag) < 0 || walk_uvarint(w, -1, &size) < 0)
             return -1;
         if ((int64_t)size > left(w))
-            return fail(w, -1, "tagged field %llu of %llu bytes overruns the %lld bytes left",
+            return walk_fail(w, -1, "tagged field %llu of %llu bytes overruns the %lld bytes left",
                         (unsigned long long)tag, (unsigned long long)size, (long long)left(w));
         int32_t known_op = -1;
         for (int32_t t = s[2]; t < s[2] + s[3]; t++) {
@@ -244,7 +236,7 @@ static int walk_tagged_fields(Walk *w, const int32_t *s, int depth)
 static int walk_struct(Walk *w, int32_t index, int depth)
 {
     if (depth > MAX_DEPTH)
-        return fail(w, -1, "structs nested deeper than %d", MAX_DEPTH);
+        return walk_fail(w, -1, "structs nested deeper than %d", MAX_DEPTH);
     const int32_t *s = w->program->structs + (Py_ssize_t)index * STRUCT_WORDS;
     for (int32_t op = s[0]; op < s[0] + s[1]; op++) {
         if (walk_op(w, op, depth) < 0)

@@ -1,10 +1,10 @@
 """The sink's own write path: Spark's Arrow batches to Kafka v2 record batches, no Python per row.
 
 Owns: ``WireTaskWriter``, which turns each Arrow record batch of a Spark task into column
-views (``headrace.protocol.kernel.BinaryColumn`` / ``HeaderColumn`` over the Arrow buffers
+views (``headrace.spark.encoder.BinaryColumn`` / ``HeaderColumn`` over the Arrow buffers
 themselves: strings are cast to binary without a copy), partitions its rows with the
-compiled kernel (the Java producer's default partitioner, ``kernel.partition_rows``), encodes
-each partition's rows into whole v2 batches in C (``kernel.encode_batches``: batch.size
+compiled encoder (the Java producer's default partitioner, ``encoder.partition_rows``), encodes
+each partition's rows into whole v2 batches in C (``encoder.encode_batches``: batch.size
 bytes at most, the task's producer id, epoch and sequences, the write time as every
 record's CreateTime, compression.type) and hands them to ``IdempotentProducer``
 (``headrace.spark.wire_produce``), which sends and retries them.
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headrace.errors import InvalidRecord, UnknownTopicOrPartition
-from headrace.protocol.kernel import (
+from headrace.spark.encoder import (
     BinaryColumn,
     HeaderColumn,
     ProducerFields,

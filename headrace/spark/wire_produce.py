@@ -4,7 +4,7 @@ Owns: ``ProduceClientConfig`` (the ``kafka.*`` options this client honours; anyt
 raises ``UnsupportedProducerConfig`` so the sink can fall back to confluent-kafka) and
 ``IdempotentProducer``, which speaks just enough of the Kafka protocol over blocking PLAINTEXT
 sockets (``headrace.client.broker_connection``) to write v2 record batches that the caller
-encoded (``headrace.protocol.kernel.encode_batches``) with the sequences it reserved here:
+encoded (``headrace.spark.encoder.encode_batches``) with the sequences it reserved here:
 
 - Metadata (v1-v12, topic auto-creation allowed as the Java producer asks) finds partition
   counts and leaders; one connection per leader, so a multi-broker cluster works.
@@ -66,8 +66,8 @@ from headrace.errors import (
 )
 from headrace.protocol import wire
 from headrace.protocol.compression import NONE, codec_by_name
-from headrace.protocol.kernel import increment_sequence
 from headrace.protocol.varint import encode_unsigned
+from headrace.spark.encoder import increment_sequence
 from headrace.storage.clock import Clock, SystemClock
 
 PRODUCE_KEY = 0

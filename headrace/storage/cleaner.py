@@ -24,10 +24,10 @@ overflows is halved.
 
 The per-record work of both passes -- parsing, MurmurHash3, map inserts and lookups, the
 keep decision, copying kept records -- and their I/O are in the compiled kernel
-(``kernel.map_span``, ``kernel.filter_span``): one call runs a pass over a span of about
+(``segment_io.map_span``, ``segment_io.filter_span``): one call runs a pass over a span of about
 ``span_bytes`` of a segment, reads and writes included, without the GIL; Python runs between
-spans (the hook), for the few compressed batches (``kernel.map_batches`` /
-``kernel.filter_batches`` over one chunk: decompressed and recompressed in Python) and to
+spans (the hook), for the few compressed batches (``segment_io.map_batches`` /
+``segment_io.filter_batches`` over one chunk: decompressed and recompressed in Python) and to
 grow the buffer. So a cleaning re-takes the GIL a few hundred times per GB, not several times
 per chunk: a thread that keeps releasing and re-taking the GIL starves the broker's event
 loop of it (produce p99 during an unthrottled cleaning).
@@ -45,7 +45,7 @@ removed yet).
 
 I/O: both passes read segments chunk by chunk into one reused, aligned buffer of
 ``io_chunk_bytes`` (no bytes object per chunk): a chunk in the page cache with ``pread``, one
-that is not with ``O_DIRECT`` through a second descriptor of the segment (``kernel.map_span``):
+that is not with ``O_DIRECT`` through a second descriptor of the segment (``segment_io.map_span``):
 buffered reads of cold segments fill the page cache and run readahead, which stalled the
 broker's other threads on a small machine (produce p99 during a cleaning that re-read the
 previous cleaning's output: 2.0-2.5 ms with buffered reads, 0.5-1.1 ms with direct ones), and
@@ -58,10 +58,11 @@ stays at the read buffer plus about one chunk of output and the ``O_DIRECT`` sta
 span (``OffsetMap.clear``), falling back to the whole buffer.
 
 Files: each group is written to ``<base>.log.cleaned``, fsynced, and swapped in by
-``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.log``; see ``log`` for crash rules).
+``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.log``; see ``local_log`` and
+``log_loader`` for the crash rules).
 ``log.fs`` opens, fsyncs and closes it and writes the recompressed chunks; the kernel's spans
 read the segments and write to that descriptor themselves, each on a helper thread
-``span_niceness`` nicer than the caller (see ``kernel.map_span``). The ``.cleaned`` file is opened
+``span_niceness`` nicer than the caller (see ``segment_io.map_span``). The ``.cleaned`` file is opened
 with ``O_DIRECT`` where the file system allows it (``_CleanedFile``): a cleaning then leaves
 no dirty page cache for write-back to flush while the broker serves requests (its pages are
 read back from disk on the next fetch of them). The file's offset and time index entries are
@@ -93,7 +94,18 @@ from pathlib import Path
 import numpy as np
 
 from headrace.errors import CorruptMessage
-from headrace.protocol.kernel import (
+from headrace.protocol.kernel import whole_batches_bytes
+from headrace.storage.fs import FileSystem
+from headrace.storage.local_log import CLEANED_SUFFIX, CleaningAborted
+from headrace.storage.log import Log
+from headrace.storage.offset_map import HASH_RANGE_VALUES, MAX_OFFSET_SPAN, OffsetMap
+from headrace.storage.segment import (
+    LOG_SUFFIX,
+    MAX_RELATIVE_OFFSET,
+    LogSegment,
+    segment_file_name,
+)
+from headrace.storage.segment_io import (
     DIRECT_READ_ALIGN_BYTES,
     DIRECT_READ_SLACK_BYTES,
     SPAN_COMPRESSED,
@@ -110,16 +122,6 @@ from headrace.protocol.kernel import (
     filter_span,
     index_batches,
     read_chunk,
-    whole_batches_bytes,
-)
-from headrace.storage.fs import FileSystem
-from headrace.storage.log import CLEANED_SUFFIX, CleaningAborted, Log
-from headrace.storage.offset_map import HASH_RANGE_VALUES, MAX_OFFSET_SPAN, OffsetMap
-from headrace.storage.segment import (
-    LOG_SUFFIX,
-    MAX_RELATIVE_OFFSET,
-    LogSegment,
-    segment_file_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -369,7 +371,7 @@ class Cleaner:
         self.io_chunk_bytes = io_chunk_bytes
         self.span_bytes = span_bytes
         self.span_niceness = span_niceness  # the spans' CPU priority below the caller's
-        # Aligned, with room for a chunk read with O_DIRECT (see kernel.map_span).
+        # Aligned, with room for a chunk read with O_DIRECT (see segment_io.map_span).
         self._read_buffer = aligned_buffer(io_chunk_bytes + DIRECT_READ_SLACK_BYTES,
                                             DIRECT_READ_ALIGN_BYTES)
         self._grown_buffer: np.ndarray | None = None  # kept for the rest of one clean()
@@ -468,7 +470,9 @@ class Cleaner:
         on to ``end`` (False: the map filled)."""
         direct_fd = _open_direct(log.fs, segment)
         try:
-            return self._walk_spans(log, segment, start, end, run_span, run_chunk, direct_fd)
+            with segment.pinned():  # ``segment.fd`` stays open for the spans
+                return self._walk_spans(log, segment, start, end, run_span, run_chunk,
+                                        direct_fd)
         finally:
             if direct_fd >= 0:
                 log.fs.close(direct_fd)

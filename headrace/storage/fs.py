@@ -10,7 +10,7 @@ hot path (``FileSlice.read_bytes`` and ``os.sendfile``) use the descriptors dire
 are only ever injected on the write side. Two hot writes bypass this interface and go from
 the compiled kernel straight to a descriptor opened through it: a log whose file system is
 exactly ``RealFileSystem`` (not a subclass or wrapper) writes plain produce batches that way
-(``Log.append``'s plain path; any other file system sees every produce write), and the
+(``Log.append``'s single-batch path; any other file system sees every produce write), and the
 cleaner's pass 2 writes the cleaned output of uncompressed batches to the ``.cleaned``
 descriptor that way whatever the file system (opening, fsync and close still go through it, so
 a double that models crashes by what was fsynced sees the same durable state).

@@ -15,8 +15,13 @@ on ``flush``; the file therefore always has exactly ``entries * entry_size`` byt
 nothing needs trimming on roll or close. ``segment.index.bytes`` bounds the entry count
 (``max_entries``); a full index rolls the segment, as in Kafka.
 
+The file's descriptor is opened with the index and let go of by ``release_file`` (a sealed
+segment closing its files under the open-segment budget, see ``segment_files``); the next
+load, flush or truncation opens it again. Lookups never touch the file.
+
 Thread-safety: one writer (the log's append lock); any number of readers may call ``lookup``
 concurrently -- they see a prefix of the entries, which is always a valid index.
+``release_file`` may come from any thread: an operation holds the descriptor it uses.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from headrace.errors import KafkaStorageError
 from headrace.protocol.batch import NO_TIMESTAMP
 from headrace.storage.fs import FileSystem
+from headrace.storage.segment_files import SharedDescriptor
 
 OFFSET_ENTRY_BYTES = 8
 TIME_ENTRY_BYTES = 12
@@ -45,31 +52,55 @@ class IndexCorrupt(Exception):
 
 
 class _IndexFile:
-    """Appends pending entries to a plain file on flush."""
+    """Appends pending entries to a plain file on flush. Its descriptor is opened when the
+    file is created (``__init__``) and again at the next use after ``release`` (a sealed
+    segment letting go of its files); each operation holds it while it runs."""
 
     def __init__(self, fs: FileSystem, path: Path, entry_bytes: int) -> None:
         self.fs = fs
         self.path = path
         self.entry_bytes = entry_bytes
-        self.fd = fs.open(path, os.O_RDWR | os.O_CREAT)
+        self._descriptor: SharedDescriptor | None = SharedDescriptor(
+            fs, fs.open(path, os.O_RDWR | os.O_CREAT))
+        self._closed = False
         self.persisted_entries = 0
 
+    def descriptor(self) -> SharedDescriptor:
+        held = self._descriptor
+        if held is None:
+            if self._closed:
+                raise KafkaStorageError(f"{self.path} is closed")
+            held = self._descriptor = SharedDescriptor(self.fs,
+                                                       self.fs.open(self.path, os.O_RDWR))
+        return held
+
     def read_all(self) -> bytes:
-        size_bytes = self.fs.size(self.fd)
-        return self.fs.pread(self.fd, size_bytes, 0) if size_bytes else b""
+        held = self.descriptor()
+        size_bytes = self.fs.size(held.fd)
+        return self.fs.pread(held.fd, size_bytes, 0) if size_bytes else b""
 
     def write_pending(self, encoded_entries: bytes, total_entries: int) -> None:
         if encoded_entries:
-            os.lseek(self.fd, self.persisted_entries * self.entry_bytes, os.SEEK_SET)
-            self.fs.write(self.fd, encoded_entries)
+            held = self.descriptor()
+            os.lseek(held.fd, self.persisted_entries * self.entry_bytes, os.SEEK_SET)
+            self.fs.write(held.fd, encoded_entries)
         self.persisted_entries = total_entries
 
     def reset(self, entries: int) -> None:
-        self.fs.truncate(self.fd, entries * self.entry_bytes)
+        self.fs.truncate(self.descriptor().fd, entries * self.entry_bytes)
         self.persisted_entries = entries
 
+    def fsync(self) -> None:
+        held = self.descriptor()
+        self.fs.fsync(held.fd)
+
+    def release(self) -> None:
+        """Let go of the descriptor (it closes once no operation holds it)."""
+        self._descriptor = None
+
     def close(self) -> None:
-        self.fs.close(self.fd)
+        self._closed = True
+        self._descriptor = None
 
 
 class OffsetIndex:
@@ -128,7 +159,7 @@ class OffsetIndex:
 
     def append_entries(self, offsets: np.ndarray, positions: np.ndarray) -> None:
         """Append entries in bulk (int64 columns; each offset and position increasing), as
-        ``kernel.index_batches`` computes them for a recovered or cleaned segment."""
+        ``segment_io.index_batches`` computes them for a recovered or cleaned segment."""
         self.relative_offsets.frombytes((offsets - self.base_offset).astype(np.int32).tobytes())
         self.positions.frombytes(positions.astype(np.int32).tobytes())
 
@@ -167,7 +198,11 @@ class OffsetIndex:
         self._file.write_pending(pairs.tobytes(), count)
 
     def fsync(self) -> None:
-        self._file.fs.fsync(self._file.fd)
+        self._file.fsync()
+
+    def release_file(self) -> None:
+        """Let go of the file's descriptor until the next use (entries stay in memory)."""
+        self._file.release()
 
     def close(self) -> None:
         self._file.close()
@@ -230,7 +265,7 @@ class TimeIndex:
 
     def append_entries(self, timestamps_ms: np.ndarray, offsets: np.ndarray) -> None:
         """Append entries in bulk (int64 columns; timestamps increasing and above the last
-        entry's), as ``kernel.index_batches`` computes them."""
+        entry's), as ``segment_io.index_batches`` computes them."""
         self.timestamps.frombytes(timestamps_ms.astype(np.int64).tobytes())
         self.relative_offsets.frombytes((offsets - self.base_offset).astype(np.int32).tobytes())
 
@@ -259,7 +294,11 @@ class TimeIndex:
         self._file.write_pending(entries.tobytes(), count)
 
     def fsync(self) -> None:
-        self._file.fs.fsync(self._file.fd)
+        self._file.fsync()
+
+    def release_file(self) -> None:
+        """Let go of the file's descriptor until the next use (entries stay in memory)."""
+        self._file.release()
 
     def close(self) -> None:
         self._file.close()

@@ -1,15 +1,14 @@
-"""The log of one topic-partition: segments, appends, reads, offsets by time, retention.
+"""The log of one topic-partition, as Kafka's ``UnifiedLog``: the facade the broker, the
+cleaner, the scrub and the tools use. It composes ``LogLoader`` (opening and recovering the
+directory, rebuilding producer state), ``LocalLog`` (the segment list, its published
+snapshot, reads, rolls, flushes, deletions and swaps) and ``RollPolicy`` (when to roll), and
+owns the appends, the offsets (log start, log end = high watermark on this single-replica
+broker), retention, DeleteRecords, the cleaner's segment swaps and the cleaning guard.
 
-Directory ``<topic>-<partition>/`` holds the segments (``<20-digit base>.log``, ``.index``,
-``.timeindex``; see ``segment``), producer-state snapshots (``<20-digit offset>.snapshot``; see
-``producer_state``) and ``partition.metadata`` (written by the log manager). Segments being
-deleted carry a ``.deleted`` suffix until ``file.delete.delay.ms`` has passed. The cleaner
-writes ``<base>.log.cleaned``, renames it to ``<base>.log.swap`` (the commit point), retires the
-segments it replaces and renames the swap file to ``<base>.log`` (``replace_segments``). On
-load, Kafka's rules: ``.cleaned`` files are deleted; a ``.swap`` file is completed (segments
-whose base offset lies in its offset range are deleted, it becomes ``.log``, and its indexes
-are rebuilt); a segment whose ``.index`` file is missing gets its indexes rebuilt (a full CRC
-scan of that segment).
+Files: the partition directory ``<topic>-<partition>/`` holds the segments (see ``segment``,
+``local_log``), producer-state snapshots (``<20-digit offset>.snapshot``; see
+``producer_state``), ``accepted-gaps`` (see ``log_loader``) and ``partition.metadata``
+(written by the log manager).
 
 Appends are serialized by one lock and do no per-record work in Python: one compiled-kernel call
 checks every batch of the request (whole batches, magic, CRC-32C, and Kafka's LogValidator
@@ -18,70 +17,40 @@ header as a tuple, with the max timestamp taken from the records, ``validation``
 on those tuples (and walks the decompressed records of compressed batches), producer state is
 consulted only for batches carrying a producer id, each base offset is rewritten and
 LogAppendTime stamped if configured (in a copy: the caller's buffer is never changed), and the
-request's batches are written with one ``write``
-(no per-append fstat or seek; index entries only each ``index.interval.bytes``). The common
-request -- one batch in the topic's codec, on a CreateTime topic, fitting the active segment --
-takes the plain path: one kernel call (``kernel.append_plain_batch``) makes the same checks
-and writes the batch with its new base offset to the segment's descriptor with the GIL
+request's batches are written with one ``write`` (no per-append fstat or seek; index entries
+only each ``index.interval.bytes``). The common request -- one batch in the topic's codec, on a
+CreateTime topic, fitting the active segment -- takes the single-batch path
+(``_append_single_batch``): one kernel call (``segment_io.append_plain_batch``) makes the same
+checks and writes the batch with its new base offset to the segment's descriptor with the GIL
 released, reading the caller's buffer in place -- a read-only view of the request frame needs
 no copy (a batch with a producer id, compressed records or a header max timestamp that is not
 its records' largest: validated by that call, then sequence-checked, its records checked
 after decompression, its max timestamp rewritten in a copy, in Python, and written by
-``kernel.write_batch``); it is gated per active segment (``_plain_gate``: set after a general-path
-append, cleared by a roll, a config change or a full index) and used only when the log's file
-system is exactly ``RealFileSystem`` (decided once per log), so a wrapping file system still
-sees every write. Whatever the kernel declines goes the general way, which raises the precise
-error. The one
-exception to "no per-record work": a topic whose ``compression.type`` names a codec gets batches
-in other codecs rebuilt in that codec (``validation.recompress_for_topic``; the caller's buffer
-is left unchanged). After each append the writer publishes an immutable ``LogView``
-(segment tuple, log end, active segment size, log start) with a single attribute store; readers
-take that snapshot and never lock, so a reader never blocks a writer (copy-on-write segment
-list, as in Kafka).
+``segment_io.write_batch``). That path is open within a ``SingleBatchWindow`` per active segment
+(``_single_batch_window``: set after a general append, cleared by a roll, a config change or a
+full index) and only when the log's file system is exactly ``RealFileSystem`` (decided once
+per log), so a wrapping file system still sees every write. Whatever the kernel declines goes
+the general way (``_append_general``), which raises the precise error. The one exception to
+"no per-record work": a topic whose ``compression.type`` names a codec gets batches in other
+codecs rebuilt in that codec (``validation.recompress_for_topic``; the caller's buffer is left
+unchanged). After each append the writer publishes a new ``LogView`` (see ``local_log``).
 
 Time-based decisions read a segment's largest timestamp as Kafka's ``largestTimestamp``: the
 largest valid (>= 0) batch timestamp, else the segment file's last-modified time (read through
 the injected file system), so records sent without a timestamp (-1) age from when they were
-written, never from 1970. Retention by retention.ms deletes a closed segment once that is
-older than retention.ms; offsets by time search the first segment whose largest timestamp
-reaches the target, as Kafka's ``searchOffsetInLocalLog`` (the time index and batch headers
-find the batch, the kernel decodes it to find the first record at or after the log start
-with a timestamp >= the target; records without a timestamp never match); the
-max-timestamp lookup answers the first record carrying the largest timestamp. A batch's max
-timestamp is its records' largest (-1 when none has one), written into the stored header where
-the producer's differs, as Kafka's setMaxTimestamp does. CreateTime bounds
-(message.timestamp.before/after.max.ms) are checked on every record's timestamp.
+written, never from 1970. Retention by retention.ms deletes a sealed segment once that is
+older than retention.ms. A batch's max timestamp is its records' largest (-1 when none has
+one), written into the stored header where the producer's differs, as Kafka's
+setMaxTimestamp does. CreateTime bounds (message.timestamp.before/after.max.ms) are checked on
+every record's timestamp.
 
-Recovery: after a clean shutdown the index files are sanity-checked and the active segment's
-tail after its last index entry is CRC-checked all the same (the marker does not vouch for the
-disk): a torn or garbled tail is truncated to its last valid batch with a WARNING naming the file
-and byte, so nothing is ever appended after unreadable bytes. After an unclean shutdown every
-batch after the recovery point is CRC-checked; the log is truncated at the first bad byte and the
-indexes of the segments touched are rebuilt, so the work grows with the unflushed tail, not with
-the log. Damage loading must not repair raises ``KafkaStorageError`` naming the file and byte
-(the log manager then takes the partition offline): a bad byte in a sealed segment whose index
-is being rebuilt (it may hold flushed, acknowledged records after it), and a gap or overlap
-between segments (a header walk of each sealed segment's tail). Compacted logs may have gaps;
-others only those listed in ``accepted-gaps`` (lines ``<end offset> <next base offset>``,
-written by ``headrace repair --accept-gap``).
-
-Time-based rolling uses Kafka's ``LogConfig.maxSegmentMs``: ``segment.ms``, or for a compacted
-log ``min(segment.ms, max.compaction.lag.ms)``, and Kafka's ``timeWaitedForRoll``: a segment
-whose first batch has a timestamp rolls when a batch to append has a max timestamp more than
-that past it; a segment whose first batch has none (-1) when the broker time is that far past
-its creation. Rolls happen on the appending thread only (at append, or in ``maintain`` called
-by the broker's maintenance on that same thread, which rolls by creation time, and by
-timestamp only on compact-only logs so their records become cleanable within
-max.compaction.lag.ms).
+Rolls happen on the appending thread only (at append, or in ``maintain`` called by the
+broker's maintenance on that same thread, which rolls by creation time, and by timestamp only
+on compact-only logs so their records become cleanable within max.compaction.lag.ms).
 
 Thread-safety: ``append``, ``roll``, ``flush``, retention and ``close`` take the log's lock;
 ``read``, ``offset_for_timestamp`` and the properties work on the published snapshot from any
-thread. ``read`` remembers where each read's next batch starts (``_next_batches``: its base
-offset -> segment and position, filled from the header the read's last step already read), so
-a sequential reader's next read skips the index lookup and header read; an entry is trusted
-only while its segment object is still in the snapshot (segments are append-only; the cleaner
-replaces whole segment objects), and the map is only read, popped and rebound, so readers on
-several threads need no lock.
+thread.
 
 Cleaning guard: a cleaner thread brackets a cleaning with ``begin_cleaning``/``end_cleaning``
 (a per-log lock, separate from the append lock, so appends never wait for a cleaning) and calls
@@ -91,32 +60,24 @@ directory) marks the log as no longer cleanable and waits until a cleaning in pr
 stopped, so no cleaner touches a segment file after its descriptor is closed or writes a
 ``.cleaned`` file into a directory that no longer belongs to this log. It must be called
 without holding the log's lock (the cleaner takes that lock in ``replace_segments``).
-Retention, DeleteRecords and rolls need no guard: the cleaner reads closed segments through
-descriptors that stay open until ``file.delete.delay.ms``, and ``replace_segments`` re-checks
+Retention, DeleteRecords and rolls need no guard: the cleaner reads a sealed segment pinned
+open (``LogSegment.pinned``), a retired one stays readable under its ``.deleted`` name until
+``file.delete.delay.ms``, and ``replace_segments`` re-checks
 under the log's lock that the segments it replaces are still in the log (``CleaningAborted``
 otherwise, nothing changed).
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
-import logging
-import os
 import random
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from headrace.errors import (
-    CorruptMessage,
-    KafkaStorageError,
-    OffsetOutOfRange,
-    OutOfOrderSequenceNumber,
-)
+from headrace.errors import KafkaStorageError, OffsetOutOfRange, OutOfOrderSequenceNumber
 from headrace.protocol.batch import (
     ATTRIBUTES_OFFSET,
     BATCH_HEADER_BYTES,
@@ -130,29 +91,21 @@ from headrace.protocol.batch import (
     set_log_append_time,
     set_max_timestamp,
 )
-from headrace.protocol.kernel import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.config import LogConfig
-from headrace.storage.fs import (
-    FileSystem,
-    RealFileSystem,
-    read_whole_file,
-    write_file_atomically,
+from headrace.storage.fs import FileSystem, RealFileSystem
+from headrace.storage.local_log import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
+    CleaningAborted,
+    LocalLog,
+    ReadResult,
 )
-from headrace.storage.producer_state import (
-    SEQUENCE_MODULUS,
-    ProducerStateManager,
-)
-from headrace.storage.segment import (
-    DELETED_SUFFIX,
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    MAX_RELATIVE_OFFSET,
-    TIME_INDEX_SUFFIX,
-    BatchLocation,
-    FileSlice,
-    LogSegment,
-    segment_file_name,
-)
+from headrace.storage.log_loader import LogLoader, rebuild_producer_state
+from headrace.storage.producer_state import SEQUENCE_MODULUS, ProducerStateManager
+from headrace.storage.segment import MAX_RELATIVE_OFFSET, FileSlice, LogSegment
+from headrace.storage.segment_io import IndexedBatches, append_plain_batch, write_batch
+from headrace.storage.segment_roll import ROLL_NEVER, RollPolicy
 from headrace.storage.validation import (
     Summary,
     check_compressed_batch,
@@ -163,58 +116,10 @@ from headrace.storage.validation import (
     validate_request,
 )
 
-logger = logging.getLogger(__name__)
-
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
-MAX_TIMESTAMP = -3
-CLEANED_SUFFIX = ".cleaned"
-SWAP_SUFFIX = ".swap"
-LEFTOVER_SUFFIXES = (DELETED_SUFFIX, ".tmp", CLEANED_SUFFIX)
-MAX_READ_HINTS = 16  # remembered next-read positions per log (one per sequential reader)
-ACCEPTED_GAPS_FILE = "accepted-gaps"
-
 __all__ = [
-    "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "AppendResult", "FileSlice",
-    "Log", "ReadResult",
+    "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "AppendResult", "CleaningAborted",
+    "FileSlice", "Log", "ReadResult",
 ]
-
-
-def read_accepted_gaps(fs: FileSystem, directory: Path) -> set[tuple[int, int]]:
-    """The gaps between segments an operator accepted: ``ACCEPTED_GAPS_FILE`` in the
-    partition directory, one ``<end offset of a segment> <base offset of the next>`` per
-    line."""
-    path = directory / ACCEPTED_GAPS_FILE
-    if not fs.exists(path):
-        return set()
-    gaps = set()
-    for line in read_whole_file(fs, path).decode().splitlines():
-        fields = line.split()
-        if len(fields) != 2 or not all(field.isdigit() for field in fields):
-            raise KafkaStorageError(f"{path}: unreadable line {line!r}")
-        gaps.add((int(fields[0]), int(fields[1])))
-    return gaps
-
-
-def accept_gap(fs: FileSystem, directory: Path, end_offset: int, next_base_offset: int) -> None:
-    """Record that the hole [end_offset, next_base_offset) is known and accepted."""
-    gaps = read_accepted_gaps(fs, directory) | {(end_offset, next_base_offset)}
-    text = "".join(f"{end} {base}\n" for end, base in sorted(gaps))
-    write_file_atomically(fs, directory / ACCEPTED_GAPS_FILE, text.encode())
-
-
-class CleaningAborted(Exception):
-    """A cleaning stopped early because the log was closed or deleted, the cleaner is shutting
-    down, or the segments it was rewriting changed; nothing was half-done (a ``.cleaned``
-    file not yet swapped in is removed; swapped groups are complete)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    slices: tuple[FileSlice, ...]
-    size_bytes: int
-    high_watermark: int
-    log_start_offset: int
 
 
 class AppendResult(NamedTuple):
@@ -233,13 +138,13 @@ _pack_base_offset = struct.Struct(">q").pack_into
 # AppendResult(...) runs NamedTuple's Python-level __new__; this builds the same tuple in C.
 _new_append_result = functools.partial(tuple.__new__, AppendResult)
 
-# When a plain append may take the kernel's one-call path: (the active segment, the broker
+# When a single batch may be appended in one kernel call: (the active segment, the broker
 # time after which it must roll by age, the largest last offset its index can address, the
 # largest batch max timestamp it takes before rolling by age, the broker time until which no
 # batch the kernel accepts -- none stamped past message.timestamp.after.max.ms -- can carry
-# a larger one, so the header need not be read).
-_PlainGate = tuple[LogSegment, int, int, int, int]
-ROLL_NEVER = 2**63 - 1  # a roll deadline that is never passed
+# a larger one, so the header need not be read, the segment's log file descriptor: open until
+# the segment is sealed, which closes the window). A plain tuple: read on every append.
+SingleBatchWindow = tuple[LogSegment, int, int, int, int, int]
 # A batch header's batch_length (int32 at byte 8) and max_timestamp (int64 at byte 35).
 _LENGTH_AND_MAX_TIMESTAMP = struct.Struct(">8xi23xq").unpack_from
 
@@ -247,46 +152,12 @@ _LENGTH_AND_MAX_TIMESTAMP = struct.Struct(">8xi23xq").unpack_from
 def single_batch_max_timestamp(records: bytes | bytearray | memoryview) -> int:
     """The header max timestamp of ``records`` if they are exactly one batch, else
     ``ROLL_NEVER`` (unknown: whoever asks must assume the batch may roll the segment).
-    On the plain append path: one struct call."""
+    On the single-batch append path: one struct call."""
     size_bytes = len(records)
     if size_bytes < BATCH_HEADER_BYTES:
         return ROLL_NEVER
     batch_length, max_timestamp_ms = _LENGTH_AND_MAX_TIMESTAMP(records)
     return max_timestamp_ms if batch_length + LOG_OVERHEAD_BYTES == size_bytes else ROLL_NEVER
-
-
-class LogView:
-    """An immutable snapshot of the log that readers use without locking."""
-
-    __slots__ = ("segments", "base_offsets", "log_end_offset", "active_size_bytes",
-                 "log_start_offset")
-
-    def __init__(self, segments: tuple[LogSegment, ...], log_end_offset: int,
-                 active_size_bytes: int, log_start_offset: int) -> None:
-        self.segments = segments
-        self.base_offsets = tuple(s.base_offset for s in segments)
-        self.log_end_offset = log_end_offset
-        self.active_size_bytes = active_size_bytes
-        self.log_start_offset = log_start_offset
-
-    def with_tail(self, log_end_offset: int, active_size_bytes: int) -> LogView:
-        view = LogView.__new__(LogView)
-        view.segments, view.base_offsets = self.segments, self.base_offsets
-        view.log_end_offset, view.active_size_bytes = log_end_offset, active_size_bytes
-        view.log_start_offset = self.log_start_offset
-        return view
-
-    def max_position(self, segment_index: int) -> int:
-        if segment_index == len(self.segments) - 1:
-            return self.active_size_bytes
-        return self.segments[segment_index].size_bytes
-
-
-@dataclass(slots=True)
-class _PendingDeletion:
-    due_ms: int
-    segment: LogSegment
-    paths: list[Path]
 
 
 class Log:
@@ -305,67 +176,63 @@ class Log:
         self._fs_is_real = type(fs) is RealFileSystem
         self._lock = threading.Lock()  # not re-entrant: locked paths call *_locked helpers
         self._listeners: list[Callable[[int], None]] = []
-        self._pending_deletions: list[_PendingDeletion] = []
-        # next batch's base offset -> (segment, its BatchLocation): see _remember_next_batch
-        self._next_batches: dict[int, tuple[LogSegment, BatchLocation]] = {}
-        self._rng = rng or random.Random()
-        self._segment_jitter_ms = self._pick_jitter(config)
+        self._roll_policy = RollPolicy(config, rng or random.Random())
         self._apply_config(config)
         self._closed = False
         self._cleaning_lock = threading.Lock()
         self._cleaning_stopped = False
         self.producer_state = ProducerStateManager(fs, directory)
         fs.mkdir(directory)
-        self._segments: list[LogSegment] = []
-        self._missing_index_bases: set[int] = set()
-        try:
-            segments, log_end_offset, snapshot_limit = self._load(
-                now_ms, recovery_point, log_start_offset, clean_shutdown)
-        except BaseException:
-            self._abandon_loading()
-            raise
-        self._segments = segments
-        self.recovery_point = log_end_offset
-        self.last_flush_ms = now_ms
-        self._rebuild_producer_state(snapshot_limit, log_end_offset)
-        log_start = min(max(log_start_offset, segments[0].base_offset), log_end_offset)
-        self._view = LogView(tuple(segments), log_end_offset, segments[-1].size_bytes, log_start)
+        loaded = LogLoader(topic, partition, directory, config, fs).load(
+            now_ms, recovery_point, log_start_offset, clean_shutdown)
+        self._local = LocalLog(topic, partition, directory, config, fs, loaded.segments,
+                               loaded.log_end_offset, log_start_offset, now_ms)
+        rebuild_producer_state(self.producer_state, loaded.segments, loaded.snapshot_limit,
+                               loaded.log_end_offset)
 
     # ---- public state --------------------------------------------------------------------
 
     @property
     def log_start_offset(self) -> int:
-        return self._view.log_start_offset
+        return self._local.view.log_start_offset
 
     @property
     def log_end_offset(self) -> int:
-        return self._view.log_end_offset
+        return self._local.view.log_end_offset
 
     @property
     def high_watermark(self) -> int:
-        return self._view.log_end_offset
+        return self._local.view.log_end_offset
+
+    @property
+    def recovery_point(self) -> int:
+        return self._local.recovery_point
+
+    @property
+    def last_flush_ms(self) -> int:
+        return self._local.last_flush_ms
 
     @property
     def size_bytes(self) -> int:
-        view = self._view
-        return sum(s.size_bytes for s in view.segments[:-1]) + view.active_size_bytes
+        return self._local.size_bytes
 
     @property
     def segments(self) -> tuple[LogSegment, ...]:
-        return self._view.segments
+        return self._local.view.segments
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def add_append_listener(self, callback: Callable[[int], None]) -> None:
         self._listeners.append(callback)
 
-    # ---- loading -------------------------------------------------------------------------
-
     def _apply_config(self, config: LogConfig) -> None:
         """Precompute what every append consults: the target codec, the timestamp type, the
-        plain-append limits; and forget the cached roll deadline and plain-append gate
-        (segment.ms may have changed)."""
+        kernel's record limits; and close the single-batch window (segment.ms may have
+        changed)."""
         self._target_codec = target_codec(config)
         self._log_append_time = config.log_append_time
-        self._roll_deadline: tuple[LogSegment | None, tuple[int, int]] = (None, (0, 0))
         self._segment_bytes = config.segment_bytes
         self._flush_messages = config.flush_messages
         limits = (config.max_message_bytes, config.message_timestamp_before_max_ms,
@@ -373,253 +240,8 @@ class Log:
                   -1 if self._target_codec is None else self._target_codec,
                   config.compact_enabled)
         # by from_client: a client's batches may not be control batches (LogValidator)
-        self._plain_limits = (limits + (False,), limits + (True,))
-        self._plain_gate: _PlainGate | None = None
-
-    def _pick_jitter(self, config: LogConfig) -> int:
-        if config.segment_jitter_ms <= 0:
-            return 0
-        return self._rng.randrange(min(config.segment_jitter_ms, config.segment_ms))
-
-    def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
-        return LogSegment(self.fs, self.dir, base_offset, self.config.segment_index_bytes,
-                          self.config.index_interval_bytes, now_ms)
-
-    def _abandon_loading(self) -> None:
-        """Loading failed: close what ``_open_segments`` opened and remove the offset index
-        files it created for segments that had none, so the next start meets the same
-        damage rather than an empty index that passes the sanity check."""
-        for segment in self._segments:
-            segment.close()
-        for base in self._missing_index_bases:
-            path = self.dir / segment_file_name(base, INDEX_SUFFIX)
-            if self.fs.exists(path):
-                self.fs.remove(path)
-
-    def _load(self, now_ms: int, recovery_point: int, log_start_offset: int,
-              clean_shutdown: bool) -> tuple[list[LogSegment], int, int]:
-        """Open and check the segments: (segments, log end offset, snapshot limit). Raises
-        KafkaStorageError naming the file and byte for damage that loading must not repair
-        (a bad sealed segment, a gap or overlap between segments)."""
-        segments = self._open_segments(now_ms, log_start_offset)
-        if clean_shutdown:
-            log_end_offset = self._load_clean(segments)
-            snapshot_limit = log_end_offset
-        else:
-            segments, log_end_offset = self._recover(segments, recovery_point)
-            snapshot_limit = recovery_point
-        self._check_contiguous(segments)
-        return segments, log_end_offset, snapshot_limit
-
-    def _check_contiguous(self, segments: list[LogSegment]) -> None:
-        """Each segment must start where the one before it ends (a header walk from each
-        sealed segment's last index entry). A gap is a hole nobody was told about -- silent
-        data loss -- unless the log is compacted (the cleaner leaves gaps) or the operator
-        accepted it (``ACCEPTED_GAPS_FILE``, written by ``headrace repair --accept-gap``);
-        an overlap is always damage."""
-        accepted = read_accepted_gaps(self.fs, self.dir)
-        for previous, following in zip(segments, segments[1:], strict=False):
-            _, position = previous.offset_index.last_entry()
-            end = previous.next_offset_after(position)
-            end = previous.base_offset if end < 0 else end
-            gap = end < following.base_offset and not self.config.compact_enabled and \
-                (end, following.base_offset) not in accepted
-            if gap or end > following.base_offset:
-                kind = "gap" if end < following.base_offset else "overlap"
-                raise KafkaStorageError(
-                    f"{kind} between segments: {previous.log_path} ends at offset {end} "
-                    f"(byte {previous.size_bytes}) but {following.log_path.name} starts at "
-                    f"offset {following.base_offset}")
-
-    def _open_segments(self, now_ms: int, log_start_offset: int) -> list[LogSegment]:
-        needs_index_rebuild = self._complete_swaps()
-        names = self.fs.listdir(self.dir)
-        bases = set()
-        for name in names:
-            path = self.dir / name
-            if name.endswith(LEFTOVER_SUFFIXES):
-                self.fs.remove(path)
-            elif name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
-                bases.add(int(name[: -len(LOG_SUFFIX)]))
-        for name in names:  # Kafka deletes indexes that have lost their segment
-            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-                stem = name[: -len(suffix)]
-                if name.endswith(suffix) and stem.isdigit() and int(stem) not in bases:
-                    self.fs.remove(self.dir / name)
-        # Kafka's sanity check: a flushed segment whose offset index file is missing is
-        # rebuilt (``_load_indexes``); one after the recovery point is recovered anyway
-        self._missing_index_bases = {base for base in bases if not self.fs.exists(
-            self.dir / segment_file_name(base, INDEX_SUFFIX))}
-        if not bases:
-            bases.add(max(log_start_offset, 0))
-        segments = self._segments  # closed by __init__ if loading fails
-        for base in sorted(bases):
-            segments.append(self._new_segment(base, now_ms))
-        for segment in segments[:-1]:  # the active segment's tail is scanned anyway
-            if segment.base_offset in needs_index_rebuild and segment.size_bytes:
-                self._rebuild_indexes(segment, sealed=True)
-        return segments
-
-    def _complete_swaps(self) -> set[int]:
-        """Finish a cleaner swap interrupted by a crash: the ``.swap`` file replaces every
-        segment whose base offset lies in its offset range. Returns the swapped bases."""
-        swapped = set()
-        names = self.fs.listdir(self.dir)
-        for name in sorted(names):
-            stem = name[: -len(LOG_SUFFIX + SWAP_SUFFIX)]
-            if not (name.endswith(LOG_SUFFIX + SWAP_SUFFIX) and stem.isdigit()):
-                continue
-            swap_path, base = self.dir / name, int(stem)
-            next_offset = max(self._next_offset_of_file(swap_path), base + 1)
-            for other in names:
-                other_stem = other.split(".", 1)[0]
-                if other_stem.isdigit() and base <= int(other_stem) < next_offset and \
-                        other.endswith((LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)):
-                    self.fs.remove(self.dir / other)
-            self.fs.rename(swap_path, self.dir / segment_file_name(base, LOG_SUFFIX))
-            self.fs.fsync_dir(self.dir)
-            logger.warning("%s-%d: completed an interrupted cleaner swap of %s", self.topic,
-                           self.partition, name)
-            swapped.add(base)
-        return swapped
-
-    def _next_offset_of_file(self, path: Path) -> int:
-        """Offset after the last whole batch of a segment file (header walk, no CRC)."""
-        fd = self.fs.open(path, os.O_RDONLY)
-        try:
-            size_bytes, position, next_offset = self.fs.size(fd), 0, -1
-            while position + BATCH_HEADER_BYTES <= size_bytes:
-                header = parse_header(self.fs.pread(fd, BATCH_HEADER_BYTES, position))
-                if position + header.size_bytes > size_bytes:
-                    break
-                next_offset, position = header.next_offset, position + header.size_bytes
-            return next_offset
-        finally:
-            self.fs.close(fd)
-
-    def _load_clean(self, segments: list[LogSegment]) -> int:
-        """Clean shutdown: trust the sealed segments' indexes (sanity-checked), and still
-        CRC-check the active segment's tail from its last index entry, whatever the marker
-        says: a torn or garbled tail is truncated to its last valid batch, never appended
-        after."""
-        for segment in segments[:-1]:
-            self._load_indexes(segment)
-        active = segments[-1]
-        start = active.offset_index.last_entry()[1] if active.load_indexes() else 0
-        next_offset = self._check_tail(active, start)
-        return max(next_offset, active.base_offset)
-
-    def _check_tail(self, segment: LogSegment, start_position: int) -> int:
-        """CRC-check ``segment`` from ``start_position`` (a batch boundary) to its end with
-        the kernel's ``index_batches`` scan, truncating at the first bad byte with a WARNING
-        naming the file and byte position. Returns the next offset (-1 if no batch)."""
-        next_offset, truncated = segment.recover(start_position)
-        if truncated:
-            logger.warning("%s-%d: truncated %d unreadable bytes of %s at byte %d",
-                           self.topic, self.partition, truncated, segment.log_path,
-                           segment.size_bytes)
-            segment.flush()
-        if next_offset < 0 and start_position > 0:  # the indexed batch itself was bad
-            return self._check_tail(segment, 0)
-        return next_offset
-
-    def _recover(self, segments: list[LogSegment], recovery_point: int
-                 ) -> tuple[list[LogSegment], int]:
-        """Unclean shutdown: trust the data below the recovery point, CRC-scan the rest."""
-        first_dirty = max(0, bisect.bisect_right([s.base_offset for s in segments],
-                                                 recovery_point) - 1)
-        for segment in segments[:first_dirty]:
-            self._load_indexes(segment)
-        next_offset = -1
-        for position, segment in enumerate(segments[first_dirty:], start=first_dirty):
-            start = self._trusted_start(segment, recovery_point) if position == first_dirty else 0
-            segment_next, truncated = segment.recover(start)
-            if segment_next >= 0:
-                next_offset = segment_next
-            if truncated:
-                logger.warning("%s-%d: truncated %d bytes of %s at byte %d (offset %d)",
-                               self.topic, self.partition, truncated, segment.log_path.name,
-                               segment.size_bytes, max(next_offset, segment.base_offset))
-            if truncated and position < len(segments) - 1:
-                self._drop_segments_after(segments, position)
-                segment.flush()
-                break
-            if position < len(segments) - 1:
-                segment.seal()
-            segment.flush()
-        segments = [s for s in segments if not s.closed]
-        active = segments[-1]
-        if next_offset < 0 or active.size_bytes == 0:
-            next_offset = max(next_offset, active.base_offset)
-        return segments, next_offset
-
-    def _load_indexes(self, segment: LogSegment) -> None:
-        """Load a sealed, flushed segment's indexes; rebuild them when they fail the sanity
-        check or the offset index file was missing (a bad byte then is damage)."""
-        if segment.base_offset in self._missing_index_bases or not segment.load_indexes():
-            self._rebuild_indexes(segment, sealed=True)
-
-    @staticmethod
-    def _rebuild_indexes(segment: LogSegment, sealed: bool) -> None:
-        """Rebuild damaged index files from the log (a full scan of this one segment). A bad
-        byte in it is damage (KafkaStorageError naming the file and byte), never truncated:
-        the segment may hold acknowledged, flushed records after it."""
-        segment.recover(0, truncate=False)
-        if sealed:
-            segment.seal()
-        segment.flush()
-
-    @staticmethod
-    def _adopt_indexes(segment: LogSegment, index: IndexedBatches) -> None:
-        """Give a fresh, closed segment the index ``index_batches`` computed over its whole
-        file (what ``_rebuild_indexes`` would compute, without reading the file) and seal it."""
-        segment.apply_index(index)
-        segment.seal()
-        segment.flush()
-
-    def _trusted_start(self, segment: LogSegment, recovery_point: int) -> int:
-        """A batch position below the recovery point from which to CRC-scan: the last index
-        entry whose batch ends below it, if that batch verifies; else the segment start."""
-        if not segment.load_indexes():
-            return 0
-        offsets = segment.offset_index
-        slot = bisect.bisect_left(offsets.relative_offsets,
-                                  recovery_point - segment.base_offset) - 1
-        if slot < 0:
-            return 0
-        position = offsets.positions[slot]
-        try:
-            header = next(segment.iter_batches(position, position + 1))[1]
-        except (CorruptMessage, StopIteration):
-            return 0
-        expected_last = segment.base_offset + offsets.relative_offsets[slot]
-        return position if header.last_offset == expected_last else 0
-
-    def _drop_segments_after(self, segments: list[LogSegment], position: int) -> None:
-        for segment in segments[position + 1:]:
-            logger.warning("%s-%d: deleting segment %s after a corrupt one", self.topic,
-                           self.partition, segment.log_path.name)
-            paths = segment.file_paths()
-            segment.close()
-            for path in paths:
-                self.fs.remove(path)
-
-    def _rebuild_producer_state(self, snapshot_limit: int, log_end_offset: int) -> None:
-        """Load the newest snapshot at or below ``snapshot_limit`` and replay the batch
-        headers after it, so deduplication survives restarts."""
-        state = self.producer_state
-        replay_from = max(state.load_latest_snapshot(min(snapshot_limit, log_end_offset)), 0)
-        segments = self._segments
-        for index, segment in enumerate(segments):
-            if index + 1 < len(segments) and segments[index + 1].base_offset <= replay_from:
-                continue
-            location = segment.find_batch(replay_from, segment.size_bytes)
-            if location is None:
-                continue
-            for _, header in segment.iter_batches(location.position):
-                if header.base_offset >= replay_from:
-                    state.replay(header)
-        state.remove_snapshots(above_offset=log_end_offset)
+        self._kernel_record_limits = (limits + (False,), limits + (True,))
+        self._single_batch_window: SingleBatchWindow | None = None
 
     # ---- appending -----------------------------------------------------------------------
 
@@ -627,7 +249,7 @@ class Log:
                from_client: bool = False) -> AppendResult:
         """Validate, assign offsets to and write one or more whole v2 batches; a topic whose
         compression.type names a codec gets batches of other codecs recompressed first.
-        ``records`` (any contiguous buffer) is only read: the plain path writes it with its
+        ``records`` (any contiguous buffer) is only read: the single-batch path writes it with its
         new base offset in one writev, the general path works on a copy. ``from_client``:
         a producer's request (Produce), held to Kafka's client rules (no control batches).
 
@@ -635,17 +257,17 @@ class Log:
         codec, on a CreateTime topic, fitting the active segment -- is one kernel call
         (``append_plain_batch``: validate, rewrite the base offset, write; for an idempotent
         producer's batch the sequence check comes between validating and ``write_batch``) and
-        the index upkeep, behind a gate opened by the general path."""
+        the index upkeep, within a window opened by the general path."""
         lock = self._lock
         lock.acquire()  # not ``with``: half the cost, on every append
         try:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
-            gate = self._plain_gate
+            window = self._single_batch_window
             result = None
-            if gate is not None and now_ms <= gate[1] and (
-                    now_ms <= gate[4] or single_batch_max_timestamp(records) <= gate[3]):
-                result = self._append_plain(records, gate, now_ms, from_client)
+            if window is not None and now_ms <= window[1] and (
+                    now_ms <= window[4] or single_batch_max_timestamp(records) <= window[3]):
+                result = self._append_single_batch(records, window, now_ms, from_client)
             if result is None:
                 result = self._append_general(records, now_ms, from_client)
         finally:
@@ -655,36 +277,37 @@ class Log:
                 listener(result.last_offset + 1)
         return result
 
-    def _append_plain(self, records: bytes | bytearray | memoryview, gate: _PlainGate,
-                      now_ms: int, from_client: bool) -> AppendResult | None:
-        """The common case in one kernel call (two with a producer id, compressed records
+    def _append_single_batch(self, records: bytes | bytearray | memoryview,
+                             window: SingleBatchWindow, now_ms: int, from_client: bool
+                             ) -> AppendResult | None:
+        """A single batch in one kernel call (two with a producer id, compressed records
         or a max timestamp to rewrite); None (nothing written) when the kernel declines the
         request and the general path must decide."""
-        active = gate[0]
-        first_offset = self._view.log_end_offset
-        written = append_plain_batch(records, active.fd, first_offset,
-                                     self._segment_bytes - active.size_bytes, gate[2], now_ms,
-                                     self._plain_limits[from_client])
+        active, fd, local = window[0], window[5], self._local
+        first_offset = local.view.log_end_offset
+        written = append_plain_batch(records, fd, first_offset,
+                                     self._segment_bytes - active.size_bytes, window[2],
+                                     now_ms, self._kernel_record_limits[from_client])
         if written is None:
             return None
         last_offset, max_timestamp_ms, was_written = written
         if not was_written:
-            records, max_timestamp_ms = self._finish_plain_batch(records, max_timestamp_ms,
-                                                                 now_ms, from_client)
-            duplicate = self._write_producer_batch(records, active.fd, first_offset)
+            records, max_timestamp_ms = self._finish_single_batch(records, max_timestamp_ms,
+                                                                  now_ms, from_client)
+            duplicate = self._write_producer_batch(records, fd, first_offset)
             if duplicate is not None:
                 return duplicate
         if active.note_written_batch(len(records), last_offset, max_timestamp_ms, now_ms):
-            self._plain_gate = None  # an index is full: the next append rolls
-        view = self._view
-        self._view = view.with_tail(last_offset + 1, active.size_bytes)
-        if last_offset + 1 - self.recovery_point >= self._flush_messages:
-            self._flush_locked(now_ms)
+            self._single_batch_window = None  # an index is full: the next append rolls
+        view = local.view
+        local.view = view.with_tail(last_offset + 1, active.size_bytes)
+        if last_offset + 1 - local.recovery_point >= self._flush_messages:
+            local.flush(now_ms)
         return _new_append_result((first_offset, last_offset, -1, view.log_start_offset, False))
 
-    def _finish_plain_batch(self, records: bytes | bytearray | memoryview, max_timestamp_ms: int,
-                            now_ms: int, from_client: bool
-                            ) -> tuple[bytes | bytearray | memoryview, int]:
+    def _finish_single_batch(self, records: bytes | bytearray | memoryview,
+                             max_timestamp_ms: int, now_ms: int, from_client: bool
+                             ) -> tuple[bytes | bytearray | memoryview, int]:
         """A batch the kernel validated but did not write: a compressed batch's records
         checked (raising as the general path does), and the batch with its header's max
         timestamp set to its records' largest and its LogAppendTime bit cleared (in a copy
@@ -716,7 +339,7 @@ class Log:
 
     def _append_general(self, request: bytes | bytearray | memoryview, now_ms: int,
                         from_client: bool) -> AppendResult:
-        """Every append the plain path declines: several batches, LogAppendTime,
+        """Every append the single-batch path declines: several batches, LogAppendTime,
         recompression, a roll, or a request to reject (the precise error is raised here).
         Base offsets and LogAppendTime are written into a copy of ``request``."""
         records = bytearray(request)
@@ -724,7 +347,7 @@ class Log:
         summaries = validate_request(records, config, now_ms, from_client=from_client,
                                      topic_partition=f"{self.topic}-{self.partition}")
         producer_headers = None
-        if len(summaries) > 1 or summaries[0][6] >= 0:  # else: one plain batch
+        if len(summaries) > 1 or summaries[0][6] >= 0:  # else: one batch without producer id
             producer_headers = self._producer_headers(records, summaries)
             if producer_headers:
                 duplicate = self._check_producers(producer_headers)
@@ -734,31 +357,32 @@ class Log:
         if codec is not None and needs_recompression(summaries, codec):
             records, summaries = recompress_for_topic(records, summaries, codec,
                                                       config.max_message_bytes)
-        first_offset = self._view.log_end_offset
+        local = self._local
+        first_offset = local.view.log_end_offset
         next_offset, active = self._write(records, summaries, first_offset, now_ms)
         if producer_headers:
             self._record_producers(producer_headers, first_offset)
-        view = self._view  # after _write: a roll publishes a new segment tuple
-        self._view = view.with_tail(next_offset, active.size_bytes)
-        if next_offset - self.recovery_point >= config.flush_messages:
-            self._flush_locked(now_ms)
-        self._plain_gate = self._plain_gate_for(active)
+        view = local.view  # after _write: a roll publishes a new segment tuple
+        local.view = view.with_tail(next_offset, active.size_bytes)
+        if next_offset - local.recovery_point >= config.flush_messages:
+            local.flush(now_ms)
+        self._single_batch_window = self._single_batch_window_for(active)
         return _new_append_result((first_offset, next_offset - 1,
                                    now_ms if self._log_append_time else -1,
                                    view.log_start_offset, False))
 
-    def _plain_gate_for(self, active: LogSegment) -> _PlainGate | None:
-        """The gate that lets the next appends to ``active`` take the plain path, or None:
-        only when the kernel may write to its descriptor, the topic uses CreateTime, and
-        ``active`` is non-empty with indexes not full (so nothing but its age, which the gate
-        holds, or its size, which the kernel checks, can make it roll)."""
+    def _single_batch_window_for(self, active: LogSegment) -> SingleBatchWindow | None:
+        """The window in which the next appends to ``active`` take the single-batch path, or
+        None: only when the kernel may write to its descriptor, the topic uses CreateTime,
+        and ``active`` is non-empty with indexes not full (so nothing but its age, which the
+        window holds, or its size, which the kernel checks, can make it roll)."""
         if (self._fs_is_real and not self._log_append_time and active.size_bytes
                 and not active.offset_index.is_full and not active.time_index.is_full):
-            broker_deadline_ms, message_deadline_ms = self._roll_deadlines(active)
+            broker_deadline_ms, message_deadline_ms = self._roll_policy.deadlines(active)
             unread_until_ms = ROLL_NEVER if message_deadline_ms == ROLL_NEVER else \
                 message_deadline_ms - self.config.message_timestamp_after_max_ms
             return (active, broker_deadline_ms, active.base_offset + MAX_RELATIVE_OFFSET,
-                    message_deadline_ms, unread_until_ms)
+                    message_deadline_ms, unread_until_ms, active.fd)
         return None
 
     def _write(self, records: bytearray, summaries: tuple[Summary, ...], first_offset: int,
@@ -831,7 +455,7 @@ class Log:
         if original is None:
             return None
         return AppendResult(original.first_offset, original.last_offset, -1,
-                            self._view.log_start_offset, duplicate=True)
+                            self._local.view.log_start_offset, duplicate=True)
 
     @staticmethod
     def _check_within_request(header: BatchHeader, previous: tuple[int, int]) -> None:
@@ -853,21 +477,11 @@ class Log:
         """The segment to append to: the active one, unless it is non-empty and must roll:
         full by size, index or relative offset range, or too old (Kafka's ``shouldRoll``;
         ``max_timestamp_ms`` is the largest timestamp of the batches to append)."""
-        active = self._segments[-1]
-        if active.size_bytes and self._must_roll(active, size_bytes, last_offset,
-                                                 max_timestamp_ms, now_ms):
-            self._roll_locked(now_ms)
-            active = self._segments[-1]
+        active = self._local.active_segment
+        if active.size_bytes and self._roll_policy.must_roll(active, size_bytes, last_offset,
+                                                             max_timestamp_ms, now_ms):
+            active = self._roll_locked(now_ms)
         return active
-
-    def _must_roll(self, active: LogSegment, size_bytes: int, last_offset: int,
-                   max_timestamp_ms: int, now_ms: int) -> bool:
-        broker_deadline_ms, message_deadline_ms = self._roll_deadlines(active)
-        return (now_ms > broker_deadline_ms or max_timestamp_ms > message_deadline_ms
-                or active.size_bytes + size_bytes > self.config.segment_bytes
-                or len(active.offset_index.positions) >= active.offset_index.max_entries
-                or len(active.time_index.timestamps) >= active.time_index.max_entries
-                or last_offset - active.base_offset > MAX_RELATIVE_OFFSET)
 
     def append_needs_no_io_wait(self, size_bytes: int, now_ms: int,
                                 records: bytes | bytearray | memoryview = b"") -> bool:
@@ -881,60 +495,19 @@ class Log:
         config = self.config
         if config.compact_enabled or self._closed:
             return False
-        log_end_offset = self._view.log_end_offset
-        if log_end_offset + size_bytes - self.recovery_point >= config.flush_messages:
+        local = self._local
+        log_end_offset = local.view.log_end_offset
+        if log_end_offset + size_bytes - local.recovery_point >= config.flush_messages:
             return False
-        active = self._segments[-1]
-        return not (active.size_bytes and self._must_roll(
+        active = local.active_segment
+        return not (active.size_bytes and self._roll_policy.must_roll(
             active, size_bytes, log_end_offset + size_bytes,
             single_batch_max_timestamp(records), now_ms))
 
-    def _roll_deadlines(self, segment: LogSegment) -> tuple[int, int]:
-        """When ``segment`` is too old to append to, as Kafka's ``timeWaitedForRoll``: a
-        segment whose first batch has a timestamp (>= 0) rolls for a batch whose max
-        timestamp lies more than segment.ms (less the jitter) after it -- (NEVER, that
-        timestamp) --, any other when the broker time is that far past its creation --
-        (that time, NEVER). Cached per segment once its first batch is known (config
-        changes clear it)."""
-        cached_segment, deadlines = self._roll_deadline
-        if cached_segment is segment:
-            return deadlines
-        limit_ms = self._max_segment_ms - self._segment_jitter_ms
-        first_timestamp_ms = segment.first_batch_timestamp_ms
-        if first_timestamp_ms is not None and first_timestamp_ms >= 0:
-            deadlines = (ROLL_NEVER, first_timestamp_ms + limit_ms)
-        else:
-            deadlines = (segment.created_ms + limit_ms, ROLL_NEVER)
-        if first_timestamp_ms is not None:
-            self._roll_deadline = (segment, deadlines)
-        return deadlines
-
-    def _segment_expired(self, segment: LogSegment, now_ms: int) -> bool:
-        """Roll by time without a batch to append (headrace's maintenance; Kafka rolls only
-        at an append): by broker time for a segment that rolls by its creation time; for
-        one that rolls by timestamps only on a compact-only log (no retention can follow)
-        whose first timestamp is > 0, so its records become cleanable within
-        max.compaction.lag.ms. Records with old timestamps are never rolled -- and so
-        exposed to retention -- sooner than Kafka would."""
-        broker_deadline_ms, message_deadline_ms = self._roll_deadlines(segment)
-        if now_ms > broker_deadline_ms:
-            return True
-        config = self.config
-        return (config.compact_enabled and not config.delete_enabled
-                and (segment.first_batch_timestamp_ms or 0) > 0 and now_ms > message_deadline_ms)
-
-    @property
-    def _max_segment_ms(self) -> int:
-        """Kafka's ``LogConfig.maxSegmentMs``: a compacted log also rolls by
-        max.compaction.lag.ms."""
-        config = self.config
-        if config.compact_enabled:
-            return min(config.segment_ms, config.max_compaction_lag_ms)
-        return config.segment_ms
 
     def roll(self, now_ms: int) -> None:
         with self._lock:
-            if self._segments[-1].size_bytes:
+            if self._local.active_segment.size_bytes:
                 self._roll_locked(now_ms)
 
     def maybe_roll_by_time(self, now_ms: int) -> None:
@@ -942,9 +515,18 @@ class Log:
             self._maybe_roll_by_time_locked(now_ms)
 
     def _maybe_roll_by_time_locked(self, now_ms: int) -> None:
-        active = self._segments[-1]
-        if active.size_bytes and self._segment_expired(active, now_ms):
+        active = self._local.active_segment
+        if active.size_bytes and self._roll_policy.expired(active, now_ms):
             self._roll_locked(now_ms)
+
+    def _roll_locked(self, now_ms: int) -> LogSegment:
+        """Seal the active segment (everything below the new one made durable first), take
+        a producer-state snapshot at the log end and start a new active segment."""
+        local = self._local
+        local.seal_active_segment(now_ms)
+        self._single_batch_window = None
+        self.producer_state.take_snapshot(local.view.log_end_offset)
+        return local.start_segment(now_ms)
 
     def maintain(self, now_ms: int, flush_by_time: bool = False,
                  check_retention: bool = False) -> int | None:
@@ -967,40 +549,9 @@ class Log:
         finally:
             self._lock.release()
 
-    def _roll_locked(self, now_ms: int) -> None:
-        log_end_offset = self._view.log_end_offset
-        # Make everything below the new segment durable before it exists: otherwise a power
-        # loss can tear the old segment while the new one survives, leaving a hole that no
-        # CRC scan detects (the torn segment simply ends early). One fsync per segment.bytes.
-        self._flush_locked(now_ms, force=True)
-        self._plain_gate = None
-        self._segments[-1].seal()
-        self.producer_state.take_snapshot(log_end_offset)
-        segment = self._new_segment(log_end_offset, now_ms)
-        self._segments.append(segment)
-        view = self._view
-        self._view = LogView(tuple(self._segments), log_end_offset, 0, view.log_start_offset)
-        logger.info("%s-%d: rolled new segment at offset %d", self.topic, self.partition,
-                    log_end_offset)
-
     def flush(self) -> None:
         with self._lock:
-            self._flush_locked(None)
-
-    def _flush_locked(self, now_ms: int | None, force: bool = False) -> None:
-        log_end_offset = self._view.log_end_offset
-        if not force and log_end_offset <= self.recovery_point and not self._rolled_unflushed():
-            return
-        first = max(0, bisect.bisect_right([s.base_offset for s in self._segments],
-                                           self.recovery_point) - 1)
-        for segment in self._segments[first:]:
-            segment.flush()
-        self.recovery_point = log_end_offset
-        if now_ms is not None:
-            self.last_flush_ms = now_ms
-
-    def _rolled_unflushed(self) -> bool:
-        return self.recovery_point < self._segments[-1].base_offset
+            self._local.flush(None)
 
     def flush_if_due(self, now_ms: int) -> None:
         """Time-based flush (flush.ms), and the flush Kafka schedules after a roll."""
@@ -1012,110 +563,37 @@ class Log:
         """The flush Kafka schedules after a roll (segments below the active one); with
         ``flush_by_time`` also Kafka's ``flushDirtyLogs`` rule: everything once flush.ms has
         passed since the last flush."""
-        if flush_by_time and now_ms - self.last_flush_ms >= self.config.flush_ms:
-            self._flush_locked(now_ms)
-            self.last_flush_ms = now_ms
-        elif self._rolled_unflushed():
-            self._flush_rolled_segments()
-
-    def _flush_rolled_segments(self) -> None:
-        active_base = self._segments[-1].base_offset
-        first = max(0, bisect.bisect_right([s.base_offset for s in self._segments],
-                                           self.recovery_point) - 1)
-        for segment in self._segments[first:-1]:
-            segment.flush()
-        self.recovery_point = active_base
+        local = self._local
+        if flush_by_time and now_ms - local.last_flush_ms >= self.config.flush_ms:
+            local.flush(now_ms)
+            local.last_flush_ms = now_ms
+        elif local.rolled_unflushed():
+            local.flush_rolled_segments()
 
     # ---- reading -------------------------------------------------------------------------
 
     def read(self, offset: int, max_bytes: int, min_one_batch: bool = True) -> ReadResult:
-        view = self._view
-        if offset < view.log_start_offset or offset > view.log_end_offset:
-            raise OffsetOutOfRange(f"offset {offset} is outside [{view.log_start_offset}, "
-                                   f"{view.log_end_offset}] of {self.topic}-{self.partition}")
-        slices: list[FileSlice] = []
-        remaining = max_bytes
-        first_index = bisect.bisect_right(view.base_offsets, offset) - 1
-        hint = self._next_batches.pop(offset, None)
-        for index in range(first_index, len(view.segments)):
-            if offset >= view.log_end_offset:
-                break
-            segment, max_position = view.segments[index], view.max_position(index)
-            if hint is not None and hint[0] is segment:
-                location = hint[1]
-            else:
-                location = segment.find_batch(offset, max_position)
-            hint = None
-            if location is None:
-                continue
-            piece, following = segment.slice_and_next(location, remaining, max_position,
-                                                      min_one_batch and not slices)
-            if piece is None:
-                break
-            slices.append(piece)
-            remaining -= piece.length
-            if piece.position + piece.length < max_position or remaining <= 0:
-                if following is not None:
-                    self._remember_next_batch(segment, following)
-                break
-        size_bytes = sum(piece.length for piece in slices)
-        return ReadResult(tuple(slices), size_bytes, view.log_end_offset, view.log_start_offset)
-
-    def _remember_next_batch(self, segment: LogSegment, location: BatchLocation) -> None:
-        """Where the next read of a sequential reader starts (by the batch's base offset),
-        so that read needs no index lookup and no header read. Entries are used once; the
-        map is emptied when it holds ``MAX_READ_HINTS`` (readers that went away)."""
-        if len(self._next_batches) >= MAX_READ_HINTS:
-            self._next_batches = {}
-        self._next_batches[location.base_offset] = (segment, location)
+        return self._local.read(offset, max_bytes, min_one_batch)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        view = self._view
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return view.log_start_offset, -1
-        if timestamp_ms == LATEST_TIMESTAMP:
-            return view.log_end_offset, -1
-        if timestamp_ms == MAX_TIMESTAMP:
-            return self._max_timestamp_offset(view)
-        for index, segment in enumerate(view.segments):
-            if segment.largest_timestamp_ms() >= timestamp_ms:
-                return segment.offset_at_or_after_timestamp(
-                    timestamp_ms, view.log_start_offset, view.max_position(index))
-        return None
-
-    @staticmethod
-    def _max_timestamp_offset(view: LogView) -> tuple[int, int] | None:
-        best: tuple[int, int, int] | None = None  # (offset, timestamp, segment index)
-        for index, segment in enumerate(view.segments):
-            if segment.max_timestamp_ms >= 0 and (best is None or segment.max_timestamp_ms > best[1]):
-                if segment.offset_of_max_timestamp < view.log_end_offset:
-                    best = (segment.offset_of_max_timestamp, segment.max_timestamp_ms, index)
-        if best is None:
-            return None
-        offset, timestamp_ms, index = best
-        return view.segments[index].record_with_timestamp(offset, timestamp_ms,
-                                                          view.max_position(index))
+        return self._local.offset_for_timestamp(timestamp_ms)
 
     # ---- retention -----------------------------------------------------------------------
 
     def delete_records_before(self, offset: int) -> int:
         """DeleteRecords: advance the log start offset to ``offset`` (<= high watermark)."""
         with self._lock:
-            view = self._view
+            local = self._local
+            view = local.view
             if offset < 0 or offset > view.log_end_offset:
                 raise OffsetOutOfRange(f"cannot delete records before {offset}: high watermark "
                                        f"is {view.log_end_offset}")
             if offset > view.log_start_offset:
-                self._set_log_start(offset)
-            return self._view.log_start_offset
-
-    def _set_log_start(self, log_start_offset: int) -> None:
-        view = self._view
-        self._view = LogView(view.segments, view.log_end_offset, view.active_size_bytes,
-                             log_start_offset)
+                local.publish_log_start(offset)
+            return local.view.log_start_offset
 
     def delete_old_segments(self, now_ms: int) -> int:
-        """Retention: delete whole non-active segments past retention.ms / retention.bytes
+        """Retention: delete whole sealed segments past retention.ms / retention.bytes
         (cleanup.policy delete) or wholly below the log start offset. Returns the count."""
         with self._lock:
             return 0 if self._closed else self._delete_old_segments_locked(now_ms)
@@ -1123,12 +601,13 @@ class Log:
     def _delete_old_segments_locked(self, now_ms: int) -> int:
         deletable = self._deletable_prefix(now_ms)
         if deletable:
-            self._delete_segments(deletable, now_ms)
+            first_kept = self._local.delete_oldest_segments(deletable, now_ms, "retention")
+            self.producer_state.remove_snapshots(below_offset=first_kept)
         return deletable
 
     def _deletable_prefix(self, now_ms: int) -> int:
-        segments, config = self._segments, self.config
-        log_start = self._view.log_start_offset
+        segments, config = self._local.segments, self.config
+        log_start = self._local.view.log_start_offset
         count = 0
         excess_bytes = self.size_bytes - config.retention_bytes
         for index, segment in enumerate(segments[:-1]):
@@ -1143,20 +622,6 @@ class Log:
             count += 1
         return count
 
-    def _delete_segments(self, count: int, now_ms: int) -> None:
-        doomed, kept = self._segments[:count], self._segments[count:]
-        self._segments = kept
-        view = self._view
-        log_start = max(view.log_start_offset, kept[0].base_offset)
-        self._view = LogView(tuple(kept), view.log_end_offset, view.active_size_bytes, log_start)
-        for segment in doomed:
-            paths = segment.rename_to_deleted()
-            self._pending_deletions.append(
-                _PendingDeletion(now_ms + self.config.file_delete_delay_ms, segment, paths))
-            logger.info("%s-%d: deleting segment %s (retention)", self.topic, self.partition,
-                        segment.log_path.name)
-        self.producer_state.remove_snapshots(below_offset=kept[0].base_offset)
-
     def remove_deleted_files(self, now_ms: int, force: bool = False) -> None:
         """Close and remove ``.deleted`` segments whose file.delete.delay.ms has passed.
 
@@ -1164,63 +629,18 @@ class Log:
         take tens of milliseconds (freeing its blocks, discards), and appends must not wait
         for it."""
         with self._lock:
-            due, kept = [], []
-            for pending in self._pending_deletions:
-                (due if force or pending.due_ms <= now_ms else kept).append(pending)
-            self._pending_deletions = kept
-            for pending in due:
-                pending.segment.close()
-        for pending in due:
-            for path in pending.paths:
-                if self.fs.exists(path):
-                    self.fs.remove(path)
+            due = self._local.take_due_deletions(now_ms, force)
+        self._local.remove_files(due)
 
     # ---- compaction ----------------------------------------------------------------------
 
     def replace_segments(self, old: list[LogSegment], cleaned_path: Path, now_ms: int,
                          index: IndexedBatches | None = None) -> LogSegment:
-        """Swap the cleaner's fsynced ``<base>.log.cleaned`` (base = ``old[0]``'s) in for the
-        consecutive closed segments ``old``: rename it to ``.swap`` (the commit point), retire
-        ``old`` as ``.deleted`` (open readers keep their descriptors), rename the swap file to
-        ``.log``, write its indexes and publish the new segment list. The indexes are
-        ``index`` (the cleaner's, computed as it wrote the file: ``index_batches`` over the
-        whole file) if given and it covers the file, else rebuilt by a scan of the file
-        (either way written and fsynced at the same step, so the crash rules stay). Raises
+        """Swap the cleaner's fsynced ``<base>.log.cleaned`` in for the consecutive sealed
+        segments ``old`` (``LocalLog.replace_segments``) under the log's lock. Raises
         ``CleaningAborted`` (nothing changed) if ``old`` is no longer in the log."""
         with self._lock:
-            first = next((i for i, s in enumerate(self._segments) if s is old[0]), -1)
-            if first < 0 or first + len(old) >= len(self._segments) or any(
-                    self._segments[first + i] is not s for i, s in enumerate(old)):
-                raise CleaningAborted(f"{self.topic}-{self.partition}: segments to replace "
-                                      "changed during cleaning")
-            swap_path = cleaned_path.with_name(
-                segment_file_name(old[0].base_offset, LOG_SUFFIX + SWAP_SUFFIX))
-            # Kafka's cleaner keeps the replaced segments' last-modified time (the time-based
-            # decisions for batches without timestamps read it); set before the commit point.
-            last_modified_ms = old[-1].last_modified_ms()
-            self.fs.set_mtime_ms(cleaned_path, last_modified_ms)
-            self.fs.rename(cleaned_path, swap_path)
-            self.fs.fsync_dir(self.dir)
-            for segment in old:
-                paths = segment.rename_to_deleted()
-                self._pending_deletions.append(
-                    _PendingDeletion(now_ms + self.config.file_delete_delay_ms, segment, paths))
-            self.fs.rename(swap_path, old[0].log_path)
-            self.fs.fsync_dir(self.dir)
-            cleaned = self._new_segment(old[0].base_offset, now_ms)
-            if index is not None and index.bytes_valid == cleaned.size_bytes:
-                self._adopt_indexes(cleaned, index)
-            else:
-                if index is not None:
-                    logger.warning("%s: the cleaner's index covers %d of its %d bytes; "
-                                   "rebuilding it", cleaned.log_path, index.bytes_valid,
-                                   cleaned.size_bytes)
-                self._rebuild_indexes(cleaned, sealed=True)
-            self._segments[first : first + len(old)] = [cleaned]
-            view = self._view
-            self._view = LogView(tuple(self._segments), view.log_end_offset,
-                                 view.active_size_bytes, view.log_start_offset)
-            return cleaned
+            return self._local.replace_segments(old, cleaned_path, now_ms, index)
 
     # ---- cleaning guard ------------------------------------------------------------------
 
@@ -1252,10 +672,9 @@ class Log:
 
     def update_config(self, config: LogConfig) -> None:
         with self._lock:
-            if (config.segment_jitter_ms, config.segment_ms) != (
-                    self.config.segment_jitter_ms, self.config.segment_ms):
-                self._segment_jitter_ms = self._pick_jitter(config)
+            self._roll_policy.reconfigure(config)
             self.config = config
+            self._local.config = config
             self._apply_config(config)
 
     def close(self) -> None:
@@ -1264,26 +683,17 @@ class Log:
         with self._lock:
             if self._closed:
                 return
-            self._segments[-1].seal()
-            self._flush_locked(None, force=True)
-            self.producer_state.take_snapshot(self._view.log_end_offset)
+            local = self._local
+            local.active_segment.seal()
+            local.flush(None, force=True)
+            self.producer_state.take_snapshot(local.view.log_end_offset)
             self._closed = True
-            for segment in self._segments:
-                segment.close()
-            for pending in self._pending_deletions:
-                pending.segment.close()
+            local.close_files()
 
     def close_without_flush(self) -> None:
         """Release file descriptors (a deleted partition)."""
         self.stop_cleaning()
         with self._lock:
             self._closed = True
-            for segment in self._segments:
-                segment.close()
-            for pending in self._pending_deletions:
-                pending.segment.close()
-            self._pending_deletions = []
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+            self._local.close_files()
+            self._local.pending_deletions = []

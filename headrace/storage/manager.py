@@ -25,8 +25,9 @@ On-disk layout of each data directory (Kafka's, plus one headrace file)::
                                                 older ``<topic>.properties`` form are
                                                 renamed at start-up.
 
-Every partition holds descriptors open (``DESCRIPTORS_PER_NEW_PARTITION`` for its first
-segment), so creating partitions is refused up front with POLICY_VIOLATION when the new ones
+Every partition holds descriptors open (``DESCRIPTORS_PER_NEW_PARTITION`` for its active
+segment; sealed segments open theirs only when read, within a budget: see
+``segment_files``), so creating partitions is refused up front with POLICY_VIOLATION when the new ones
 would leave less than ``DESCRIPTOR_RESERVE_FRACTION`` of the process's descriptor limit
 (RLIMIT_NOFILE) free: a creation that ran out of descriptors half-way would leave partial
 partitions behind and starve every connection.

@@ -22,7 +22,7 @@ in cache instead of 128 MiB of memory traffic. The collision bound below holds f
 table: with n keys in c >= n / 0.9 slots, n(n-1)/2 * 2**-64 / c <= 0.45 n * 2**-64, largest
 for the whole buffer. Home slot = ``((h2 & 0xffffffff) * capacity) >> 32`` (h2 = the hash's second word). An
 insert that would need a displacement above 63 makes the map count as full, like reaching the
-load factor. The insert and lookup loops are in C (``_kernel.offset_map_put/get``).
+load factor. The insert and lookup loops are in C (``_segment_io.c``: ``segment_io.offset_map_put/get``).
 
 Capacity: 128 MiB / 12 B = 11,184,810 slots; x 0.9 = 10,066,329 distinct keys per pass
 (Kafka: SHA-256 at 40 B a slot, ~3.0 M; WarpStream's MD5 at 24 B, ~5 M).
@@ -48,16 +48,9 @@ import math
 
 import numpy as np
 
-from headrace.protocol import _kernel
-from headrace.protocol.kernel import (
-    BufferLike,
-    MapBuild,
-    MapSpan,
-    PassScope,
-    WritableBuffer,
-    map_batches,
-    map_span,
-)
+from headrace.protocol.kernel import BufferLike, WritableBuffer
+from headrace.storage import segment_io
+from headrace.storage.segment_io import MapBuild, MapSpan, PassScope, map_batches, map_span
 
 SLOT_BYTES = 12
 DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * 1024 * 1024
@@ -120,7 +113,7 @@ class OffsetMap:
         ``[base_offset, base_offset + MAX_OFFSET_SPAN)``."""
         if len(offsets) == 0:
             return 0
-        taken, new_keys, _full = _kernel.offset_map_put(
+        taken, new_keys, _full = segment_io.offset_map_put(
             self._fingerprints, self._words, _u64(hash_hi), _u64(hash_lo),
             np.ascontiguousarray(offsets, np.int64), self.base_offset,
             self.active_max_entries - self.size)
@@ -141,7 +134,7 @@ class OffsetMap:
                  span_bytes: int, scope: PassScope, first_ordinal: int,
                  niceness: int = 0, direct_fd: int = -1) -> MapSpan:
         """``put_batches`` over about ``span_bytes`` of the file ``fd`` from ``position``, read
-        into ``buffer`` chunk by chunk in one kernel call (``kernel.map_span``, run
+        into ``buffer`` chunk by chunk in one kernel call (``segment_io.map_span``, run
         ``niceness`` nicer than the caller, uncached chunks read from ``direct_fd``)."""
         span = map_span(fd, buffer, position, end_position, span_bytes, self._fingerprints,
                         self._words, scope, first_ordinal, self.active_max_entries - self.size,
@@ -164,7 +157,7 @@ class OffsetMap:
         if len(hash_hi) == 0:
             return np.empty(0, np.int64)
         dummy = np.empty(len(hash_hi), np.int64)
-        raw = _kernel.offset_map_get(self._fingerprints, self._words, _u64(hash_hi),
+        raw = segment_io.offset_map_get(self._fingerprints, self._words, _u64(hash_hi),
                                      _u64(hash_lo), dummy, self.base_offset, 0)
         return np.frombuffer(raw, np.int64)
 

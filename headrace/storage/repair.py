@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headrace.errors import CorruptMessage, KafkaStorageError
-from headrace.protocol.kernel import IndexState
 from headrace.storage.fs import FileSystem
-from headrace.storage.log import accept_gap, read_accepted_gaps
+from headrace.storage.log_loader import accept_gap, read_accepted_gaps
 from headrace.storage.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -33,6 +32,7 @@ from headrace.storage.segment import (
     TIME_INDEX_SUFFIX,
     scan_chunk,
 )
+from headrace.storage.segment_io import IndexState
 
 # Written into a partition directory by the broker when its scrub finds damage there (the
 # reason, UTF-8): the partition stays offline at later starts, even after a clean shutdown

@@ -1,7 +1,7 @@
 """Background scrub of sealed segments: CRC-32C verification of every batch at rest.
 
 Owns ``verify_segment`` (one sealed segment's file, read as the cleaner reads: chunks through
-``kernel.read_chunk``, from an ``O_DIRECT`` descriptor unless the chunk is in the page cache,
+``segment_io.read_chunk``, from an ``O_DIRECT`` descriptor unless the chunk is in the page cache,
 so a scrub does not fill the page cache; every batch validated by the kernel's
 ``index_batches`` as recovery does) and ``Scrubber`` (one pass over the sealed segments of
 the given logs, reporting the first bad byte of a damaged segment). Kafka checks CRCs only at
@@ -27,17 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headrace.errors import CorruptMessage
-from headrace.protocol.kernel import (
-    DIRECT_READ_SLACK_BYTES,
-    IndexState,
-    aligned_buffer,
-    read_chunk,
-)
 from headrace.storage.clock import Clock
 from headrace.storage.fs import FileSystem
 from headrace.storage.log import Log
 from headrace.storage.repair import NO_INDEX_INTERVAL_BYTES
 from headrace.storage.segment import LogSegment, scan_chunk
+from headrace.storage.segment_io import (
+    DIRECT_READ_SLACK_BYTES,
+    IndexState,
+    aligned_buffer,
+    read_chunk,
+)
 
 logger = logging.getLogger(__name__)
 

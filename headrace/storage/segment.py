@@ -12,26 +12,38 @@ prefixes), carving ``FileSlice`` ranges of whole batches for sendfile, recovery 
 from a known-good position that truncates at the first bad byte and rebuilds the index entries
 after it; ``scan_chunk`` is its step, shared with ``headrace repair``; without truncation, for
 sealed segments, a bad byte is a KafkaStorageError naming the file and byte), the header walk
-to a segment's end that finds its next offset (gap detection at load), renaming/removing its files, and its times as Kafka's ``LogSegment`` defines them:
-the largest timestamp (the largest valid batch max timestamp, else the log file's
-last-modified time, read through the injected file system: -1 is never read as 1970), the
-first batch's timestamp (Kafka's rolling base) and the creation time.
+to a segment's end that finds its next offset (gap detection at load), renaming/removing its
+files, and its times as Kafka's ``LogSegment`` defines them: the largest timestamp (the
+largest valid batch max timestamp, else the log file's last-modified time, read through the
+injected file system: -1 is never read as 1970), the first batch's timestamp (Kafka's rolling
+base) and the creation time.
+
+Descriptors: the active segment (``make_active``) keeps its three files open. A sealed one
+opens them when used and lets go of them when the process's open-segment budget evicts it
+(``segment_files``); every read holds the ``SharedDescriptor`` it reads through, a
+``FileSlice`` holds its own until it is sent, and a long reader (the cleaner) holds the
+segment ``pinned()``. A segment renamed to ``.deleted`` reopens its file under that name, so
+a reader with an older snapshot still reads it until ``close``; after ``close`` a read is a
+KafkaStorageError.
 
 Thread-safety: mutations (append, recover, truncate, flush, close) come from the owning log's
 writer; ``find_batch``/``slice`` are safe from any thread because they are bounded by a size
 the caller read from an immutable log snapshot, and indexes only ever grow between restarts.
 ``largest_timestamp_ms`` and ``first_batch_timestamp`` may be called from any thread (the
 cleaner's): the first reads an fstat of the open descriptor, the second caches an idempotent
-read of the first batch header.
+read of the first batch header. Reopening a let-go descriptor and renaming to ``.deleted``
+are ordered by a per-segment lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +55,11 @@ from headrace.protocol.batch import (
     BatchHeader,
     parse_header,
 )
-from headrace.protocol.kernel import IndexedBatches, IndexState, decode_columns, index_batches
+from headrace.protocol.kernel import decode_columns
 from headrace.storage.fs import APPEND_CREATE_FLAGS, FileSystem
 from headrace.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
+from headrace.storage.segment_files import SharedDescriptor, sealed_segment_files
+from headrace.storage.segment_io import IndexedBatches, IndexState, index_batches
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +68,7 @@ INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 DELETED_SUFFIX = ".deleted"
 MAX_RELATIVE_OFFSET = 2**31 - 1
+REOPEN_FLAGS = os.O_RDWR | os.O_APPEND  # no O_CREAT: a vanished file is not an empty one
 RECOVERY_READ_CHUNK_BYTES = 4 * 1024 * 1024  # also bounds the index rebuild after a cleaning
 _HEADER_PREFIX = struct.Struct(">qiibIhi")  # base_offset .. last_offset_delta: 27 bytes
 HEADER_PREFIX_BYTES = _HEADER_PREFIX.size
@@ -85,11 +100,13 @@ def scan_chunk(pread, chunk: bytes, chunk_start: int, file_size: int, base_offse
 
 @dataclass(frozen=True, slots=True)
 class FileSlice:
-    """Bytes ``[position, position + length)`` of an open file, for ``os.sendfile``."""
+    """Bytes ``[position, position + length)`` of an open file, for ``os.sendfile``. A slice
+    of a segment holds its ``descriptor``, so ``fd`` stays open while the slice exists."""
 
     fd: int
     position: int
     length: int
+    descriptor: SharedDescriptor | None = field(default=None, compare=False, repr=False)
 
     def read_bytes(self) -> bytes:
         """The slice's bytes via pread, for callers that cannot sendfile."""
@@ -114,23 +131,30 @@ class BatchLocation:
 
 
 class LogSegment:
-    """A segment file and its indexes; created, loaded or recovered by ``Log``."""
+    """A segment file and its indexes; loaded or recovered by ``LogLoader``, created and
+    retired by ``LocalLog``."""
 
     # Slots: every append reads and writes several of these attributes.
-    __slots__ = ("fs", "directory", "base_offset", "index_interval_bytes", "log_path", "fd",
+    __slots__ = ("fs", "directory", "base_offset", "index_interval_bytes", "log_path",
+                 "_log_file", "_active", "_deleted", "_files_lock", "_open_files",
                  "size_bytes", "offset_index", "time_index", "bytes_since_last_index_entry",
                  "max_timestamp_ms", "offset_of_max_timestamp", "first_batch_timestamp_ms",
                  "created_ms", "closed")
 
     def __init__(self, fs: FileSystem, directory: Path, base_offset: int, index_max_bytes: int,
-                 index_interval_bytes: int, created_ms: int) -> None:
+                 index_interval_bytes: int, created_ms: int, active: bool = False) -> None:
         self.fs = fs
         self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
-        self.fd = fs.open(self.log_path, APPEND_CREATE_FLAGS)
-        self.size_bytes = fs.size(self.fd)
+        self._files_lock = threading.Lock()  # orders reopening against renaming
+        self._active = active
+        self._deleted = False
+        self._open_files = sealed_segment_files()
+        self._log_file: SharedDescriptor | None = SharedDescriptor(
+            fs, fs.open(self.log_path, APPEND_CREATE_FLAGS))
+        self.size_bytes = fs.size(self._log_file.fd)
         self.offset_index = OffsetIndex(
             fs, directory / segment_file_name(base_offset, INDEX_SUFFIX), base_offset, index_max_bytes)
         self.time_index = TimeIndex(
@@ -142,6 +166,8 @@ class LogSegment:
         self.first_batch_timestamp_ms: int | None = None
         self.created_ms = created_ms
         self.closed = False
+        if not active:
+            self._open_files.opened(self)
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -150,7 +176,7 @@ class LogSegment:
         """Write ``data`` (whole batches) at the end; ``batches`` lists each batch's
         (size_bytes, last_offset, max_timestamp_ms, position within data)."""
         start = self.size_bytes
-        self.fs.write(self.fd, data)
+        self.fs.write(self.log_file().fd, data)
         self._index_batches(start, batches)
         self.size_bytes = start + len(data)
 
@@ -158,7 +184,7 @@ class LogSegment:
                      max_timestamp_ms: int, now_ms: int) -> None:
         """``append`` of exactly one batch (``data``), the common produce request: the same
         writes and index entries without building per-batch tuples."""
-        self.fs.write(self.fd, data)
+        self.fs.write(self.log_file().fd, data)
         self.note_written_batch(len(data), last_offset, max_timestamp_ms, now_ms)
 
     def note_written_batch(self, size_bytes: int, last_offset: int, max_timestamp_ms: int,
@@ -203,31 +229,102 @@ class LogSegment:
         """Write pending index entries and fsync the log and both indexes."""
         self.offset_index.flush()
         self.time_index.flush()
-        self.fs.fsync(self.fd)
+        held = self.log_file()
+        self.fs.fsync(held.fd)
         self.offset_index.fsync()
         self.time_index.fsync()
 
     def seal(self) -> None:
         """The segment stops being active (roll or close): record the final largest
-        timestamp in the time index, as Kafka does, so a reload needs no scan."""
+        timestamp in the time index, as Kafka does, so a reload needs no scan. Its files
+        are now open only while used (see ``segment_files``)."""
         if self.max_timestamp_ms >= 0:
             self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
         self.offset_index.flush()
         self.time_index.flush()
+        if self._active:
+            self._active = False
+            self._open_files.opened(self)
+
+    def make_active(self) -> None:
+        """The segment takes appends: its files stay open until it is sealed or closed."""
+        with self._files_lock:  # a release_files racing with this one either ran or sees it
+            self._active = True
+        self._open_files.forget(self)
+        self.log_file()
 
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+        """Let go of the files for good; a descriptor a ``FileSlice`` still holds closes
+        when that slice goes."""
+        with self._files_lock:
+            if self.closed:
+                return
+            self.closed = True
+        self._open_files.forget(self)
         self.offset_index.close()
         self.time_index.close()
-        self.fs.close(self.fd)
+        self._log_file = None
+
+    # ---- descriptors ---------------------------------------------------------------------
+
+    @property
+    def fd(self) -> int:
+        """The log file's descriptor: the active segment's (open until sealed), or a sealed
+        one's inside ``pinned()``; anything else holds ``log_file()`` while it reads."""
+        held = self._log_file
+        if held is not None and self._active:  # every append: no call, no touch
+            return held.fd
+        return self.log_file().fd
+
+    def log_file(self) -> SharedDescriptor:
+        """The log file's descriptor, opened again from its path if the segment let go of
+        it; open while the caller holds the returned object."""
+        held = self._log_file
+        if held is None:
+            return self._reopen_log_file()
+        if not self._active:
+            self._open_files.touch(self)
+        return held
+
+    def _reopen_log_file(self) -> SharedDescriptor:
+        with self._files_lock:
+            if self.closed:
+                raise KafkaStorageError(f"{self.log_path}: the segment is closed")
+            path = self.log_path.with_name(self.log_path.name + DELETED_SUFFIX) \
+                if self._deleted else self.log_path
+            held = SharedDescriptor(self.fs, self.fs.open(path, REOPEN_FLAGS))
+            self._log_file = held
+            counted = not self._active
+        if counted:
+            self._open_files.opened(self)
+        return held
+
+    def release_files(self) -> None:
+        """Let go of the descriptors of a sealed segment (they close once no slice or
+        operation holds them); the next use opens them again."""
+        with self._files_lock:
+            if self._active:
+                return
+            self._log_file = None
+            self.offset_index.release_file()
+            self.time_index.release_file()
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[int]:
+        """The log file's descriptor, kept open for the block (a long read: the cleaner's)."""
+        self._open_files.pin(self)
+        try:
+            held = self.log_file()
+            yield held.fd
+        finally:
+            self._open_files.unpin(self)
 
     # ---- reading -------------------------------------------------------------------------
 
     def _header_prefix(self, position: int) -> tuple[int, int, int]:
         """(base_offset, size_bytes, last_offset) of the batch at ``position``."""
-        raw = os.pread(self.fd, HEADER_PREFIX_BYTES, position)
+        held = self.log_file()
+        raw = os.pread(held.fd, HEADER_PREFIX_BYTES, position)
         if len(raw) < HEADER_PREFIX_BYTES:
             raise CorruptMessage(f"{self.log_path}: batch header truncated at byte {position}")
         base_offset, length, _, _, _, _, last_offset_delta = _HEADER_PREFIX.unpack(raw)
@@ -271,7 +368,8 @@ class LogSegment:
                 return None, None
             end = start.position + start.size_bytes
             following = None
-        return FileSlice(self.fd, start.position, end - start.position), following
+        held = self.log_file()
+        return FileSlice(held.fd, start.position, end - start.position, held), following
 
     def iter_batches(self, start_position: int = 0, end_position: int | None = None):
         """Yield ``(position, header)`` for each batch header in the range (no CRC check)."""
@@ -285,7 +383,8 @@ class LogSegment:
     def header_at(self, position: int) -> BatchHeader:
         """The batch header at ``position``; a CorruptMessage names the file and the byte."""
         try:
-            return parse_header(os.pread(self.fd, BATCH_HEADER_BYTES, position))
+            held = self.log_file()
+            return parse_header(os.pread(held.fd, BATCH_HEADER_BYTES, position))
         except CorruptMessage as error:
             raise CorruptMessage(f"{self.log_path}: bad record batch header at byte "
                                  f"{position}: {error}") from None
@@ -310,7 +409,8 @@ class LogSegment:
 
     def _first_record_at_or_after(self, position: int, header: BatchHeader, timestamp_ms: int,
                                   starting_offset: int) -> tuple[int, int] | None:
-        columns = decode_columns(os.pread(self.fd, header.size_bytes, position), skip_control=True)
+        held = self.log_file()
+        columns = decode_columns(os.pread(held.fd, header.size_bytes, position), skip_control=True)
         if columns.offsets.size == 0:  # a control batch or a batch emptied by compaction
             return max(header.base_offset, starting_offset), header.max_timestamp
         later = np.flatnonzero((columns.timestamps_ms >= timestamp_ms)
@@ -327,7 +427,8 @@ class LogSegment:
         location = self.find_batch(offset, max_position)
         if location is None:
             return offset, timestamp_ms
-        header = parse_header(os.pread(self.fd, BATCH_HEADER_BYTES, location.position))
+        held = self.log_file()
+        header = parse_header(os.pread(held.fd, BATCH_HEADER_BYTES, location.position))
         found = self._first_record_at_or_after(location.position, header, timestamp_ms,
                                                header.base_offset)
         return (offset, timestamp_ms) if found is None else found
@@ -349,6 +450,22 @@ class LogSegment:
         if last is not None:
             self.max_timestamp_ms, self.offset_of_max_timestamp = last
         return True
+
+    def rebuild_indexes(self, sealed: bool) -> None:
+        """Rebuild damaged index files from the log (a full scan of this segment). A bad
+        byte in it is damage (KafkaStorageError naming the file and byte), never truncated:
+        the segment may hold acknowledged, flushed records after it."""
+        self.recover(0, truncate=False)
+        if sealed:
+            self.seal()
+        self.flush()
+
+    def adopt_indexes(self, index: IndexedBatches) -> None:
+        """Give a fresh, sealed segment the index ``index_batches`` computed over its whole
+        file (what ``rebuild_indexes`` would compute, without reading the file)."""
+        self.apply_index(index)
+        self.seal()
+        self.flush()
 
     def _offset_upper_bound(self) -> int:
         last_offset, _ = self.offset_index.last_entry()
@@ -388,14 +505,15 @@ class LogSegment:
         Returns (next offset after the last valid batch or -1 if none, bytes truncated).
         ``on_batch(header)`` is called for each valid batch (producer-state replay)."""
         self._drop_index_entries_from(start_position)
-        file_size = self.fs.size(self.fd)
+        held = self.log_file()
+        file_size = self.fs.size(held.fd)
         position, next_offset = start_position, -1
         self.bytes_since_last_index_entry = self._bytes_after_last_entry(start_position)
         while position < file_size:
             length = min(RECOVERY_READ_CHUNK_BYTES, file_size - position)
-            chunk = self.fs.pread(self.fd, length, position)
+            chunk = self.fs.pread(held.fd, length, position)
             consumed, next_offset, stop = self._recover_chunk(
-                chunk, position, file_size, next_offset, on_batch)
+                held, chunk, position, file_size, next_offset, on_batch)
             position += consumed
             if stop:
                 break
@@ -404,12 +522,12 @@ class LogSegment:
             raise KafkaStorageError(f"{self.log_path}: unreadable record batch at byte "
                                     f"{position} of {file_size} in a sealed segment")
         if truncated:
-            self.fs.truncate(self.fd, position)
+            self.fs.truncate(held.fd, position)
         self.size_bytes = position
         return next_offset, truncated
 
-    def _recover_chunk(self, chunk: bytes, chunk_start: int, file_size: int, next_offset: int,
-                       on_batch) -> tuple[int, int, bool]:
+    def _recover_chunk(self, held: SharedDescriptor, chunk: bytes, chunk_start: int,
+                       file_size: int, next_offset: int, on_batch) -> tuple[int, int, bool]:
         """Validate the batches in ``chunk`` and index them, in one kernel call (no Python per
         batch unless ``on_batch`` is given): (bytes consumed, next offset, stop)."""
         last_time_entry = self.time_index.last_entry()
@@ -418,7 +536,7 @@ class LogSegment:
                            last_time_entry[0] if last_time_entry else 0,
                            last_time_entry is not None)
         scan, chunk, stop = scan_chunk(
-            lambda size, position: self.fs.pread(self.fd, size, position), chunk, chunk_start,
+            lambda size, position: self.fs.pread(held.fd, size, position), chunk, chunk_start,
             file_size, self.base_offset, next_offset, self.index_interval_bytes, state)
         self.apply_index(scan)
         if on_batch is not None:
@@ -486,13 +604,16 @@ class LogSegment:
         return [self.log_path, self.offset_index.path, self.time_index.path]
 
     def rename_to_deleted(self) -> list[Path]:
-        """Rename the three files to ``*.deleted``; open descriptors stay valid."""
+        """Rename the three files to ``*.deleted``; open descriptors stay valid, and the log
+        file is reopened under its new name."""
         renamed = []
-        for path in self.file_paths():
-            if self.fs.exists(path):
-                target = path.with_name(path.name + DELETED_SUFFIX)
-                self.fs.rename(path, target)
-                renamed.append(target)
+        with self._files_lock:
+            for path in self.file_paths():
+                if self.fs.exists(path):
+                    target = path.with_name(path.name + DELETED_SUFFIX)
+                    self.fs.rename(path, target)
+                    renamed.append(target)
+            self._deleted = True
         return renamed
 
     # ---- time -----------------------------------------------------------------------------
@@ -501,7 +622,8 @@ class LogSegment:
         """The log file's last-modified time (Kafka's ``lastModified``), read through the
         injected file system from the open descriptor, so a concurrent rename to
         ``.deleted`` cannot make it fail."""
-        return self.fs.fd_mtime_ms(self.fd)
+        held = self.log_file()
+        return self.fs.fd_mtime_ms(held.fd)
 
     def largest_timestamp_ms(self) -> int:
         """Kafka's ``largestTimestamp``: the largest batch timestamp if any batch has a valid

@@ -36,8 +36,8 @@ written into the header (with a new CRC, the LogAppendTime bit cleared) where th
 differs, as Kafka's ``setMaxTimestamp`` does; the summaries carry it to the segment's indexes.
 
 The size limit runs in the kernel too (``kernel.first_batch_outside_limits``, one call);
-Python only names the error of the batch it points at. The log's plain path
-(``kernel.append_plain_batch``) applies the same checks to a single batch and declines
+Python only names the error of the batch it points at. The log's single-batch
+path (``segment_io.append_plain_batch``) applies the same checks to a single batch and declines
 whatever fails a limit, so these functions raise every error.
 
 Batches are summarised as plain tuples ``(position, size_bytes, attributes,

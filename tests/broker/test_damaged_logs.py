@@ -36,7 +36,8 @@ LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
 SEGMENT_BYTES = 4096
 RECORDS_PER_PARTITION = 60
-TEST_PROCESS_SPARE_FILES = 64
+# A soft open-file limit far below the 3 files per partition the active segments hold open.
+LOW_SOFT_OPEN_FILE_LIMIT = 256
 
 
 def _start(tmp_path: Path, overrides: dict[str, str] | None = None) -> BrokerProcess:
@@ -263,7 +264,7 @@ def test_gap_between_segments_takes_the_partition_offline(tmp_path):
 
 
 def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
-    """Each partition holds at least three files open (log, offset and time index): a soft
+    """Each partition's active segment holds three files open (log, offset and time index): a soft
     limit below that total must not take partitions offline (the broker raises it to the
     hard limit, as the JVM does for Kafka)."""
     topic, partitions = "many-partitions", 200
@@ -271,17 +272,11 @@ def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
     try:
         _create_topic(broker.bootstrap, topic, partitions)
         assert broker.stop() == 0
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        # room for this process's own files (Popen opens the broker's log file), far below
-        # what the broker needs for its 3 files per partition
-        low_soft = len(os.listdir("/proc/self/fd")) + TEST_PROCESS_SPARE_FILES
-        if low_soft >= 3 * partitions or hard <= 3 * partitions + low_soft:
-            pytest.skip(f"open-file limits (soft {low_soft}, hard {hard}) leave no room")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (low_soft, hard))
-        try:
-            broker.start()  # inherits the low soft limit
-        finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        if hard <= 3 * partitions + LOW_SOFT_OPEN_FILE_LIMIT:
+            pytest.skip(f"the hard open-file limit {hard} leaves no room")
+        broker.preexec_fn = _limit_soft_open_files_to(LOW_SOFT_OPEN_FILE_LIMIT)
+        broker.start()
         assert " ERROR " not in broker.log_text()
         with RawClient(broker.bootstrap) as client:
             metadata = client.request(METADATA, 12, {"topics": [{"name": topic}],
@@ -289,6 +284,75 @@ def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
             assert [p.error_code for p in metadata.topics[0].partitions] == [0] * partitions
             assert _produce(client, topic, _batch([b"x"]), partition=partitions - 1
                             ).error_code == 0
+    finally:
+        broker.stop()
+
+
+# Segment files a broker may not hold open at once: __consumer_offsets' 50 partitions and
+# LOW_LIMIT_PARTITIONS more keep their active segments open (3 files each); every other
+# partition's 3+ sealed segments must open only when read.
+LOW_OPEN_FILE_LIMIT = 512
+LOW_LIMIT_PARTITIONS = 40
+OFFSETS_TOPIC_PARTITIONS = 50
+
+
+def _limit_soft_open_files_to(limit: int):
+    def set_limit() -> None:  # runs in the broker process before it starts
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    return set_limit
+
+
+def _limit_open_files_to(limit: int):
+    def set_limit() -> None:  # runs in the broker process before it starts
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    return set_limit
+
+
+def _segment_file_count(data_dir: Path) -> int:
+    return sum(1 for _ in data_dir.glob("*/*.log")) + sum(
+        1 for _ in data_dir.glob("*/*index"))
+
+
+def _consume_every_partition(bootstrap: str, topic: str, written: dict[int, list]
+                             ) -> dict[int, list]:
+    """Every record of every partition of ``topic`` from offset 0, by partition (bounded by
+    the record count and CLIENT_TIMEOUT_S)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, partition, 0) for partition in written])
+    read: dict[int, list] = {partition: [] for partition in written}
+    total = sum(len(values) for values in written.values())
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    try:
+        while sum(len(values) for values in read.values()) < total and \
+                time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None:
+                assert message.error() is None, message.error()
+                read[message.partition()].append(message.value())
+    finally:
+        consumer.close()
+    return read
+
+
+def test_more_segment_files_than_even_the_hard_open_file_limit_load_and_serve(tmp_path):
+    """Sealed segments hold no descriptor until read: a data directory with more segment
+    files than the broker's hard RLIMIT_NOFILE (so raising the soft limit cannot help)
+    loads every partition and serves every record of each."""
+    topic = "many-segments"
+    broker = _start(tmp_path)
+    try:
+        _create_topic(broker.bootstrap, topic, LOW_LIMIT_PARTITIONS)
+        written = _fill_partitions(broker, topic, LOW_LIMIT_PARTITIONS)
+        assert broker.stop() == 0
+        assert _segment_file_count(broker.data_dir) > LOW_OPEN_FILE_LIMIT
+        assert 3 * (OFFSETS_TOPIC_PARTITIONS + LOW_LIMIT_PARTITIONS) < LOW_OPEN_FILE_LIMIT * 3 // 4
+        broker.preexec_fn = _limit_open_files_to(LOW_OPEN_FILE_LIMIT)
+        broker.start()
+        assert " ERROR " not in broker.log_text()
+        assert _consume_every_partition(broker.bootstrap, topic, written) == written
+        assert " ERROR " not in broker.log_text()
     finally:
         broker.stop()
 

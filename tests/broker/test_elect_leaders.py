@@ -5,6 +5,7 @@ error. The cluster's elections are in tests/cluster/test_cluster_brokers.py."""
 from datetime import timedelta
 
 from tests.broker.raw_client import RawClient
+from tests.cli.cli_runner import assert_user_error, run, run_json
 
 ELECT_LEADERS, CREATE_TOPICS = 43, 19
 ELECTION_NOT_NEEDED, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST = 84, 3, 42
@@ -39,3 +40,20 @@ def test_single_node_elect_leaders(broker):
             ("elect-me", 0): ELECTION_NOT_NEEDED}
         assert codes(elect(client, 1, [{"topic": "elect-me", "partitions": [0]}], 7)) == {
             ("elect-me", 0): INVALID_REQUEST}
+
+
+def test_elect_leaders_command(broker):
+    with RawClient(broker.bootstrap) as client:
+        client.request(CREATE_TOPICS, 7, {"validate_only": False, "topics": [
+            {"name": "elect-cli", "num_partitions": 2, "replication_factor": 1,
+             "assignments": [], "configs": []}]})
+    rows = run_json("cluster", "elect-leaders", "--topic", "elect-cli",
+                    "--bootstrap-server", broker.bootstrap)
+    assert rows == [{"topic": "elect-cli", "partition": p, "result": "ELECTION_NOT_NEEDED"}
+                    for p in (0, 1)]
+    assert_user_error(run("cluster", "elect-leaders", "--bootstrap-server", broker.bootstrap),
+                      "give either --topic")
+    assert_user_error(run("cluster", "elect-leaders", "--topic", "absent",
+                          "--bootstrap-server", broker.bootstrap), "does not exist")
+    assert_user_error(run("cluster", "elect-leaders", "--all-topic-partitions", "--election-type",
+                          "random", "--bootstrap-server", broker.bootstrap), "--election-type")

@@ -86,7 +86,7 @@ def _records(count: int) -> bytes:
 
 def _assert_refused(client: RawClient, topic: str, batch: bytes, error_code: int):
     """``batch`` is refused with ``error_code`` and nothing of it is stored. A valid batch
-    goes first, so the refused one meets the log's plain path (open after an append)."""
+    goes first, so the refused one meets the log's single-batch path (open after an append)."""
     valid = _sealed(_records(1), 1)
     assert _produce(client, topic, valid).error_code == 0
     answer = _produce(client, topic, batch)
@@ -209,7 +209,7 @@ def test_a_producers_log_append_time_bit_is_cleared_on_a_create_time_topic(broke
     topic = _topic(broker)
     section = codecs.compress(codec, _records(3))
     with RawClient(broker.bootstrap) as client:
-        for _ in range(2):  # general path, then plain path
+        for _ in range(2):  # general path, then single-batch path
             answer = _produce(client, topic, _sealed(section, 3, attributes=codec | 0x08,
                                                      base_timestamp=now_ms,
                                                      max_timestamp=now_ms + 50))

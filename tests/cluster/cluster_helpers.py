@@ -1,5 +1,6 @@
 """Helpers of the controller tests: brokers registered by their own kazoo sessions, a bounded
-wait on observed ZooKeeper state, and reading partition states and controller records."""
+wait on observed ZooKeeper state, and reading partition states and controller records (synced:
+the clients of a test may be connected to different nodes of the ensemble)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ def close(client: KazooClient) -> None:
 
 
 def partition_state(zk: KazooClient, topic: str, partition: int) -> records.PartitionState | None:
+    """The state as ZooKeeper has it now: ``sync`` first, as ``zk`` may be connected to another
+    ensemble node than the writer, which may not have applied the write yet."""
+    zk.sync(paths.partition_state_path(topic, partition))
     if zk.exists(paths.partition_state_path(topic, partition)) is None:
         return None
     return records.decode_partition_state(zk.get(paths.partition_state_path(topic, partition))[0])
@@ -68,10 +72,12 @@ def topic_states(zk: KazooClient, topic: str, partitions: int) -> dict[int, reco
 
 
 def controller_epoch(zk: KazooClient) -> int:
+    zk.sync(paths.CONTROLLER_EPOCH)
     return records.decode_controller_epoch(zk.get(paths.CONTROLLER_EPOCH)[0])
 
 
 def controller_id(zk: KazooClient) -> int | None:
+    zk.sync(paths.CONTROLLER)
     if zk.exists(paths.CONTROLLER) is None:
         return None
     return records.decode_controller_registration(zk.get(paths.CONTROLLER)[0]).broker_id

@@ -30,9 +30,11 @@ from tests.cluster.conftest import BROKER_SESSION_TIMEOUT_MS
 from tests.conftest import BrokerProcess
 
 FAILOVER_WAIT_S = 3 * BROKER_SESSION_TIMEOUT_MS / 1000 + 10  # generous: the bench measures it
-CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
+METADATA, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 19, 20, 37
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS, TOPIC = 32, 44, 2
 NOT_CONTROLLER = 41
+POLICY_VIOLATION, LEADER_NOT_AVAILABLE = 44, 5
+DESCRIBE_CLUSTER = 60
 ELECT_LEADERS, ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE = 43, 84, 80
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
@@ -47,7 +49,13 @@ class BrokerCluster:
                    "every broker registered")
 
     def controller(self) -> int:
-        return wait_until(lambda: controller_id(self.zk), "a controller")
+        """The controller's id, once its broker's metadata lists every live broker (its
+        ensemble node may apply the others' registrations a little after ours)."""
+        active = wait_until(lambda: controller_id(self.zk), "a controller")
+        live = set(self.zk.get_children(paths.BROKER_IDS))
+        wait_until(lambda: {str(b) for b in metadata_brokers(self.brokers[active])} >= live,
+                   "the controller's broker sees every broker")
+        return active
 
     def others(self, broker_id: int) -> list[int]:
         return [b for b in self.brokers if b != broker_id]
@@ -58,6 +66,35 @@ def cluster(cluster_brokers):
     cluster = BrokerCluster(cluster_brokers, (1, 2, 3))
     yield cluster
     close(cluster.zk)
+
+
+def metadata_brokers(broker: BrokerProcess) -> list[int]:
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False,
+                                                 "include_topic_authorized_operations": False})
+    return [b.node_id for b in response.brokers]
+
+
+def metadata_partitions(broker: BrokerProcess, topic: str) -> list[int]:
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(METADATA, 12, {"topics": [{"name": topic, "topic_id": None}],
+                                                 "allow_auto_topic_creation": False,
+                                                 "include_topic_authorized_operations": False})
+    return [p.partition_index for p in response.topics[0].partitions]
+
+
+def metadata_partition_errors(broker: BrokerProcess, topic: str) -> dict[int, int]:
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(METADATA, 12, {"topics": [{"name": topic, "topic_id": None}],
+                                                 "allow_auto_topic_creation": False,
+                                                 "include_topic_authorized_operations": False})
+    return {p.partition_index: p.error_code for p in response.topics[0].partitions}
+
+
+def described_controller(broker: BrokerProcess) -> int:
+    with RawClient(broker.bootstrap) as client:
+        return client.request(DESCRIBE_CLUSTER, 0, {
+            "include_cluster_authorized_operations": False}).controller_id
 
 
 def create_topics(broker: BrokerProcess, name: str, partitions: int, **overrides):
@@ -84,6 +121,9 @@ def test_sigkill_of_the_controller_elects_a_new_one_with_the_next_epoch(cluster)
                         "a new controller", timeout_s=FAILOVER_WAIT_S)
     assert second in cluster.others(first)
     assert controller_epoch(cluster.zk) == epoch + 1
+    for broker_id in cluster.others(first):
+        wait_until(lambda b=broker_id: described_controller(cluster.brokers[b]) == second,
+                   f"DescribeCluster on broker {broker_id} names the new controller")
 
 
 def test_create_topics_on_the_controller_spreads_12_leaders_4_4_4(cluster):
@@ -117,6 +157,7 @@ def test_delete_topics_removes_the_znodes(cluster):
     controller = cluster.brokers[cluster.controller()]
     create_topics(controller, "gone", 3)
     assert delete_topics(controller, "gone").error_code == 0
+    cluster.zk.sync("/")
     assert cluster.zk.exists(paths.topic_path("gone")) is None
     assert cluster.zk.exists(paths.topic_config_path("gone")) is None
     assert cluster.zk.get_children(paths.DELETE_TOPICS) == []
@@ -133,6 +174,10 @@ def test_partitions_of_a_killed_broker_go_offline_and_return_when_it_restarts(cl
     for p in led:
         wait_until(lambda p=p: partition_state(cluster.zk, "rf1", p).leader == -1,
                    "leader -1", timeout_s=FAILOVER_WAIT_S)
+    offline = wait_until(lambda: {p for p, code in metadata_partition_errors(
+        cluster.brokers[active], "rf1").items() if code == LEADER_NOT_AVAILABLE} == set(led),
+        "Metadata says LEADER_NOT_AVAILABLE for them")
+    assert offline
     cluster.brokers[victim].start()
     for p in led:
         wait_until(lambda p=p: partition_state(cluster.zk, "rf1", p).leader == victim, "leader back")
@@ -225,3 +270,59 @@ def test_elect_leaders_on_the_controller_and_elsewhere(cluster):
                     "--bootstrap-server", cluster.brokers[cluster.others(active)[1]].bootstrap)
     assert {(row["partition"], row["result"]) for row in rows} == {
         (p, "PREFERRED_LEADER_NOT_AVAILABLE" if p in led else "ELECTION_NOT_NEEDED") for p in range(3)}
+
+
+def test_create_partitions_and_validate_only_on_the_controller(cluster):
+    controller = cluster.brokers[cluster.controller()]
+    create_topics(controller, "growing", 2)
+    with RawClient(controller.bootstrap) as client:
+        dry = client.request(CREATE_TOPICS, 7, {"timeout": REQUEST_TIMEOUT, "validate_only": True,
+                                                "topics": [{"name": "dry", "num_partitions": 6,
+                                                            "replication_factor": 1,
+                                                            "assignments": [], "configs": []}]})
+        assert (dry.topics[0].error_code, dry.topics[0].num_partitions) == (0, 6)
+        grown = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [{"name": "growing", "count": 5,
+                                                                 "assignments": None}]})
+        assert grown.results[0].error_code == 0
+        again = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [{"name": "growing", "count": 5,
+                                                                 "assignments": None}]})
+        assert again.results[0].error_code == 37  # INVALID_PARTITIONS
+    cluster.zk.sync("/")
+    assert cluster.zk.exists(paths.topic_path("dry")) is None
+    states = topic_states(cluster.zk, "growing", 5)  # the new ones written before the answer
+    assert states and all(state.has_leader for state in states.values())
+    assert len(metadata_partitions(controller, "growing")) == 5
+
+
+def test_huge_partition_counts_are_policy_violations_and_the_cluster_carries_on(cluster):
+    controller = cluster.brokers[cluster.controller()]
+    assert create_topics(controller, "huge", 2**31 - 1).error_code == POLICY_VIOLATION
+    create_topics(controller, "small", 1)
+    with RawClient(controller.bootstrap) as client:
+        grown = client.request(CREATE_PARTITIONS, 3, {"timeout": REQUEST_TIMEOUT, "validate_only": False,
+                                                     "topics": [{"name": "small", "count": 2**31 - 1,
+                                                                 "assignments": None}]})
+    assert grown.results[0].error_code == POLICY_VIOLATION
+    cluster.zk.sync("/")
+    assert cluster.zk.exists(paths.topic_path("huge")) is None
+    assert create_topics(controller, "after", 3).error_code == 0
+    assert topic_states(cluster.zk, "after", 3)
+
+
+def test_delete_topics_with_deletion_disabled(cluster_brokers):
+    broker = cluster_brokers.start(1, **{"delete.topic.enable": "false"})
+    zk = zookeeper_client(cluster_brokers.zookeeper_connect)
+    try:
+        wait_until(lambda: controller_id(zk) == 1, "broker 1 is the controller")
+        wait_until(lambda: metadata_brokers(broker) == [1], "it sees itself")
+        assert create_topics(broker, "kept", 1).error_code == 0
+        assert delete_topics(broker, "kept").error_code == 73  # TOPIC_DELETION_DISABLED
+        with RawClient(broker.bootstrap) as client:
+            old = client.request(DELETE_TOPICS, 2, {"timeout": REQUEST_TIMEOUT, "topic_names": ["kept"]})
+        assert old.responses[0].error_code == 42  # INVALID_REQUEST before v3
+        zk.sync("/")
+        assert zk.exists(paths.topic_path("kept")) is not None
+    finally:
+        close(zk)

@@ -5,17 +5,26 @@ ElectLeaders and NOT_CONTROLLER. Brokers here are kazoo sessions holding ``/brok
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
+from headrace.broker.controller_service import ControllerService
 from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
-from headrace.cluster.controller import ELECTION_TYPE_PREFERRED, Controller
-from headrace.errors import ElectionNotNeeded, NotController, PreferredLeaderNotAvailable
+from headrace.cluster.controller import ELECTION_TYPE_PREFERRED, Controller, ControllerFenced
+from headrace.errors import (
+    ElectionNotNeeded,
+    KafkaError,
+    NotController,
+    PreferredLeaderNotAvailable,
+    RequestTimedOut,
+)
 from tests.cluster.cluster_helpers import (
     WAIT_TIMEOUT_S,
     close,
@@ -79,6 +88,15 @@ def cluster(connect):
     cluster.close()
 
 
+def active_seeing(cluster: Cluster) -> Controller:
+    """The active controller once it sees every broker of ``cluster`` (its ensemble node may
+    apply another client's registration a little later)."""
+    controller = wait_until(cluster.active, "a controller")
+    wait_until(lambda: set(cluster.sessions) <= set(
+        controller.submit(controller.live_broker_ids).result(WAIT_TIMEOUT_S)), "every broker seen")
+    return controller
+
+
 def create_topic(controller: Controller, name: str, partitions: int, **kwargs):
     return controller.submit(lambda: controller.create_topic(name, partitions, 1, {}, **kwargs)
                              ).result(WAIT_TIMEOUT_S)
@@ -100,7 +118,7 @@ def test_one_broker_wins_and_increments_the_epoch_then_another_takes_over(cluste
 def test_new_topic_gets_states_leader_first_live_replica_and_4_4_4_leaders(cluster, admin):
     for broker_id in (1, 2, 3):
         cluster.add_broker(broker_id)
-    controller = wait_until(cluster.active, "a controller")
+    controller = active_seeing(cluster)
     create_topic(controller, "orders", 12)
     states = topic_states(admin, "orders", 12)
     assert Counter(state.leader for state in states.values()) == {1: 4, 2: 4, 3: 4}
@@ -123,7 +141,7 @@ def test_topic_written_by_another_broker_gets_states_from_the_watch(cluster, adm
 def test_rf1_partitions_of_a_dead_broker_go_offline_and_return_with_it(cluster, admin):
     cluster.add_broker(1)
     cluster.add_broker(2, controller=False)
-    controller = wait_until(cluster.active, "a controller")
+    controller = active_seeing(cluster)
     create_topic(controller, "t", 4)
     before = topic_states(admin, "t", 4)
     on_two = [p for p, state in before.items() if state.leader == 2]
@@ -185,6 +203,7 @@ def test_a_controller_fenced_by_a_newer_epoch_writes_nothing(cluster, admin):
     wait_until(lambda: not stale.is_active, "the stale controller resigns")
     wait_until(lambda: stale.queued_event_count == 0, "its queue drained")
     assert stale.submit(lambda: None).exception(WAIT_TIMEOUT_S) is not None  # drained, inactive
+    admin.sync("/")
     assert admin.exists(paths.topic_partitions_path("late")) is None
     assert admin.exists(paths.CONTROLLER_EPOCH).mzxid == epoch_stat.mzxid
 
@@ -208,12 +227,12 @@ def write_rf2_topic(admin, topic: str, replicas: dict[int, tuple[int, ...]]) -> 
 def test_controlled_shutdown_moves_leadership_to_another_isr_member(cluster, admin):
     for broker_id in (1, 2):
         cluster.add_broker(broker_id, controller=broker_id == 1)
-    wait_until(cluster.active, "a controller")
+    active_seeing(cluster)
     write_rf2_topic(admin, "r", {0: (2, 1), 1: (1, 2)})
     wait_until(lambda: topic_states(admin, "r", 2), "states")
     assert partition_state(admin, "r", 0).leader == 2
     path = topic_admin.request_controlled_shutdown(
-        cluster.sessions[2], 2, admin.exists(paths.broker_id_path(2)).czxid)
+        cluster.sessions[2], 2, cluster.sessions[2].exists(paths.broker_id_path(2)).czxid)
     answer = wait_until(lambda: topic_admin.decode_controlled_shutdown(admin.get(path)[0])[1] is not None
                         and admin.get(path)[0], "the controller's answer")
     assert topic_admin.decode_controlled_shutdown(answer)[1] == []
@@ -224,7 +243,7 @@ def test_controlled_shutdown_moves_leadership_to_another_isr_member(cluster, adm
 def test_preferred_leader_election(cluster, admin):
     for broker_id in (1, 2):
         cluster.add_broker(broker_id, controller=broker_id == 1)
-    controller = wait_until(cluster.active, "a controller")
+    controller = active_seeing(cluster)
     write_rf2_topic(admin, "p", {0: (2, 1)})
     wait_until(lambda: topic_states(admin, "p", 1), "states")
     cluster.kill_broker(2)
@@ -239,6 +258,7 @@ def test_preferred_leader_election(cluster, admin):
     state = partition_state(admin, "p", 0)
     admin.set(paths.partition_state_path("p", 0), records.encode_partition_state(
         records.PartitionState(1, state.leader_epoch, (1, 2), state.controller_epoch)))
+    controller._zk.sync(paths.partition_state_path("p", 0))  # its node may lag the test's
     controller.submit(lambda: controller._refresh_state(controller._context, "p", 0)).result(WAIT_TIMEOUT_S)
     assert elect() == {("p", 0): None}
     assert partition_state(admin, "p", 0).leader == 2
@@ -264,3 +284,51 @@ def test_new_partition_without_a_live_replica_waits_for_it(cluster, admin):
     cluster.add_broker(7, controller=False)
     state = wait_until(lambda: partition_state(admin, "waiting", 1), "state once broker 7 is up")
     assert (state.leader, state.isr, state.leader_epoch) == (7, (7,), 0)
+
+
+def test_a_controller_fenced_while_it_still_holds_controller_makes_way_for_an_election(cluster, admin):
+    cluster.add_broker(1)
+    controller = wait_until(cluster.active, "a controller")
+    epoch = controller.epoch
+    # the epoch moves on under it (as a competing controller would move it)
+    admin.set(paths.CONTROLLER_EPOCH, records.encode_controller_epoch(epoch + 5))
+    topic_admin.create_topic_assignment(admin, "after", 1, 1, {})
+    # its next write is refused: it resigns, gives up /controller, and the election starts over
+    wait_until(lambda: controller.epoch == epoch + 6, "a new election after the fencing")
+    assert controller_epoch(admin) == epoch + 6 and controller_id(admin) == 1
+    state = wait_until(lambda: partition_state(admin, "after", 0), "the topic's state")
+    assert state.controller_epoch == epoch + 6
+
+
+def test_partitions_added_to_an_assignment_by_another_writer_get_states(cluster, admin):
+    cluster.add_broker(1)
+    active_seeing(cluster)
+    topic_admin.create_topic_assignment(admin, "extended", 1, 1, {})
+    wait_until(lambda: topic_states(admin, "extended", 1), "the first partition's state")
+    topic_admin.add_partitions(admin, "extended", 3)
+    states = wait_until(lambda: topic_states(admin, "extended", 3), "the added partitions' states")
+    assert {state.leader for state in states.values()} == {1}
+
+
+def test_the_broker_side_maps_zookeeper_failures_to_kafka_errors(cluster):
+    cluster.add_broker(1)
+    wait_until(cluster.active, "a controller")
+    membership = SimpleNamespace(session=SimpleNamespace(client=cluster.sessions[1]), broker_id=1)
+    service = ControllerService(membership, SimpleNamespace(get_bool=lambda _name: False))
+    service.controller = cluster.controllers[1]  # the running one, not a second candidate
+
+    def failing(error):
+        def action(_controller):
+            raise error
+        return action
+
+    async def outcome(action) -> type:
+        try:
+            await service.run(action, 10_000)
+        except KafkaError as error:
+            return type(error)
+        return type(None)
+
+    assert asyncio.run(outcome(failing(ConnectionLoss()))) is RequestTimedOut
+    assert asyncio.run(outcome(failing(SessionExpiredError()))) is NotController
+    assert asyncio.run(outcome(failing(ControllerFenced("fenced")))) is NotController

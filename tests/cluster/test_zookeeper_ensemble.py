@@ -45,6 +45,23 @@ def test_three_nodes_form_one_quorum_that_survives_losing_its_leader(
     assert zookeeper_ensemble.mode(leader) in SERVING_MODES
 
 
+def test_a_paused_follower_answers_nothing_while_the_others_serve(zookeeper_ensemble,
+                                                                  zookeeper_chroot):
+    follower = next(node for node in zookeeper_ensemble.node_ids
+                    if zookeeper_ensemble.mode(node) == "follower")
+    other = next(node for node in zookeeper_ensemble.node_ids if node != follower)
+    client = _client_of_node(zookeeper_ensemble, other)
+    zookeeper_ensemble.pause(follower)
+    try:
+        assert zookeeper_ensemble.mode(follower) is None
+        client.retry(client.create, zookeeper_chroot + "/while-paused", b"1", makepath=True)
+    finally:
+        zookeeper_ensemble.resume(follower)
+        client.stop()
+    zookeeper_ensemble.wait_until_all_serve()
+    assert zookeeper_ensemble.mode(follower) in SERVING_MODES
+
+
 def test_a_single_node_runs_standalone_and_stops_by_pid(tmp_path):
     ensemble = ZooKeeperEnsemble(tmp_path, size=1).start()
     try:

@@ -4,10 +4,10 @@ Valid record batches (every codec, control batches, headers) are mutated (``muta
 flips, boundary bytes, truncation, insertion) and, for half the cases, re-sealed with a
 correct CRC-32C so that the mutation reaches the record parsers behind the checksum. Each
 case goes through scan/decode_columns, decode_arrow, validate_batches,
-first_batch_outside_limits, index_batches, hash_keys, first_keyless_offset, map_batches,
-filter_batches, append_plain_batch/write_batch, crc32c, murmur2 and murmur3. Random Arrow
-column buffers (offsets out of order, negative or past the data, short validity) go through
-partition_rows and encode_batches.
+first_batch_outside_limits, hash_keys, first_keyless_offset, crc32c and murmur3 (protocol),
+index_batches, map_batches, filter_batches and append_plain_batch/write_batch (storage's
+segment_io) and murmur2 (the Spark encoder). The Spark encoder's column buffers have their
+own fuzzer (tests/spark/test_encoder_fuzz.py).
 
 The only outcomes allowed are a result or the documented exceptions (CorruptMessage,
 ValueError, OverflowError); a crash fails the run, and under ``make kernel-asan`` so does
@@ -26,8 +26,10 @@ import numpy as np
 import pytest
 
 from headrace.errors import CorruptMessage, InvalidRecord
-from headrace.protocol import _kernel, kernel
-from headrace.protocol.kernel import IndexState, PassScope
+from headrace.protocol import kernel
+from headrace.spark import encoder
+from headrace.storage import segment_io
+from headrace.storage.segment_io import IndexState, PassScope
 from tests.protocol.test_kernel import (
     SNAPPY_RAW,
     Batch,
@@ -40,7 +42,6 @@ from tests.protocol.test_kernel import (
 
 FUZZ_SEED = 20261125
 BATCH_CASES = 1500
-COLUMN_CASES = 1500
 NOW_MS = 1_700_000_000_000
 NO_LIMIT = 2**63 - 1
 # max_message_bytes, before/after_max_ms, required codec, compacted, from a client
@@ -54,8 +55,6 @@ MAP_SLOTS = 64
 ARROW_REGION_BYTES_PER_INPUT_BYTE = 16
 ARROW_BUFFERS = 9  # each aligned to ARROW_ALIGNMENT_BYTES
 EXPECTED_ERRORS = (CorruptMessage, InvalidRecord, kernel.RecordsRejected, ValueError, OverflowError)
-# a row count past any memory with no column to check it against (a column of nulls)
-COLUMN_ERRORS = (*EXPECTED_ERRORS, MemoryError)
 CRC_COVERED_FROM = 21  # a v2 batch's CRC-32C covers its bytes from the attributes on
 BATCH_LENGTH_AT = 8
 LOG_OVERHEAD_BYTES = 12
@@ -122,33 +121,33 @@ def _through_validation(buf: bytes) -> None:
     if summaries:
         _expect_clean(kernel.first_batch_outside_limits, summaries, 1 << 20, NOW_MS,
                       NO_LIMIT, NO_LIMIT, True)
-    _expect_clean(kernel.index_batches, buf, 0, len(buf), 0, -1, 64, FRESH_INDEX)
-    _expect_clean(kernel.index_batches, buf, 4096, 4096 + len(buf) // 2, 100, 102, 1,
+    _expect_clean(segment_io.index_batches, buf, 0, len(buf), 0, -1, 64, FRESH_INDEX)
+    _expect_clean(segment_io.index_batches, buf, 4096, 4096 + len(buf) // 2, 100, 102, 1,
                   FRESH_INDEX)
 
 
 def _through_cleaner(buf: bytes) -> None:
     fingerprints = np.zeros(MAP_SLOTS, np.uint64)
     words = np.zeros(MAP_SLOTS, np.uint32)
-    built = _expect_clean(kernel.map_batches, buf, fingerprints, words, ALL_KEYS, 0, 1 << 20,
+    built = _expect_clean(segment_io.map_batches, buf, fingerprints, words, ALL_KEYS, 0, 1 << 20,
                           verify_crc=False)
     if built is not None:
-        _expect_clean(kernel.filter_batches, buf, fingerprints, words, ALL_KEYS, 0, NOW_MS,
+        _expect_clean(segment_io.filter_batches, buf, fingerprints, words, ALL_KEYS, 0, NOW_MS,
                       NOW_MS, np.array([102, 105], np.int64), verify_crc=False)
 
 
 def _through_append(buf: bytes, fd: int) -> None:
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
-    appended = _expect_clean(kernel.append_plain_batch, buf, fd, 500, NO_LIMIT, NO_LIMIT,
+    appended = _expect_clean(segment_io.append_plain_batch, buf, fd, 500, NO_LIMIT, NO_LIMIT,
                              NOW_MS, OPEN_LIMITS)
     if appended is not None and not appended[2]:
-        kernel.write_batch(buf, fd, 500)  # validated, carries a producer id: written here
+        segment_io.write_batch(buf, fd, 500)  # validated, carries a producer id: written here
 
 
 def _through_hashes(buf: bytes) -> None:
     assert kernel.crc32c(buf) == crc32c.crc32c(buf)
-    kernel.murmur2(buf)
+    encoder.murmur2(buf)
     kernel.murmur3_x64_128(buf, len(buf))
 
 
@@ -172,69 +171,6 @@ def test_every_batch_entry_point_survives_mutated_batches(tmp_path):
     finally:
         os.close(fd)
     assert reached_records > 0  # some mutated inputs still parse: the parsers were reached
-
-
-# ---------------------------------------------------------------- column buffers
-
-
-def _random_column(rng: random.Random, rows: int):
-    """An Arrow binary column spec, usually valid, sometimes with broken offsets/lengths."""
-    if rng.random() < 0.1:
-        return None
-    lengths = [rng.choice([0, 0, 1, 3, 17]) for _ in range(rows)]
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    data = rng.randbytes(int(offsets[-1]))
-    valid = None if rng.random() < 0.5 else np.array(
-        [rng.random() < 0.8 for _ in range(rows)], np.bool_)
-    breakage = rng.random()
-    if breakage < 0.1 and rows:
-        offsets[rng.randrange(rows + 1)] = rng.choice([-1, 2**31 - 1, -(2**31)])
-    elif breakage < 0.2:
-        offsets = offsets[:rng.randrange(len(offsets))]
-    elif breakage < 0.25 and data:
-        data = data[:-1]
-    elif breakage < 0.3 and valid is not None and rows:
-        valid = valid[:-1]
-    return (np.ascontiguousarray(offsets), data, valid)
-
-
-def _random_headers(rng: random.Random, rows: int):
-    if rng.random() < 0.4:
-        return None
-    per_row = [rng.randrange(3) for _ in range(rows)]
-    list_offsets = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int32)
-    entries = int(list_offsets[-1])
-    claimed_entries = entries + (rng.choice([-1, 1, 2**62]) if rng.random() < 0.1 else 0)
-    keys = _random_column(rng, entries) or (np.zeros(1, np.int32), b"", None)
-    list_valid = None if rng.random() < 0.5 else np.ones(rows, np.bool_)
-    return (list_offsets, list_valid, keys, _random_column(rng, entries), claimed_entries)
-
-
-def _column_case(rng: random.Random) -> None:
-    rows = rng.choice([0, 1, 2, 5, 40])
-    claimed_rows = rows if rng.random() < 0.8 else rng.choice([rows + 1, 2**61, 2**62])
-    keys, values = _random_column(rng, rows), _random_column(rng, rows)
-    explicit = None if rng.random() < 0.5 else np.array(
-        [rng.choice([-1, -1, 0, 1, 2, 3, -2]) for _ in range(rows)], np.int32)
-    _expect_clean(_kernel.partition_rows, claimed_rows, keys, values, explicit, 3,
-                  rng.randrange(3), rng.randrange(100), rng.choice([1, 16, 16384]),
-                  errors=COLUMN_ERRORS)
-    selection = np.array([rng.choice([0, rows - 1, rows, -1]) for _ in range(rows + 1)],
-                         np.int32)
-    extra = None if rng.random() < 0.5 else (rng.randbytes(3), rng.randbytes(2))
-    _expect_clean(_kernel.encode_batches, claimed_rows, keys, values,
-                  _random_headers(rng, rows), extra, selection, NOW_MS,
-                  (rng.choice([-1, 7]), 0, 2**31 - 2), 0, rng.choice([61, 100, 1 << 20]),
-                  errors=COLUMN_ERRORS)
-
-
-def test_partition_and_encode_survive_random_column_buffers():
-    for case in range(COLUMN_CASES):
-        rng = random.Random(f"{FUZZ_SEED}:columns:{case}")
-        try:
-            _column_case(rng)
-        except Exception as error:
-            raise AssertionError(f"seed {FUZZ_SEED} column case {case}") from error
 
 
 @pytest.mark.parametrize("case", range(5))

@@ -217,3 +217,13 @@ def test_a_program_merges_fixed_width_fields_and_sizes_items_for_the_count_check
     partitions_op = program.field_names.index("topics.partitions")
     assert ops[4 * partitions_op:4 * partitions_op + 4][0] == prepass.OP_ARRAY_STRUCT
     assert ops[4 * partitions_op + 3] == 33  # 32 fixed bytes + the tagged-field count
+
+
+@pytest.mark.parametrize(("count_bytes", "problem"), [
+    (b"\xff\xff", "unsigned varint overruns the frame"),
+    (b"\xff" * 5, "unsigned varint longer than 5 bytes"),  # exactly at the frame's end
+    (b"\xff" * 5 + b"\x01", "unsigned varint longer than 5 bytes"),
+])
+def test_a_compact_count_cut_short_or_running_long_is_named_for_which(count_bytes, problem):
+    metadata = wire.request_class(3, 12)
+    assert prepass.problem_in(metadata, count_bytes, 0) == f"MetadataRequest.topics: {problem}"

@@ -172,8 +172,9 @@ def test_wheel_holds_the_data_source_module_and_the_extensions_and_its_short_nam
     (wheel,) = wheel_dir.glob("headrace-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "pyspark_headrace/__init__.py" in names
-    for extension in ("_kernel", "_prepass"):
-        assert any(name.startswith(f"headrace/protocol/{extension}.") and name.endswith(".so")
+    for extension in ("protocol/_kernel", "protocol/_prepass", "protocol/_message_format",
+                      "storage/_segment_io", "spark/_encoder", "broker/_scheduling"):
+        assert any(name.startswith(f"headrace/{extension}.") and name.endswith(".so")
                    for name in names), extension
 
     python = _new_environment(tmp_path / "wheel-venv")

@@ -8,7 +8,7 @@ import pytest
 from conftest import append, new_topic
 from pyspark.sql import Row
 
-from headrace.protocol.kernel import murmur2
+from headrace.spark.encoder import murmur2
 from headrace.spark.sink import BATCH_ID_HEADER
 
 pytestmark = pytest.mark.spark

@@ -1,4 +1,4 @@
-"""The sink's encoder: Arrow columns -> v2 batches (kernel.encode_batches) and partitioning.
+"""The sink's encoder: Arrow columns -> v2 batches (encoder.encode_batches) and partitioning.
 
 Batches are checked with the project's own decoder (``decode_columns``) and validator
 (``validate_batches``): every row comes back byte-identical, nulls and headers included.
@@ -16,15 +16,14 @@ from hypothesis import strategies as st
 
 from headrace.errors import InvalidRecord
 from headrace.protocol.compression import LZ4, NONE
-from headrace.protocol.kernel import (
+from headrace.protocol.kernel import decode_columns, validate_batches
+from headrace.spark.encoder import (
     ProducerFields,
     StickyPartition,
-    decode_columns,
     encode_batches,
     increment_sequence,
     murmur2,
     partition_rows,
-    validate_batches,
 )
 from headrace.spark.sink_wire import binary_column, header_column
 

@@ -13,7 +13,8 @@ from headrace.client.broker_connection import request_header_bytes
 from headrace.errors import InvalidRecord, UnknownTopicOrPartition
 from headrace.protocol import wire
 from headrace.protocol.compression import LZ4, NONE
-from headrace.protocol.kernel import BinaryColumn, ProducerFields, decode_columns, encode_batches
+from headrace.protocol.kernel import decode_columns
+from headrace.spark.encoder import BinaryColumn, ProducerFields, encode_batches
 from headrace.spark.wire_fetch import (
     LATEST_TIMESTAMP,
     FetchClientConfig,

@@ -170,7 +170,7 @@ def test_segments_roll_on_size_time_and_full_index(scratch):
 
 def test_segment_jitter_is_within_bounds(scratch):
     log = open_log(scratch, segment_ms=1000, segment_jitter_ms=400)
-    assert 0 <= log._segment_jitter_ms < 400
+    assert 0 <= log._roll_policy.jitter_ms < 400
 
 
 def test_flush_messages_advances_the_recovery_point(scratch):

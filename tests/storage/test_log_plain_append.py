@@ -1,6 +1,7 @@
-"""Log.append's plain path (one kernel call writes to the segment) against the general path.
+"""Log.append's single-batch path (one kernel call writes to the segment) against the general
+path.
 
-A log on the real file system takes the plain path for single plain batches; the same log
+A log on the real file system takes the single-batch path for single batches; the same log
 on a wrapping file system (any ``RealFileSystem`` subclass) always takes the general path.
 Driven through the same operations -- plain, producer, multi-batch, compressed, damaged,
 oversized and badly timestamped requests, clock jumps past segment.ms, small segments and
@@ -126,7 +127,7 @@ def test_the_kernel_writes_plain_batches_and_the_wrapper_sees_every_other_write(
     log = Log("t", 0, scratch / "t-0", LogConfig(), fs, NOW_MS, clean_shutdown=True)
     for _ in range(5):
         log.append(build_batch([b"plain"]), NOW_MS)
-    assert len(writes) == 1  # the first append opens the plain path; the kernel writes the rest
+    assert len(writes) == 1  # the first append opens the single-batch path; the kernel writes the rest
     idempotent = build_batch([b"a"], producer_id=3, producer_epoch=0, base_sequence=0)
     log.append(bytearray(idempotent), NOW_MS)
     assert log.append(bytearray(idempotent), NOW_MS).duplicate  # a retry: nothing written
@@ -142,4 +143,4 @@ def test_log_append_time_topics_never_take_the_plain_path(scratch, setting):
               clean_shutdown=True)
     for _ in range(3):
         assert log.append(build_batch([b"a"]), NOW_MS + 5).log_append_time_ms == NOW_MS + 5
-    assert log._plain_gate is None
+    assert log._single_batch_window is None

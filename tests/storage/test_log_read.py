@@ -89,7 +89,7 @@ def test_a_remembered_position_is_not_used_once_the_cleaner_replaced_its_segment
         log.append(records_build_batch([record]), NOW_MS)
     first = _batches_read(log, 0, 300)
     next_offset = first[-1][1] + 1  # a sequential reader's next offset, now remembered
-    assert next_offset in log._next_batches
+    assert next_offset in log._local._next_batches
     assert Cleaner(OffsetMap(1 << 20)).clean(log, 0, NOW_MS) is not None
     assert log.segments[0].size_bytes < 2000  # the first segment was rewritten smaller
     stored = _batches_read(log, log.log_start_offset, 1 << 30)

@@ -253,7 +253,7 @@ def test_records_without_timestamps_store_max_timestamp_minus_one(scratch, codec
     stored as -1 (no timestamp), never as 1970, which time retention would delete at once."""
     untimed = [(b"k", b"v", [], -1)] * 3
     log = _open(scratch)
-    for _ in range(2):  # general path, then plain path
+    for _ in range(2):  # general path, then single-batch path
         log.append(_with_header_max_timestamp(build_batch(untimed, compression=codec), 0),
                    NOW_MS)
     assert [batch.header.max_timestamp for batch in _stored(log)] == [-1, -1]
@@ -264,7 +264,7 @@ def test_records_without_timestamps_store_max_timestamp_minus_one(scratch, codec
 @pytest.mark.parametrize("codec", [codecs.NONE, codecs.LZ4])
 def test_the_callers_buffer_is_never_changed(scratch, codec):
     log = _open(scratch)
-    for _ in range(2):  # general path, then plain path
+    for _ in range(2):  # general path, then single-batch path
         sent = _with_header_max_timestamp(build_batch(_records(4), compression=codec), 0)
         original = bytes(sent)
         log.append(sent, NOW_MS)

@@ -1,4 +1,4 @@
-"""The cleaner's span passes (``kernel.map_span`` / ``kernel.filter_span``) against the
+"""The cleaner's span passes (``segment_io.map_span`` / ``segment_io.filter_span``) against the
 buffer passes they stand for (``map_batches`` / ``filter_batches`` over the whole file):
 real files, chunks smaller than the batches, batches straddling chunk ends, spans resumed
 where they stopped, and the early stops (compressed batch, batch larger than the buffer,
@@ -20,10 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from headrace.broker.scheduling import note_broker_request
 from headrace.errors import CorruptMessage
-from headrace.protocol import kernel
 from headrace.protocol.compression import GZIP
-from headrace.protocol.kernel import (
+from headrace.protocol.kernel import decode_columns
+from headrace.protocol.records import build_batch
+from headrace.storage import segment_io
+from headrace.storage.segment_io import (
     DIRECT_READ_ALIGN_BYTES,
     DIRECT_READ_SLACK_BYTES,
     SPAN_COMPRESSED,
@@ -33,16 +36,13 @@ from headrace.protocol.kernel import (
     IndexState,
     OutputIndex,
     PassScope,
-    decode_columns,
     filter_batches,
     filter_span,
     index_batches,
     map_batches,
     map_span,
-    note_broker_request,
     use_cachestat,
 )
-from headrace.protocol.records import build_batch
 from tests.page_cache import cached_pages, drop_from_page_cache
 
 NOW_MS = 1_700_000_000_000
@@ -320,20 +320,20 @@ def page_cache_probe(request):
 
 _PAGE_CACHE_PROBE_CHILD = textwrap.dedent("""
     import json, os, sys
-    from headrace.protocol import kernel
+    from headrace.storage import segment_io
     from tests.kernel_features import cachestat
     path = sys.argv[1]
-    probe_at_import = kernel.page_cache_probe()
+    probe_at_import = segment_io.page_cache_probe()
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     os.write(fd, os.urandom(64 * 4096))
     os.fsync(fd)
-    cached_after_write = kernel.page_cache_holds(fd, 0, 64 * 4096)
+    cached_after_write = segment_io.page_cache_holds(fd, 0, 64 * 4096)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     truth = cachestat(fd)
     print(json.dumps({
-        "probe_at_import": probe_at_import, "probe_after_use": kernel.page_cache_probe(),
+        "probe_at_import": probe_at_import, "probe_after_use": segment_io.page_cache_probe(),
         "cached_after_write": cached_after_write,
-        "cached_after_drop": kernel.page_cache_holds(fd, 0, 64 * 4096),
+        "cached_after_drop": segment_io.page_cache_holds(fd, 0, 64 * 4096),
         "cached_pages_after_drop": None if truth is None else truth.nr_cache}))
 """)
 
@@ -346,7 +346,7 @@ def test_each_page_cache_probe_forced_by_the_environment_tells_cached_from_dropp
     spans use (page_cache_probe()); that probe finds a file just written cached and, once its
     pages are dropped (cachestat's count of them as the truth, where the kernel has it), not."""
     root = str(Path(__file__).resolve().parents[2])
-    environment = {**os.environ, kernel.PAGE_CACHE_PROBE_ENV: probe,
+    environment = {**os.environ, segment_io.PAGE_CACHE_PROBE_ENV: probe,
                    "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     child = subprocess.run([sys.executable, "-c", _PAGE_CACHE_PROBE_CHILD, str(tmp_path / "f")],
                            capture_output=True, text=True, check=True, env=environment)

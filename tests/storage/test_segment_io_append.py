@@ -1,5 +1,5 @@
-"""kernel.append_plain_batch and write_batch: the append path's one-call validate, offset and
-write; and the folded CRC-32C they use, at each of its loop boundaries.
+"""segment_io.append_plain_batch and write_batch: the append path's one-call validate, offset
+and write; and the CRC-32C variants they use, at each of the folded one's loop boundaries.
 
 Its decision is checked against the two calls the general append path makes
 (``validate_batches`` with its record checks, then ``first_batch_outside_limits``) plus the
@@ -30,6 +30,7 @@ from headrace.protocol import kernel
 from headrace.protocol.batch import COMPRESSION_MASK, CONTROL_BIT, TIMESTAMP_TYPE_BIT
 from headrace.protocol.compression import GZIP, NONE
 from headrace.protocol.records import build_batch
+from headrace.storage import segment_io
 
 NOW_MS = 1_700_000_000_000
 NO_LIMIT = 2**63 - 1
@@ -126,7 +127,7 @@ def test_decides_and_raises_exactly_as_the_general_path(tmp_path, buf, max_size_
             expected = _reference(bytearray(buf), *arguments)
         except CorruptMessage as error:  # raised alike, or declined for the general path
             try:
-                declined = kernel.append_plain_batch(buf, fd, base_offset, max_size_bytes,
+                declined = segment_io.append_plain_batch(buf, fd, base_offset, max_size_bytes,
                                                      max_last_offset, NOW_MS, limits)
             except CorruptMessage as raised:
                 assert str(raised) == str(error)
@@ -134,7 +135,7 @@ def test_decides_and_raises_exactly_as_the_general_path(tmp_path, buf, max_size_
                 assert declined is None
             expected = None
         else:
-            assert kernel.append_plain_batch(buf, fd, base_offset, max_size_bytes,
+            assert segment_io.append_plain_batch(buf, fd, base_offset, max_size_bytes,
                                              max_last_offset, NOW_MS, limits) == expected
         written = path.read_bytes()
     finally:
@@ -159,7 +160,7 @@ def test_a_damaged_batch_in_scope_raises_what_validate_batches_raises(tmp_path, 
         kernel.validate_batches(bytes(buf))
     fd = os.open(tmp_path / "segment.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     with pytest.raises(CorruptMessage) as raised:
-        kernel.append_plain_batch(buf, fd, 5, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+        segment_io.append_plain_batch(buf, fd, 5, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
     os.close(fd)
     assert str(raised.value) == str(expected.value)
     assert os.path.getsize(tmp_path / "segment.log") == 0 and buf[:8] == bytes(8)
@@ -169,9 +170,9 @@ def test_appends_after_what_the_file_holds_and_returns_last_offset_and_max_times
     path = tmp_path / "segment.log"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     first, second = _batch(3), _batch(5, NOW_MS + 100)
-    assert kernel.append_plain_batch(first, fd, 10, NO_LIMIT, NO_LIMIT, NOW_MS,
+    assert segment_io.append_plain_batch(first, fd, 10, NO_LIMIT, NO_LIMIT, NOW_MS,
                                      OPEN_LIMITS) == (12, NOW_MS + 2, True)
-    assert kernel.append_plain_batch(second, fd, 13, NO_LIMIT, NO_LIMIT, NOW_MS,
+    assert segment_io.append_plain_batch(second, fd, 13, NO_LIMIT, NO_LIMIT, NOW_MS,
                                      OPEN_LIMITS) == (17, NOW_MS + 104, True)
     os.close(fd)
     assert path.read_bytes() == (struct.pack(">q", 10) + first[8:]
@@ -185,10 +186,10 @@ def test_a_producer_batch_is_validated_then_written_by_write_batch(tmp_path):
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     batch = _batch(2, producer_id=7, producer_epoch=0, base_sequence=4)
     original = bytes(batch)
-    assert kernel.append_plain_batch(batch, fd, 20, NO_LIMIT, NO_LIMIT, NOW_MS,
+    assert segment_io.append_plain_batch(batch, fd, 20, NO_LIMIT, NO_LIMIT, NOW_MS,
                                      OPEN_LIMITS) == (21, NOW_MS + 1, False)
     assert path.read_bytes() == b"" and bytes(batch) == original
-    kernel.write_batch(memoryview(original), fd, 20)
+    segment_io.write_batch(memoryview(original), fd, 20)
     os.close(fd)
     assert path.read_bytes() == struct.pack(">q", 20) + original[8:]
     assert bytes(batch) == original
@@ -199,21 +200,21 @@ def test_write_batch_rejects_what_it_cannot_write(tmp_path):
     path.write_bytes(b"")
     fd = os.open(path, os.O_RDONLY)
     with pytest.raises(OSError):
-        kernel.write_batch(_batch(), fd, 0)
+        segment_io.write_batch(_batch(), fd, 0)
     os.close(fd)
     with pytest.raises(TypeError):
-        kernel.write_batch("not a buffer", 1, 0)
+        segment_io.write_batch("not a buffer", 1, 0)
     with pytest.raises(ValueError):
-        kernel.write_batch(bytearray(11), 1, 0)
+        segment_io.write_batch(bytearray(11), 1, 0)
     with pytest.raises(TypeError):
-        kernel.write_batch(_batch(), 1)
+        segment_io.write_batch(_batch(), 1)
     assert path.read_bytes() == b""
 
 
 def test_objects_that_are_no_buffer_are_declined_for_the_general_path_to_report(tmp_path):
     fd = os.open(tmp_path / "segment.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     for buf in ("not a buffer", None, memoryview(bytes(_batch()) * 2)[::2]):
-        assert kernel.append_plain_batch(buf, fd, 0, NO_LIMIT, NO_LIMIT, NOW_MS,
+        assert segment_io.append_plain_batch(buf, fd, 0, NO_LIMIT, NO_LIMIT, NOW_MS,
                                          OPEN_LIMITS) is None
     os.close(fd)
     assert os.path.getsize(tmp_path / "segment.log") == 0
@@ -222,13 +223,13 @@ def test_objects_that_are_no_buffer_are_declined_for_the_general_path_to_report(
 def test_malformed_arguments_raise():
     buf = _batch()
     with pytest.raises(TypeError):
-        kernel.append_plain_batch(buf, 1, 0, NO_LIMIT, NO_LIMIT, NOW_MS)
+        segment_io.append_plain_batch(buf, 1, 0, NO_LIMIT, NO_LIMIT, NOW_MS)
     with pytest.raises(TypeError):
-        kernel.append_plain_batch(buf, 1, 0, NO_LIMIT, NO_LIMIT, NOW_MS, (1, 2, 3))
+        segment_io.append_plain_batch(buf, 1, 0, NO_LIMIT, NO_LIMIT, NOW_MS, (1, 2, 3))
     with pytest.raises(TypeError):
-        kernel.append_plain_batch(buf, "1", 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+        segment_io.append_plain_batch(buf, "1", 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
     with pytest.raises(ValueError):
-        kernel.append_plain_batch(buf, -1, 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+        segment_io.append_plain_batch(buf, -1, 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
     assert buf == _batch()  # nothing rewritten
 
 
@@ -237,7 +238,7 @@ def test_a_descriptor_that_cannot_write_raises_oserror(tmp_path):
     path.write_bytes(b"")
     fd = os.open(path, os.O_RDONLY)
     with pytest.raises(OSError):
-        kernel.append_plain_batch(_batch(), fd, 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+        segment_io.append_plain_batch(_batch(), fd, 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
     os.close(fd)
     assert path.read_bytes() == b""
 
@@ -245,6 +246,7 @@ def test_a_descriptor_that_cannot_write_raises_oserror(tmp_path):
 _FILE_SIZE_LIMITED_CHILD = textwrap.dedent("""
     import errno, os, resource, signal, sys
     from headrace.protocol import kernel
+    from headrace.storage import segment_io
     from headrace.protocol.records import build_batch
     path, past_first_bytes = sys.argv[1], int(sys.argv[2])
     first = bytearray(build_batch([(None, b"a" * 100, [], 0)]))
@@ -254,9 +256,9 @@ _FILE_SIZE_LIMITED_CHILD = textwrap.dedent("""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     limits = (2**63 - 1, 2**63 - 1, 2**63 - 1, -1, False, False)
-    kernel.append_plain_batch(first, fd, 0, 2**62, 2**62, 0, limits)
+    segment_io.append_plain_batch(first, fd, 0, 2**62, 2**62, 0, limits)
     try:
-        kernel.append_plain_batch(second, fd, 1, 2**62, 2**62, 0, limits)
+        segment_io.append_plain_batch(second, fd, 1, 2**62, 2**62, 0, limits)
     except OSError as error:
         print(errno.errorcode[error.errno], len(first), os.fstat(fd).st_size)
 """)
@@ -287,11 +289,14 @@ def test_crc32c_agrees_with_the_reference_across_every_folding_boundary():
 
 
 _CRC_VARIANT_CHILD = textwrap.dedent("""
-    import os, sys
+    import os, struct, sys
     import crc32c
+    import numpy as np
     from headrace.errors import CorruptMessage
     from headrace.protocol import kernel
     from headrace.protocol.records import build_batch
+    from headrace.spark import encoder
+    from headrace.storage import segment_io
     data = os.urandom(3 * 4096 + 700)
     for length in [*range(0, 600), 1023, 1024, 1025, 4095, 4096, 4097, 12_288 + 655]:
         for skip in (0, 5):
@@ -304,19 +309,33 @@ _CRC_VARIANT_CHILD = textwrap.dedent("""
         kernel.validate_batches(batch)
     except CorruptMessage:
         print(kernel.CRC32C_VARIANT)
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
+    limits = (2**63 - 1, 2**63 - 1, 2**63 - 1, -1, False, False)
+    try:  # the storage extension's append path checks with its own copy of the CRC
+        segment_io.append_plain_batch(batch, fd, 0, 2**63 - 1, 2**63 - 1, 1_700_000_000_000,
+                                      limits)
+    except CorruptMessage:
+        print(segment_io.CRC32C_VARIANT)
+    values = encoder.BinaryColumn(np.array([0, 5000], np.int32), b"v" * 5000)
+    sealed = encoder.encode_batches(1, None, values, None, None, np.zeros(1, np.int32),
+                                    1_700_000_000_000, encoder.ProducerFields(), 0, 1 << 20)
+    if struct.unpack_from(">I", sealed.data, 17)[0] == crc32c.crc32c(memoryview(sealed.data)[21:]):
+        print(encoder.CRC32C_VARIANT)  # the spark extension seals with its own copy
 """)
 
 
 @pytest.mark.parametrize("variant", [
     pytest.param(variant, marks=pytest.mark.required_where(f"crc32c_{variant}"))
     for variant in ("portable", "interleaved", "folded")])
-def test_every_crc32c_variant_agrees_with_the_reference(variant):
+def test_every_crc32c_variant_agrees_with_the_reference(variant, tmp_path):
     """Each variant, forced through HEADRACE_KERNEL_CRC32C in a process of its own (the one
     this process picked is only the CPU's fastest): the same CRCs as the reference, and
-    validation still catches a flipped bit, with that variant in use (CRC32C_VARIANT)."""
+    validation still catches a flipped bit, with that variant in use (CRC32C_VARIANT) -- in
+    each extension that computes CRCs (protocol's, storage's append path, the Spark encoder),
+    which all read the switch."""
     if variant not in kernel.CRC32C_VARIANTS_SUPPORTED:
         pytest.skip(f"this CPU cannot run the {variant} CRC-32C")
     environment = {**os.environ, kernel.CRC32C_VARIANT_ENV: variant}
-    child = subprocess.run([sys.executable, "-c", _CRC_VARIANT_CHILD], capture_output=True,
-                           text=True, check=True, env=environment)
-    assert child.stdout.split() == [variant]
+    child = subprocess.run([sys.executable, "-c", _CRC_VARIANT_CHILD, str(tmp_path / "log")],
+                           capture_output=True, text=True, check=True, env=environment)
+    assert child.stdout.split() == [variant] * 3

@@ -1,4 +1,4 @@
-"""The kernel's size and capacity checks: row counts whose byte sizes overflow 64 bits, and
+"""The Spark encoder's size and capacity checks: row counts whose byte sizes overflow 64 bits, and
 the fixed array of buffers a call holds while its GIL is released (``HELD_VIEWS_MAX``).
 
 Calls that crashed the process before their check existed run in a child interpreter, so a
@@ -14,8 +14,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from headrace.protocol import _kernel
-from headrace.protocol.kernel import (
+from headrace.spark import encoder
+from headrace.spark.encoder import (
     BinaryColumn,
     HeaderColumn,
     ProducerFields,
@@ -41,9 +41,9 @@ def _two_row_column() -> BinaryColumn:
 @pytest.mark.parametrize("rows", [ROWS_OVERFLOWING_SIZE, ROWS_PAST_ANY_MEMORY])
 def test_partition_rows_of_a_huge_row_count_is_a_memory_error_not_a_crash(rows):
     child = _run_child(f"""
-        from headrace.protocol import _kernel
+        from headrace.spark import _encoder
         try:
-            _kernel.partition_rows({rows}, None, None, None, 3, 0, 0, 16384)
+            _encoder.partition_rows({rows}, None, None, None, 3, 0, 0, 16384)
         except MemoryError:
             print("MemoryError")
         """)
@@ -55,12 +55,12 @@ def test_partition_rows_of_a_huge_row_count_is_a_memory_error_not_a_crash(rows):
 def test_a_column_is_never_long_enough_for_an_overflowing_row_count(rows):
     child = _run_child(f"""
         import numpy as np
-        from headrace.protocol import _kernel
+        from headrace.spark import _encoder
         column = (np.array([0, 1], np.int32), b"k", None)
-        for call in (lambda: _kernel.partition_rows({rows}, column, column, None, 3, 0, 0, 1),
-                     lambda: _kernel.partition_rows({rows}, None, None,
+        for call in (lambda: _encoder.partition_rows({rows}, column, column, None, 3, 0, 0, 1),
+                     lambda: _encoder.partition_rows({rows}, None, None,
                                                     np.zeros(1, np.int32), 3, 0, 0, 1),
-                     lambda: _kernel.encode_batches({rows}, column, column, None, None,
+                     lambda: _encoder.encode_batches({rows}, column, column, None, None,
                                                     np.zeros(1, np.int32), 0, (-1, -1, 0),
                                                     0, 1 << 20)):
             try:
@@ -95,15 +95,15 @@ def _every_column_spec(rows: int) -> dict:
 BUFFERS_OF_THE_FULLEST_CALL = 17  # keys 3, values 3, headers 2 + 3 + 3, extra 2, selection 1
 
 
-@pytest.mark.skipif(_kernel.HELD_VIEWS_MAX < BUFFERS_OF_THE_FULLEST_CALL,
+@pytest.mark.skipif(encoder.HELD_VIEWS_MAX < BUFFERS_OF_THE_FULLEST_CALL,
                     reason="a test build with a shrunken HELD_VIEWS_MAX")
 def test_the_fullest_encode_call_fits_the_held_views():
     encoded = encode_batches(**_every_column_spec(3))
     assert encoded.bounds[:, 2].sum() == 3
 
 
-@pytest.mark.skipif(_kernel.HELD_VIEWS_MAX >= BUFFERS_OF_THE_FULLEST_CALL,
+@pytest.mark.skipif(encoder.HELD_VIEWS_MAX >= BUFFERS_OF_THE_FULLEST_CALL,
                     reason="reachable only in the sanitizer run's shrunken-capacity build")
 def test_more_buffers_than_held_views_max_is_a_value_error():
-    with pytest.raises(ValueError, match=f"more than {_kernel.HELD_VIEWS_MAX} buffers"):
+    with pytest.raises(ValueError, match=f"more than {encoder.HELD_VIEWS_MAX} buffers"):
         encode_batches(**_every_column_spec(3))
