@@ -43,6 +43,10 @@ broker shuts down or its topic is deleted, so reads already holding its file sli
 a ``scrub-damage`` file in its directory keeps it offline at later starts until ``headrace
 repair`` removes it.
 
+A broker in a cluster holds only the partitions it leads (``create_local_partitions``, under
+the cluster's topic id): such a topic counts all its partitions but has logs for some; the
+others are neither served nor deleted here.
+
 Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
 ``partition.metadata`` files, then of the new directories and once of each log directory)
 before the topic is published, so a topic a client has seen survives a crash.
