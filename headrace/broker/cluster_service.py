@@ -12,7 +12,8 @@ deleted, logs of led partitions created), then puts ``cluster.served_logs.Served
 Answers, as Kafka's ZooKeeper-mode ``MetadataCache``: the live brokers (``/brokers/ids``);
 per partition the leader, its epoch, the replicas, the isr, and the replicas whose broker is
 not alive (``offline_replicas``); a partition without a live leader answers
-LEADER_NOT_AVAILABLE with leader -1. FindCoordinator names the leader of the group's
+LEADER_NOT_AVAILABLE with leader -1. Fetch and ListOffsets carrying a leader epoch are checked
+against it (``check_leader_epoch``: FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH). FindCoordinator names the leader of the group's
 ``__consumer_offsets`` partition (Kafka's ``partitionFor``: Java's String.hashCode, its
 ``Utils.abs``, modulo ``offsets.topic.num.partitions``), COORDINATOR_NOT_AVAILABLE while that
 partition has no leader or the topic does not exist yet; the first such request creates it.
@@ -43,14 +44,17 @@ from headrace.cluster.zookeeper_records import NO_LEADER
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME, partition_for_group
 from headrace.errors import (
     CoordinatorNotAvailable,
+    FencedLeaderEpoch,
     KafkaError,
     LeaderNotAvailable,
     TopicAlreadyExists,
+    UnknownLeaderEpoch,
 )
 
 log = logging.getLogger(__name__)
 
 FIRST_APPLY_TIMEOUT_MS = 30_000
+NO_LEADER_EPOCH = -1  # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH: no check asked
 MAX_REPLICATION_FACTOR = 1  # temporary limit of this release: replication is a later issue
 
 
@@ -123,6 +127,24 @@ class ClusterService:
         if leader == NO_LEADER or leader not in metadata.brokers:
             answer.update(error_code=LeaderNotAvailable.code, leader_id=NO_LEADER)
         return answer
+
+    # --- leader epochs (KIP-320) ----------------------------------------------------------
+
+    def check_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int) -> None:
+        """Kafka's ``Partition.checkCurrentLeaderEpoch`` for Fetch (v9+) and ListOffsets
+        (v4+): -1 asks no check; an older epoch than this leader's is FENCED_LEADER_EPOCH,
+        a newer one UNKNOWN_LEADER_EPOCH (this broker has not seen it yet). Both make the
+        client refresh its metadata."""
+        if current_leader_epoch == NO_LEADER_EPOCH:
+            return
+        state = self.metadata.states.get((topic, partition))
+        leader_epoch = state.leader_epoch if state is not None else NO_LEADER_EPOCH
+        if current_leader_epoch < leader_epoch:
+            raise FencedLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is "
+                                    f"older than the leader's {leader_epoch}")
+        if current_leader_epoch > leader_epoch:
+            raise UnknownLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is "
+                                     f"newer than the leader's {leader_epoch}")
 
     # --- FindCoordinator --------------------------------------------------------------------
 

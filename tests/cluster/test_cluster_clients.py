@@ -21,7 +21,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from headrace.errors import LeaderNotAvailable, NotLeaderOrFollower, UnknownTopicOrPartition
+from headrace.errors import (
+    FencedLeaderEpoch,
+    LeaderNotAvailable,
+    NotLeaderOrFollower,
+    UnknownLeaderEpoch,
+    UnknownTopicOrPartition,
+)
 from tests.broker.raw_client import RawClient
 from tests.cluster import cluster_helpers
 from tests.conftest import BrokerProcess
@@ -167,6 +173,50 @@ def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster):
     assert listed.topics[0].partitions[0].error_code == NotLeaderOrFollower.code
     unknown = cluster.metadata(other, [f"absent-{uuid.uuid4().hex[:8]}"])
     assert unknown.topics[0].error_code == UnknownTopicOrPartition.code
+
+
+def leader_and_epoch(cluster: Cluster, topic: str, partition: int) -> tuple[int, int]:
+    answer = cluster.metadata(1, [topic])
+    found = next(p for p in answer.topics[0].partitions if p.partition_index == partition)
+    return found.leader_id, found.leader_epoch
+
+
+def fetch_and_list_errors(cluster: Cluster, broker_id: int, topic: str,
+                          leader_epoch: int) -> tuple[int, int]:
+    """(Fetch v12's, ListOffsets v5's) error for partition 0 asked at ``leader_epoch``."""
+    with RawClient(cluster.brokers[broker_id].bootstrap) as client:
+        fetched = client.request(FETCH_KEY, 12, {
+            "replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [{
+                "partition": 0, "current_leader_epoch": leader_epoch, "fetch_offset": 0,
+                "last_fetched_epoch": -1, "log_start_offset": -1,
+                "partition_max_bytes": 1 << 20}]}], "forgotten_topics_data": [],
+            "rack_id": ""})
+        listed = client.request(LIST_OFFSETS_KEY, 5, {
+            "replica_id": -1, "isolation_level": 0, "topics": [{"name": topic, "partitions": [
+                {"partition_index": 0, "current_leader_epoch": leader_epoch,
+                 "timestamp": -1}]}]})
+    return (int(fetched.responses[0].partitions[0].error_code),
+            int(listed.topics[0].partitions[0].error_code))
+
+
+def test_a_stale_or_unknown_leader_epoch_is_refused_by_the_leader(cluster):
+    topic, _ = create_topic(cluster, 1)
+    leader, epoch = leader_and_epoch(cluster, topic, 0)
+    wait_until(lambda: fetch_and_list_errors(cluster, leader, topic, epoch) == (0, 0),
+               "the leader to serve its partition")
+    assert fetch_and_list_errors(cluster, leader, topic, -1) == (0, 0)  # no check asked
+    assert fetch_and_list_errors(cluster, leader, topic, epoch + 1) == (
+        UnknownLeaderEpoch.code, UnknownLeaderEpoch.code)
+    cluster.brokers[leader].restart()  # offline, then led again: a later epoch
+    cluster.wait_for_leaders(topic)
+    _, new_epoch = leader_and_epoch(cluster, topic, 0)
+    assert new_epoch > epoch
+    wait_until(lambda: fetch_and_list_errors(cluster, leader, topic, new_epoch) == (0, 0),
+               "the leader to serve its partition again")
+    assert fetch_and_list_errors(cluster, leader, topic, epoch) == (
+        FencedLeaderEpoch.code, FencedLeaderEpoch.code)
 
 
 def _one_batch() -> bytes:
