@@ -25,7 +25,8 @@ Bounded decompression -- the one way every reader inflates a records section:
   ``DECOMPRESS_CHUNK_BYTES`` (1 MiB) and raises ``MessageTooLarge`` as soon as it passes
   ``max_output_bytes``; ``decompress_bounded`` joins them for callers that need one buffer
   (the compiled kernel's sections); ``decompress`` is ``decompress_bounded`` with
-  ``MAX_RECORDS_SECTION_BYTES``. Streaming decoders with an output cap per call: zlib
+  ``MAX_RECORDS_SECTION_BYTES``; ``decompress_into`` writes a section into the caller's
+  reusable buffer (produce validation), bounded by its size, or declines. Streaming decoders with an output cap per call: zlib
   (``max_length``) for gzip, ``lz4.frame`` (``max_length``) for lz4, ``zstandard``
   (``read_to_iter`` with a 1 MiB ``write_size``, window at most ``ZSTD_MAX_WINDOW_BYTES``;
   the frame's declared content size is never used to allocate, and the frame layout is
@@ -267,6 +268,93 @@ def decompress_bounded(
         return bytes(data)
     return b"".join(iter_decompressed(codec, data, max_output_bytes,
                                       legacy_lz4_header_checksum=legacy_lz4_header_checksum))
+
+
+def decompress_into(codec: int, data: bytes | bytearray | memoryview,
+                    out: bytearray | memoryview) -> int | None:
+    """``data`` decompressed into the writable buffer ``out``, for a caller that reuses one
+    buffer for every section (produce validation: a fresh buffer per batch costs a page fault
+    per 4 KiB of output): the bytes written, or None when the output does not fit in
+    ``out`` with a byte to spare, or when the decoders here refuse the data. None says
+    nothing about the data: the caller then takes ``decompress_bounded``, which inflates
+    what fits its own limit and raises the precise error for the rest, so for any data this
+    either writes exactly what ``decompress_bounded`` returns or answers None.
+
+    No output beyond ``len(out)`` is ever produced: lz4 (``cramjam.lz4.decompress_into``,
+    liblz4's frame decoder: linked or independent blocks, every checksum verified,
+    concatenated and skippable frames) and gzip (``cramjam.gzip.decompress_into``,
+    concatenated members, CRC-32 and size verified) write into ``out`` only; zstd reads
+    from ``zstandard``'s stream reader into it, the window capped at
+    ``ZSTD_MAX_WINDOW_BYTES`` and the frame layout walked first, as ``iter_decompressed``
+    does; snappy decodes each block into ``out`` after checking its declared length fits."""
+    _check_codec(codec)
+    with memoryview(out) as view:
+        try:
+            if codec == LZ4:
+                written = cramjam.lz4.decompress_into(data, view)
+            elif codec == GZIP:
+                written = cramjam.gzip.decompress_into(data, view)
+            elif codec == ZSTD:
+                written = _zstd_into(data, view)
+            elif codec == SNAPPY:
+                written = _snappy_into(data, view)
+            else:
+                written = _copy_into(data, view)
+        except (cramjam.DecompressionError, zstandard.ZstdError, CorruptMessage):
+            return None
+        return written if written is not None and written < len(view) else None
+
+
+def _copy_into(data: bytes | bytearray | memoryview, out: memoryview) -> int | None:
+    size_bytes = len(data)
+    if size_bytes >= len(out):
+        return None
+    out[:size_bytes] = data
+    return size_bytes
+
+
+def _zstd_into(data: bytes | bytearray | memoryview, out: memoryview) -> int | None:
+    """Every frame of ``data`` read into ``out``; None if it holds more than ``out``."""
+    _zstd_frames(data)
+    reader = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW_BYTES).stream_reader(
+        data, read_across_frames=True)
+    written = 0
+    while written < len(out):
+        size_bytes = reader.readinto(out[written:])
+        if not size_bytes:
+            return written
+        written += size_bytes
+    return None
+
+
+def _snappy_into(data: bytes | bytearray | memoryview, out: memoryview) -> int | None:
+    """One raw snappy block, or xerial-framed blocks, decoded into ``out`` one after
+    another; None if a block's declared length does not fit or a block is malformed."""
+    view = memoryview(data)
+    if len(view) < XERIAL_HEADER_BYTES or bytes(view[: len(XERIAL_MAGIC)]) != XERIAL_MAGIC:
+        return _raw_snappy_into(view, out, 0)
+    pos, written = XERIAL_HEADER_BYTES, 0
+    while pos < len(view):
+        if len(view) - pos < _INT32.size:
+            return None
+        (block_bytes,) = _INT32.unpack_from(view, pos)
+        pos += _INT32.size
+        if block_bytes < 0 or pos + block_bytes > len(view):
+            return None
+        block_written = _raw_snappy_into(view[pos : pos + block_bytes], out, written)
+        if block_written is None:
+            return None
+        written += block_written
+        pos += block_bytes
+    return written
+
+
+def _raw_snappy_into(block: memoryview, out: memoryview, start: int) -> int | None:
+    declared_bytes = cramjam.snappy.decompress_raw_len(block)
+    if start + declared_bytes >= len(out):
+        return None
+    written = cramjam.snappy.decompress_raw_into(block, out[start : start + declared_bytes])
+    return written if written == declared_bytes else None
 
 
 def iter_decompressed(
