@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -33,6 +32,9 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fetch_cost import json_like_corpus  # noqa: E402  (the matrix-like payload)
 
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 60.0
@@ -53,25 +55,6 @@ def broker_counters(pid: int) -> tuple[float, float, int]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) / CLOCK_TICKS_PER_S, int(fields[12]) / CLOCK_TICKS_PER_S,
             int(fields[7]))
-
-
-def jsonish_corpus(total_bytes: int, seed: int = 42) -> bytes:
-    """Log lines as JSON, as kbench's default payload (compresses about as well)."""
-    rnd = random.Random(seed)
-    words = ("request completed user session cache miss hit timeout retry upstream payload "
-             "order item checkout latency database query shard replica leader").split()
-    lines, size = [], 0
-    while size < total_bytes:
-        line = json.dumps({
-            "ts": 1_700_000_000_000 + size, "level": rnd.choice(["INFO"] * 8 + ["WARN", "ERROR"]),
-            "service": f"svc-{rnd.randint(1, 12)}", "trace_id": f"{rnd.getrandbits(128):032x}",
-            "user_id": rnd.randint(1, 10**6), "path": rnd.choice(["/api/v1/orders", "/health"]),
-            "status": rnd.choice([200] * 15 + [404, 500]),
-            "duration_ms": round(rnd.expovariate(1 / 40), 3),
-            "msg": " ".join(rnd.choice(words) for _ in range(rnd.randint(4, 14)))}).encode()
-        lines.append(line + b"\n")
-        size += len(line) + 1
-    return b"".join(lines)[:total_bytes]
 
 
 def spawn_broker(tree: Path, data_dir: Path, port: int, profile_path: Path | None
@@ -195,7 +178,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.profile_dir:
         args.profile_dir.mkdir(parents=True, exist_ok=True)
-    corpus = jsonish_corpus(CORPUS_BYTES)
+    corpus = json_like_corpus(CORPUS_BYTES)
     runs = []
     for round_index in range(args.rounds):
         for codec in args.codecs.split(","):
