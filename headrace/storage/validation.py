@@ -12,7 +12,8 @@ topic's ``compression.type`` asks for:
   well formed
   (length, varints, key, value, headers, nothing left over) with offset deltas 0..n-1 --
   ``InvalidRecord``. A compressed batch's records are decompressed (``_decompressed_records``;
-  data that does not decode is ``CorruptMessage``) and checked by
+  data that does not decode is ``CorruptMessage``) into the thread's reusable section buffer
+  (``_SectionBuffer``: no fresh buffer, so no page faults, per batch) and checked by
   ``kernel.check_compressed_records``;
 * per record (KIP-467): a key on a compacted topic -- ``InvalidRecord``; a CreateTime
   timestamp (other than -1) within ``message.timestamp.before.max.ms`` /
@@ -58,7 +59,10 @@ bomb costs one chunk of memory, not its inflated size.
 
 Functions over the caller's buffer, which they only read except for the max timestamps
 ``validate_request`` and ``check_compressed_batch`` rewrite in a writable one (the log passes
-its own copy); thread-safe for buffers not shared between threads.
+its own copy); thread-safe for buffers not shared between threads. Each thread that checks
+compressed batches holds one ``_SectionBuffer`` (an anonymous mapping of
+``WHOLE_SECTION_MAX_BYTES``, at most ``SECTION_BUFFER_RESIDENT_BYTES`` of it resident between
+batches), used by that thread only.
 """
 
 from __future__ import annotations
