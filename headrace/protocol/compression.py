@@ -274,19 +274,23 @@ def decompress_into(codec: int, data: bytes | bytearray | memoryview,
                     out: bytearray | memoryview) -> int | None:
     """``data`` decompressed into the writable buffer ``out``, for a caller that reuses one
     buffer for every section (produce validation: a fresh buffer per batch costs a page fault
-    per 4 KiB of output): the bytes written, or None when the output does not fit in
-    ``out`` with a byte to spare, or when the decoders here refuse the data. None says
-    nothing about the data: the caller then takes ``decompress_bounded``, which inflates
-    what fits its own limit and raises the precise error for the rest, so for any data this
-    either writes exactly what ``decompress_bounded`` returns or answers None.
+    per 4 KiB of output): the bytes written; ``MessageTooLarge`` when the output passes
+    ``len(out) - 1`` bytes, as ``decompress_bounded(codec, data, len(out) - 1)`` raises it
+    for data that decodes; None when the decoders here refuse the data. The caller then
+    takes ``decompress_bounded``, which raises the precise error. So this writes what
+    ``decompress_bounded`` with that limit returns, raises what it raises, or answers None
+    for data it refuses; data both too large and undecodable may get either error, as the
+    two decoders notice them at different points (``decompress_bounded`` a chunk at a
+    time).
 
     No output beyond ``len(out)`` is ever produced: lz4 (``cramjam.lz4.decompress_into``,
     liblz4's frame decoder: linked or independent blocks, every checksum verified,
     concatenated and skippable frames) and gzip (``cramjam.gzip.decompress_into``,
-    concatenated members, CRC-32 and size verified) write into ``out`` only; zstd reads
-    from ``zstandard``'s stream reader into it, the window capped at
-    ``ZSTD_MAX_WINDOW_BYTES`` and the frame layout walked first, as ``iter_decompressed``
-    does; snappy decodes each block into ``out`` after checking its declared length fits."""
+    concatenated members, CRC-32 and size verified) write into ``out`` only, and a full
+    ``out`` is their one ``WriteZero`` error; zstd reads from ``zstandard``'s stream reader
+    into it, the window capped at ``ZSTD_MAX_WINDOW_BYTES`` and the frame layout walked
+    first, as ``iter_decompressed`` does; snappy decodes each block into ``out`` after
+    checking its declared length fits."""
     _check_codec(codec)
     with memoryview(out) as view:
         try:
@@ -300,21 +304,35 @@ def decompress_into(codec: int, data: bytes | bytearray | memoryview,
                 written = _snappy_into(data, view)
             else:
                 written = _copy_into(data, view)
-        except (cramjam.DecompressionError, zstandard.ZstdError, CorruptMessage):
+        except cramjam.DecompressionError as exc:
+            if str(exc) == _CRAMJAM_OUTPUT_FULL:
+                raise _output_too_large(codec, len(view)) from None
             return None
-        return written if written is not None and written < len(view) else None
+        except (zstandard.ZstdError, CorruptMessage):
+            return None
+        if written is not None and written >= len(view):
+            raise _output_too_large(codec, len(view))
+        return written
 
 
-def _copy_into(data: bytes | bytearray | memoryview, out: memoryview) -> int | None:
+_CRAMJAM_OUTPUT_FULL = "failed to write whole buffer"  # std::io::ErrorKind::WriteZero
+
+
+def _output_too_large(codec: int, out_bytes: int) -> MessageTooLarge:
+    return MessageTooLarge(f"{CODEC_NAMES[codec]} records inflate past {out_bytes - 1} bytes")
+
+
+def _copy_into(data: bytes | bytearray | memoryview, out: memoryview) -> int:
     size_bytes = len(data)
     if size_bytes >= len(out):
-        return None
+        return size_bytes  # too large: raised by the caller
     out[:size_bytes] = data
     return size_bytes
 
 
-def _zstd_into(data: bytes | bytearray | memoryview, out: memoryview) -> int | None:
-    """Every frame of ``data`` read into ``out``; None if it holds more than ``out``."""
+def _zstd_into(data: bytes | bytearray | memoryview, out: memoryview) -> int:
+    """Every frame of ``data`` read into ``out``: the bytes written (``len(out)`` when it
+    was filled: too large)."""
     _zstd_frames(data)
     reader = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW_BYTES).stream_reader(
         data, read_across_frames=True)
@@ -324,12 +342,13 @@ def _zstd_into(data: bytes | bytearray | memoryview, out: memoryview) -> int | N
         if not size_bytes:
             return written
         written += size_bytes
-    return None
+    return written
 
 
 def _snappy_into(data: bytes | bytearray | memoryview, out: memoryview) -> int | None:
     """One raw snappy block, or xerial-framed blocks, decoded into ``out`` one after
-    another; None if a block's declared length does not fit or a block is malformed."""
+    another; None if a block is malformed; ``len(out)`` (too large) as soon as a block's
+    declared length does not fit, before it is decoded."""
     view = memoryview(data)
     if len(view) < XERIAL_HEADER_BYTES or bytes(view[: len(XERIAL_MAGIC)]) != XERIAL_MAGIC:
         return _raw_snappy_into(view, out, 0)
@@ -345,14 +364,17 @@ def _snappy_into(data: bytes | bytearray | memoryview, out: memoryview) -> int |
         if block_written is None:
             return None
         written += block_written
+        if written >= len(out):
+            return written  # too large: raised by the caller
         pos += block_bytes
     return written
 
 
 def _raw_snappy_into(block: memoryview, out: memoryview, start: int) -> int | None:
+    """The block's output bytes, written at ``start``; too many to fit: returned unwritten."""
     declared_bytes = cramjam.snappy.decompress_raw_len(block)
     if start + declared_bytes >= len(out):
-        return None
+        return declared_bytes
     written = cramjam.snappy.decompress_raw_into(block, out[start : start + declared_bytes])
     return written if written == declared_bytes else None
 

@@ -183,36 +183,44 @@ def check_compressed_batch(records: bytes | bytearray | memoryview, position: in
 
 class _SectionBuffer(threading.local):
     """One thread's reusable output buffer for decompressed sections: an anonymous mapping
-    of ``WHOLE_SECTION_MAX_BYTES``, created on the thread's first compressed batch. A fresh
-    buffer per batch cost a page fault for every 4 KiB inflated (the allocator hands a
-    section's pages back to the kernel when it is freed, and the next one faults them in
-    again): more CPU than lz4's decoding itself. Pages stay mapped up to
-    ``SECTION_BUFFER_RESIDENT_BYTES``; the rest, touched only by a larger section, is
-    returned (``MADV_DONTNEED``) once that section is checked, so each thread holds at most
-    that much between batches. Used by its own thread only, one section at a time."""
+    of ``WHOLE_SECTION_MAX_BYTES`` + 1 (a section of the limit fits with a byte to spare),
+    created on the thread's first compressed batch. A fresh buffer per batch cost a page
+    fault for every 4 KiB inflated (the allocator hands a section's pages back to the
+    kernel when it is freed, and the next one faults them in again): more CPU than lz4's
+    decoding itself. Pages stay mapped up to ``SECTION_BUFFER_RESIDENT_BYTES``; the rest,
+    touched only by a larger section (or a bomb filling the buffer), is returned
+    (``MADV_DONTNEED``) once that section is checked or refused, so each thread holds at
+    most that much between batches. Used by its own thread only, one section at a time."""
 
     def __init__(self) -> None:
-        self.buffer = mmap.mmap(-1, WHOLE_SECTION_MAX_BYTES)
+        self.buffer = mmap.mmap(-1, WHOLE_SECTION_MAX_BYTES + 1)
+
+    def inflate(self, codec: int, payload: memoryview) -> int | None:
+        """``compression.decompress_into`` the buffer: the section's size, None where it
+        declines the data; ``MessageTooLarge`` past ``WHOLE_SECTION_MAX_BYTES``."""
+        try:
+            written = decompress_into(codec, payload, self.buffer)
+        except MessageTooLarge:
+            self._return_pages_above_resident()
+            raise
+        if written is None:  # the decoder may have written far before declining
+            self._return_pages_above_resident()
+        return written
 
     @contextmanager
-    def holding(self, codec: int, payload: memoryview) -> Iterator[memoryview | None]:
-        """A view of ``payload`` decompressed into the buffer, valid inside the block, or
-        None where ``compression.decompress_into`` declines it."""
-        written = decompress_into(codec, payload, self.buffer)
-        if written is None:  # the decoder may have filled the buffer before declining
-            self._return_pages_above_resident()
-            yield None
-            return
+    def section(self, size_bytes: int) -> Iterator[memoryview]:
+        """The first ``size_bytes`` of the buffer (what ``inflate`` wrote), inside the
+        block; pages above the resident limit are returned after it."""
         try:
-            with memoryview(self.buffer)[:written] as section:
-                yield section
+            with memoryview(self.buffer) as whole, whole[:size_bytes] as view:
+                yield view
         finally:
-            if written > SECTION_BUFFER_RESIDENT_BYTES:
+            if size_bytes > SECTION_BUFFER_RESIDENT_BYTES:
                 self._return_pages_above_resident()
 
     def _return_pages_above_resident(self) -> None:
         self.buffer.madvise(mmap.MADV_DONTNEED, SECTION_BUFFER_RESIDENT_BYTES,
-                            WHOLE_SECTION_MAX_BYTES - SECTION_BUFFER_RESIDENT_BYTES)
+                            len(self.buffer) - SECTION_BUFFER_RESIDENT_BYTES)
 
 
 _section_buffer = _SectionBuffer()
@@ -223,9 +231,9 @@ def _decompressed_records(records: bytes | bytearray | memoryview, position: int
                           ) -> Iterator[bytes | memoryview]:
     """The records section of the compressed batch at ``position``, decompressed, for the
     duration of the block: the one place produce validation decompresses. Into the thread's
-    ``_SectionBuffer`` when it fits there; else (or when that decoding declines the data)
+    ``_SectionBuffer`` when it fits there; where that decoding declines the data,
     ``decompress_bounded`` with the same limit, which raises the precise error. A section
-    inflating past ``WHOLE_SECTION_MAX_BYTES`` is first walked as it streams
+    inflating past ``WHOLE_SECTION_MAX_BYTES`` is walked as it streams
     (``records.walk_records_section``: one chunk held at a time), so a decompression bomb
     or a malformed section is refused without being held; only a section that passes that
     walk (at most ``compression.MAX_RECORDS_SECTION_BYTES``) is then inflated whole for the
@@ -233,18 +241,21 @@ def _decompressed_records(records: bytes | bytearray | memoryview, position: int
     with memoryview(records) as view:
         size_bytes = int.from_bytes(view[position + 8 : position + 12], "big") + 12
         codec = view[position + 22] & COMPRESSION_MASK
-        with view[position + BATCH_HEADER_BYTES : position + size_bytes] as payload, \
-                _section_buffer.holding(codec, payload) as section:
-            if section is not None:
-                yield section
-                return
+        with view[position + BATCH_HEADER_BYTES : position + size_bytes] as payload:
+            whole = None
             try:
-                whole = decompress_bounded(codec, payload, WHOLE_SECTION_MAX_BYTES)
+                written = _section_buffer.inflate(codec, payload)
+                if written is None:
+                    whole = decompress_bounded(codec, payload, WHOLE_SECTION_MAX_BYTES)
             except MessageTooLarge:
-                walk_records_section(parse_header(view, position),
-                                     section_chunks(parse_header(view, position), payload))
-                whole = decompress(codec, payload)
-            yield whole
+                header = parse_header(view, position)
+                walk_records_section(header, section_chunks(header, payload))
+                written, whole = None, decompress(codec, payload)
+            if written is None:
+                yield whole
+            else:
+                with _section_buffer.section(written) as section:
+                    yield section
 
 
 def _record_errors(errors: tuple[tuple[int, int, int, int], ...], total: int,

@@ -259,10 +259,13 @@ def test_decompress_into_writes_what_decompress_returns(name):
 
 
 @pytest.mark.parametrize("name", sorted(INTO_PAYLOADS))
-def test_decompress_into_declines_output_that_does_not_fill_the_buffer_with_a_byte_to_spare(name):
+def test_decompress_into_refuses_output_past_the_buffer_less_a_byte_as_decompress_bounded(name):
     codec, payload = INTO_PAYLOADS[name]
     for out_bytes in (len(SAMPLE), len(SAMPLE) // 3):
-        assert compression.decompress_into(codec, payload, bytearray(out_bytes)) is None
+        with pytest.raises(compression.MessageTooLarge):
+            compression.decompress_bounded(codec, payload, out_bytes - 1)
+        with pytest.raises(compression.MessageTooLarge):
+            compression.decompress_into(codec, payload, bytearray(out_bytes))
 
 
 def _damaged(codec: int, damage: str) -> bytes:
@@ -302,21 +305,54 @@ def test_decompress_into_declines_a_zstd_window_above_the_cap():
 
 
 @pytest.mark.parametrize("framing", ["raw", "xerial"])
-def test_decompress_into_declines_a_snappy_block_declaring_more_than_the_buffer(framing):
+def test_decompress_into_refuses_a_snappy_block_declaring_more_than_the_buffer(framing):
     block = _snappy_with_declared_length(bytes(CHUNK_BYTES), 1 << 31)
     payload = block if framing == "raw" else _xerial_frame([]) + struct.pack(">i", len(block)) + block
-    assert compression.decompress_into(SNAPPY, payload, bytearray(BOMB_LIMIT_BYTES)) is None
+    with pytest.raises(compression.MessageTooLarge):
+        compression.decompress_into(SNAPPY, payload, bytearray(BOMB_LIMIT_BYTES))
+
+
+@pytest.mark.parametrize("codec", [GZIP, LZ4, ZSTD])
+def test_decompress_into_refuses_a_bomb_having_written_only_the_buffer(codec):
+    bomb = _streamed(codec, bytes(CHUNK_BYTES), BOMB_BYTES // CHUNK_BYTES)
+    out = bytearray(BOMB_LIMIT_BYTES + 1)
+    with pytest.raises(compression.MessageTooLarge):
+        compression.decompress_into(codec, bomb, out)
 
 
 @given(name=st.sampled_from(sorted(INTO_PAYLOADS)), position=st.integers(0, 10**6),
-       flip=st.integers(1, 255), cut=st.integers(0, 3))
-def test_decompress_into_never_writes_what_decompress_would_not_return(name, position, flip,
-                                                                       cut):
-    """Damage anywhere: either both decode to the same bytes, or decompress_into declines."""
+       flip=st.integers(0, 255), cut=st.integers(0, 3), out_bytes=st.integers(1, 2 * len(SAMPLE)))
+def test_decompress_into_answers_as_decompress_bounded_or_declines(name, position, flip, cut,
+                                                                   out_bytes):
+    """Damage anywhere (or none), any buffer size: the bytes decompress_bounded returns, or
+    an error where it raises one -- MessageTooLarge exactly where it does for data that
+    decodes; data both too large and undecodable may get either, as the decoders notice
+    the two at different points -- or a decline where it refuses the data."""
     codec, payload = INTO_PAYLOADS[name]
     damaged = bytearray(payload[: len(payload) - cut])
     damaged[position % len(damaged)] ^= flip
-    out = bytearray(2 * len(SAMPLE))
-    written = compression.decompress_into(codec, bytes(damaged), out)
-    if written is not None:
-        assert out[:written] == decompress(codec, bytes(damaged))
+    out = bytearray(out_bytes)
+    try:
+        expected = compression.decompress_bounded(codec, bytes(damaged), out_bytes - 1)
+    except (CorruptMessage, compression.MessageTooLarge) as exc:
+        expected = type(exc)
+    decodes = expected is not CorruptMessage and (
+        expected is not compression.MessageTooLarge or _decodes(codec, bytes(damaged)))
+    try:
+        written = compression.decompress_into(codec, bytes(damaged), out)
+    except compression.MessageTooLarge:
+        assert expected is compression.MessageTooLarge or not decodes
+        return
+    if written is None:
+        assert expected in (CorruptMessage, compression.MessageTooLarge)
+        assert not decodes
+    else:
+        assert out[:written] == expected
+
+
+def _decodes(codec: int, data: bytes) -> bool:
+    try:
+        decompress(codec, data)
+    except CorruptMessage:
+        return False
+    return True

@@ -345,11 +345,11 @@ def test_each_thread_inflates_every_section_into_its_one_buffer(scratch):
     log.close()
 
 
-@pytest.mark.parametrize("section_mib", [24, 40], ids=["fits the buffer", "declined: too large"])
+@pytest.mark.parametrize("section_mib", [24, 40], ids=["fits the buffer", "past the buffer"])
 def test_a_large_section_leaves_at_most_the_resident_limit_mapped(scratch, section_mib):
     """24 MiB inflates into the buffer and is then handed back above the resident limit; 40
-    MiB (past WHOLE_SECTION_MAX_BYTES) fills the buffer before it is declined, and is
-    handed back before the fallback inflates it."""
+    MiB (past WHOLE_SECTION_MAX_BYTES) fills the buffer before it is found too large, and
+    is handed back before the streaming walk."""
     batch = _zeros_batch(section_mib)
     log = _open(scratch)
 
@@ -371,3 +371,19 @@ def test_a_large_section_leaves_at_most_the_resident_limit_mapped(scratch, secti
     assert all(inside_bytes >= section_mib * 1000 * 1024 for inside_bytes in largest_inside)
     assert after_bytes <= validation.SECTION_BUFFER_RESIDENT_BYTES
     log.close()
+
+
+def test_a_section_declined_after_filling_the_buffer_leaves_at_most_the_resident_limit(scratch):
+    """lz4 data cut short after 24 MiB of output: the decoder has filled the buffer when it
+    finds the end missing; the pages are handed back before the fallback raises."""
+    batch = bytearray(_zeros_batch(24))
+    del batch[-5:]  # the frame's end mark and one byte of the last block
+    batch[8:12] = (len(batch) - 12).to_bytes(4, "big")
+
+    def declined_and_measured():
+        buffer = validation._section_buffer.buffer
+        with pytest.raises(CorruptMessage), validation._decompressed_records(batch, 0):
+            pass
+        return _resident_bytes(buffer)
+
+    assert _in_new_thread(declined_and_measured) <= validation.SECTION_BUFFER_RESIDENT_BYTES
