@@ -26,9 +26,10 @@ Bounded decompression -- the one way every reader inflates a records section:
   ``max_output_bytes``; ``decompress_bounded`` joins them for callers that need one buffer
   (the compiled kernel's sections); ``decompress`` is ``decompress_bounded`` with
   ``MAX_RECORDS_SECTION_BYTES``; ``decompress_into`` writes a section into the caller's
-  reusable buffer (produce validation), bounded by its size, or declines. Streaming decoders with an output cap per call: zlib
-  (``max_length``) for gzip, ``lz4.frame`` (``max_length``) for lz4, ``zstandard``
-  (``read_to_iter`` with a 1 MiB ``write_size``, window at most ``ZSTD_MAX_WINDOW_BYTES``;
+  reusable buffer (produce validation), ``MessageTooLarge`` past its size, or declines.
+  Streaming decoders with an output cap per call: zlib (``max_length``) for gzip,
+  ``lz4.frame`` (``max_length``) for lz4, ``zstandard`` (``read_to_iter`` with a 1 MiB
+  ``write_size``, window at most ``ZSTD_MAX_WINDOW_BYTES``;
   the frame's declared content size is never used to allocate, and the frame layout is
   walked first, as the streaming decoder stops quietly at truncated input); snappy has no
   streaming form, so each block's declared length (the raw block's preamble, every xerial

@@ -61,7 +61,7 @@ Functions over the caller's buffer, which they only read except for the max time
 ``validate_request`` and ``check_compressed_batch`` rewrite in a writable one (the log passes
 its own copy); thread-safe for buffers not shared between threads. Each thread that checks
 compressed batches holds one ``_SectionBuffer`` (an anonymous mapping of
-``WHOLE_SECTION_MAX_BYTES``, at most ``SECTION_BUFFER_RESIDENT_BYTES`` of it resident between
+``WHOLE_SECTION_MAX_BYTES`` + 1 bytes, at most ``SECTION_BUFFER_RESIDENT_BYTES`` of it resident between
 batches), used by that thread only.
 """
 
