@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from headrace.cluster import zookeeper_paths as paths
@@ -235,6 +235,11 @@ class MetadataWatcher:
                 continue
             except ValueError as error:  # MalformedZnode
                 log.warning("ignoring broker znode %s: %s", child, error)
+            except KazooException as error:  # connection lost meanwhile: keep what we knew
+                log.warning("reading broker znode %s failed: %r", child, error)
+                with self._lock:
+                    if int(child) in self._brokers:
+                        brokers[int(child)] = self._brokers[int(child)]
         with self._lock:
             self._brokers = brokers
         self._changed()
