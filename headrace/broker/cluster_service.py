@@ -35,12 +35,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kazoo.exceptions import KazooException
+
 from headrace.cluster.controlled_shutdown import ControlledShutdownPolicy, shut_down_controlled
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache, MetadataWatcher
 from headrace.cluster.replica_manager import ReplicaManager
 from headrace.cluster.served_logs import ServedLogs
 from headrace.cluster.topic_admin import create_topic_assignment
 from headrace.cluster.zookeeper_records import NO_LEADER
+from headrace.cluster.zookeeper_session import ZooKeeperClientError
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME, partition_for_group
 from headrace.errors import (
     CoordinatorNotAvailable,
@@ -72,7 +75,11 @@ class ClusterService:
 
     async def start(self) -> None:
         """Read the cluster's metadata, bring the local logs in step, then route requests."""
-        await asyncio.get_running_loop().run_in_executor(None, self._watcher.start)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self._watcher.start)
+        except KazooException as error:
+            raise ZooKeeperClientError(f"reading the cluster metadata failed: ZooKeeper "
+                                       f"unavailable ({error!r})") from None
         self.replicas.start()
         try:
             await asyncio.wait_for(self.replicas.applied_once.wait(),
@@ -81,6 +88,23 @@ class ClusterService:
             log.warning("the cluster metadata was not applied within %d ms; going on",
                         FIRST_APPLY_TIMEOUT_MS)
         self._state.log_manager = ServedLogs(self.local_logs, self.cache, self.replicas)
+
+    def has_complete_view(self, metadata: ClusterMetadata) -> bool:
+        """Whether ``metadata`` is a view clients may be answered from: the cluster id, this
+        broker among the live brokers, and a live controller."""
+        return (metadata.cluster_id is not None and self.broker_id in metadata.brokers
+                and metadata.controller_id in metadata.brokers)
+
+    async def wait_for_complete_view(self, timeout_ms: int) -> None:
+        """Until the cache holds a complete view (``has_complete_view``), after this broker
+        registered and its controller candidate started; ZooKeeperClientError past
+        ``timeout_ms`` (zookeeper.connection.timeout.ms)."""
+        if not await self.cache.wait_until(self.has_complete_view, timeout_ms):
+            metadata = self.metadata
+            raise ZooKeeperClientError(
+                f"no complete cluster view from ZooKeeper within "
+                f"zookeeper.connection.timeout.ms={timeout_ms} (live brokers "
+                f"{sorted(metadata.brokers)}, controller {metadata.controller_id})")
 
     def follow_offsets_leadership(self, groups) -> None:
         """Hand the group service every change of the offsets partitions led here."""

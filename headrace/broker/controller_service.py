@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from kazoo.exceptions import KazooException, SessionExpiredError
 
 from headrace.cluster.controller import Controller, ControllerFenced
+from headrace.cluster.zookeeper_session import ZooKeeperClientError
 from headrace.errors import NotController, RequestTimedOut
 
 T = TypeVar("T")
@@ -34,7 +35,12 @@ class ControllerService:
         )
 
     def start(self) -> None:
-        self.controller.start()
+        """Start the candidate; ZooKeeper unreachable past the retries: ZooKeeperClientError."""
+        try:
+            self.controller.start()
+        except KazooException as error:
+            raise ZooKeeperClientError(f"starting the controller failed: ZooKeeper "
+                                       f"unavailable ({error!r})") from None
 
     def stop(self) -> None:
         self.controller.stop()

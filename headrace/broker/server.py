@@ -43,7 +43,10 @@ Cluster mode (``zookeeper.connect`` set): a ``ClusterMembership`` joins before t
 state is built (its broker id and cluster id come from ZooKeeper), registers
 ``/brokers/ids/<id>`` once the listener is bound, then starts its controller (a candidate in
 the election, see ``headrace.cluster.controller``), which it stops before it leaves (closes the
-session) last. Before the group coordinator starts, a ``ClusterService`` reads the cluster's
+session) last. It accepts connections only once its metadata cache holds a complete view (the
+cluster id, itself among the live brokers, a live controller), waited for within
+``zookeeper.connection.timeout.ms``; until then clients' connections wait in the listen
+backlog, so no client is ever answered from an empty view. Before the group coordinator starts, a ``ClusterService`` reads the cluster's
 metadata from ZooKeeper, brings the local logs in step with it and routes requests to the
 partitions this broker leads.
 
@@ -149,15 +152,15 @@ class Broker:
             listening_socket(host, port, LISTEN_BACKLOG), config,
             lambda on_closed: KafkaConnection(self.state, self.connections, self.request_memory,
                                               on_closed))
-        self._acceptor.start(loop)
-        config.add_change_listener(
-            lambda _properties: loop.call_soon_threadsafe(self._acceptor.config_changed))
         bound_port = self._acceptor.port
         if advertised_port == 0:
             self.state.advertised_port = bound_port
         self.port = bound_port
-        if membership is not None:
+        if membership is not None:  # connections wait in the backlog until the view is complete
             await self._register(membership)
+        self._acceptor.start(loop)
+        config.add_change_listener(
+            lambda _properties: loop.call_soon_threadsafe(self._acceptor.config_changed))
         self._timers = [
             loop.create_task(self._maintenance_loop()),
             loop.create_task(self._idle_reaper_loop()),
@@ -173,6 +176,8 @@ class Broker:
                 self.state.advertised_port, self.clock.now_ms())
             self.state.controller = ControllerService(membership, self.state.config)
             await asyncio.get_running_loop().run_in_executor(None, self.state.controller.start)
+            await self.state.cluster.wait_for_complete_view(
+                membership.session.connection_timeout_ms)
         except BaseException:
             await self.stop()
             raise

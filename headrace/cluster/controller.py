@@ -57,6 +57,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.protocol.states import KazooState
+from kazoo.retry import RetryFailedError
 
 from headrace.cluster import partition_leadership as leadership
 from headrace.cluster import topic_admin
@@ -118,8 +119,8 @@ class Controller:
     def start(self) -> None:
         self._zk.add_listener(self._on_session_state)
         self._thread.start()
-        self._zk.ensure_path(paths.DELETE_TOPICS)
-        self._zk.ensure_path(topic_admin.CONTROLLED_SHUTDOWN)
+        self._zk.retry(self._zk.ensure_path, paths.DELETE_TOPICS)
+        self._zk.retry(self._zk.ensure_path, topic_admin.CONTROLLED_SHUTDOWN)
         self._zk.DataWatch(paths.CONTROLLER, self._on_controller_znode)
         self._watch_children(paths.BROKER_IDS, "brokers", self._on_brokers_changed)
         self._watch_children(paths.TOPICS, "topics", self._on_topics_changed)
@@ -180,7 +181,7 @@ class Controller:
             self._enqueue(key, handler)
             return not self._stopping
 
-        self._zk.ensure_path(path)
+        self._zk.retry(self._zk.ensure_path, path)
         self._zk.ChildrenWatch(path, on_children)
 
     def _run(self) -> None:
@@ -193,11 +194,14 @@ class Controller:
             self._run_event(key, action)
 
     def _run_event(self, key: str | None, action: Callable[[], None]) -> None:
+        """``action``, run again (the session's bounded command retry) while ZooKeeper's
+        connection is lost: each event re-reads what it needs, and its writes are conditional
+        on zkVersions, so a repeated run writes nothing twice."""
         try:
-            action()
+            self._zk.retry(action)
         except ControllerFenced as fenced:
             log.warning("controller %d: %s", self.broker_id, fenced)
-        except (ConnectionLoss, SessionExpiredError) as error:
+        except (ConnectionLoss, RetryFailedError, SessionExpiredError) as error:
             log.warning("controller %d: ZooKeeper unavailable during %s: %r; retried on reconnection",
                         self.broker_id, key or "a request", error)
         except Exception:

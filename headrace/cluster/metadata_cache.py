@@ -158,7 +158,7 @@ class MetadataWatcher:
         DataWatch(self._zk, paths.CLUSTER_ID, self._on_cluster_id)
         DataWatch(self._zk, paths.CONTROLLER, self._on_controller)
         ChildrenWatch(self._zk, paths.BROKER_IDS, self._on_broker_ids)
-        self._zk.ensure_path(paths.TOPICS)
+        self._zk.retry(self._zk.ensure_path, paths.TOPICS)
         ChildrenWatch(self._zk, paths.TOPICS, self._on_topic_names)
         with self._lock:
             self._started = True
@@ -229,7 +229,7 @@ class MetadataWatcher:
         brokers = {}
         for child in children:
             try:
-                data, _ = self._zk.get(paths.broker_id_path(int(child)))
+                data, _ = self._zk.retry(self._zk.get, paths.broker_id_path(int(child)))
                 brokers[int(child)] = records.decode_broker_registration(int(child), data)
             except NoNodeError:  # gone since the children were listed: the next event says so
                 continue

@@ -34,7 +34,13 @@ import threading
 from collections.abc import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 
 from headrace.cluster import zookeeper_paths as paths
@@ -89,11 +95,7 @@ class ZooKeeperSession:
         self.connect = parse_zookeeper_connect(connect)
         self.session_timeout_ms = session_timeout_ms
         self.connection_timeout_ms = connection_timeout_ms or session_timeout_ms
-        self.client = KazooClient(hosts=self.connect.connect_string,
-                                  timeout=session_timeout_ms / 1000,
-                                  connection_retry=dict(CONNECTION_RETRY),
-                                  command_retry={**COMMAND_RETRY,
-                                                 "deadline": session_timeout_ms / 1000})
+        self.client = self._new_client(self.connect.connect_string)
         self._listeners: list[Callable[[SessionEvent], None]] = []
         self._states: queue.Queue[str | None] = queue.Queue()
         self._event_thread: threading.Thread | None = None
@@ -143,13 +145,36 @@ class ZooKeeperSession:
             raise ZooKeeperClientError(
                 f"Timed out waiting for connection to ZooKeeper at {self.connect.hosts} "
                 f"within zookeeper.connection.timeout.ms={self.connection_timeout_ms}") from None
+        except (ConnectionLoss, OperationTimeoutError):
+            # connected, then the node died under kazoo's own check of the chroot: kazoo
+            # connects to another node; wait for it as every other call does
+            self._await_reconnection(client)
+
+    def _await_reconnection(self, client: KazooClient) -> None:
+        try:
+            client.retry(client.exists, "/")
+        except KazooException as error:
+            client.stop()
+            client.close()
+            raise ZooKeeperClientError(
+                f"lost the connection to ZooKeeper at {self.connect.hosts} while connecting, "
+                f"not back within zookeeper.session.timeout.ms={self.session_timeout_ms}: "
+                f"{error!r}") from None
+
+    def _new_client(self, hosts: str) -> KazooClient:
+        return KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000,
+                           connection_retry=dict(CONNECTION_RETRY),
+                           command_retry={**COMMAND_RETRY,
+                                          "deadline": self.session_timeout_ms / 1000})
 
     def _create_chroot(self) -> None:
-        chroot_client = KazooClient(hosts=self.connect.hosts,
-                                    timeout=self.session_timeout_ms / 1000)
+        chroot_client = self._new_client(self.connect.hosts)
         self._connect(chroot_client)
         try:
-            chroot_client.ensure_path(self.connect.chroot)
+            chroot_client.retry(chroot_client.ensure_path, self.connect.chroot)
+        except KazooException as error:
+            raise ZooKeeperClientError(f"creating the chroot {self.connect.chroot} in ZooKeeper "
+                                       f"failed: {error!r}") from None
         finally:
             chroot_client.stop()
             chroot_client.close()

@@ -12,15 +12,19 @@ import re
 import selectors
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
+from kazoo.client import KazooClient
 
 from headrace.broker.config import BrokerConfig
+from headrace.cluster.zookeeper_ensemble import free_ports
 from headrace.errors import InvalidConfig
 from headrace.storage.config import parse_properties_text
 from tests.broker.raw_client import RawClient
 from tests.cluster.conftest import ZNODE_TIMEOUT_S, synced, wait_for_znode
+from tests.conftest import BrokerProcess
 
 DESCRIBE_CLUSTER = 60
 
@@ -134,8 +138,97 @@ def test_losing_the_zookeeper_node_of_its_session_keeps_the_registration(
         zookeeper_ensemble.restart(node)
 
 
-def _wait_for_log(broker, since_byte: int, text: str) -> None:
-    """Follow the broker's log (``tail -F``, bounded by ``ZNODE_TIMEOUT_S``) until ``text``."""
+# kazoo's INFO lines: every client logs its connection attempts and established sessions; the
+# broker's first client only creates the chroot, its second is the broker's session.
+CONNECTING_TO = re.compile(rb"Connecting to 127\.0\.0\.1\(127\.0\.0\.1\):(\d+)")
+SESSION_ESTABLISHED = "Zookeeper connection established"
+METADATA = 3
+
+
+def _start_in_background(broker) -> threading.Thread:
+    """``broker.start()`` on a thread (it blocks until the port accepts); returns once the
+    process exists."""
+    starter = threading.Thread(target=broker.start, daemon=True)
+    starter.start()
+    deadline = time.monotonic() + ZNODE_TIMEOUT_S
+    while broker.process is None and time.monotonic() < deadline:
+        starter.join(0.01)
+    assert broker.process is not None
+    return starter
+
+
+def test_a_broker_whose_zookeeper_node_dies_while_it_starts_still_registers(
+        cluster_brokers, zookeeper_ensemble):
+    broker = cluster_brokers.process(4, **{"zookeeper.session.timeout.ms": "6000"})
+    starter = _start_in_background(broker)
+    seen = _wait_for_log(broker, 0, SESSION_ESTABLISHED, count=2)
+    established_at = seen.index(SESSION_ESTABLISHED.encode(),
+                                seen.index(SESSION_ESTABLISHED.encode()) + 1)
+    port = int(CONNECTING_TO.findall(seen[:established_at])[-1])
+    node = next(n for n in zookeeper_ensemble.node_ids
+                if zookeeper_ensemble.ports[n].client_port == port)
+    # SIGSTOP: the node dies without closing its sockets, so the broker's next request is lost
+    # unanswered and fails with ConnectionLoss once kazoo gives up on the connection.
+    zookeeper_ensemble.pause(node)
+    others = ",".join(f"127.0.0.1:{zookeeper_ensemble.ports[n].client_port}"
+                      for n in zookeeper_ensemble.node_ids if n != node)
+    client = KazooClient(hosts=others)
+    try:
+        client.start(timeout=ZNODE_TIMEOUT_S)
+        path = cluster_brokers.registration_path(4)
+        wait_for_znode(client, path)
+        _, stat = client.get(synced(client, path))
+        assert zookeeper_ensemble.node_serving_session(stat.ephemeralOwner) not in (None, node)
+        _wait_for_log(broker, 0, "headrace broker 4 serving on")
+        assert broker.process.poll() is None
+        assert "Traceback" not in broker.log_text()
+    finally:
+        client.stop()
+        client.close()
+        zookeeper_ensemble.restart(node)  # kills the stopped JVM, starts it again
+        starter.join(ZNODE_TIMEOUT_S)
+
+
+def test_a_broker_whose_ensemble_is_down_exits_2_with_one_line(tmp_path):
+    dead_ensemble = ",".join(f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 3))
+    data_dir = tmp_path / "broker"
+    data_dir.mkdir()
+    broker = BrokerProcess(data_dir, {
+        "broker.id": "1", "zookeeper.connect": dead_ensemble + "/headrace",
+        "zookeeper.session.timeout.ms": "2000", "zookeeper.connection.timeout.ms": "1000"})
+    with pytest.raises(RuntimeError, match="exited at start-up"):
+        broker.start()
+    assert broker.process.returncode == 2
+    lines = broker.log_text().strip().splitlines()
+    assert "Traceback" not in broker.log_text()
+    assert re.fullmatch(r"headrace broker: Timed out waiting for connection to ZooKeeper at "
+                        r".* within zookeeper.connection.timeout.ms=1000", lines[-1]), lines[-1]
+
+
+def test_the_first_metadata_request_after_the_port_opens_lists_every_broker_and_the_controller(
+        cluster_brokers, zookeeper_client, zookeeper_chroot):
+    cluster_brokers.start_registered(zookeeper_client, 1)
+    second = cluster_brokers.process(2)
+    starter = _start_in_background(second)
+    deadline = time.monotonic() + ZNODE_TIMEOUT_S
+    client = None
+    while client is None:  # the very first connection the port takes
+        try:
+            client = RawClient(second.bootstrap)
+        except ConnectionRefusedError:
+            assert second.process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.002)
+    with client:
+        answer = client.request(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False})
+    starter.join(ZNODE_TIMEOUT_S)
+    data, _ = zookeeper_client.get(synced(zookeeper_client, zookeeper_chroot + "/controller"))
+    assert sorted(b.node_id for b in answer.brokers) == [1, 2]
+    assert answer.controller_id == json.loads(data)["brokerid"]
+
+
+def _wait_for_log(broker, since_byte: int, text: str, count: int = 1) -> bytes:
+    """Follow the broker's log (``tail -F``, bounded by ``ZNODE_TIMEOUT_S``) until ``text`` was
+    logged ``count`` times; what was read of the log."""
     follower = subprocess.Popen(
         ["tail", "-c", f"+{since_byte + 1}", "-F", str(broker.log_path)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -144,7 +237,7 @@ def _wait_for_log(broker, since_byte: int, text: str) -> None:
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(follower.stdout, selectors.EVENT_READ)
-            while text.encode() not in seen:
+            while seen.count(text.encode()) < count:
                 remaining_s = deadline - time.monotonic()
                 if remaining_s <= 0 or not selector.select(remaining_s):
                     raise AssertionError(f"{text!r} not logged within {ZNODE_TIMEOUT_S} s")
@@ -152,6 +245,7 @@ def _wait_for_log(broker, since_byte: int, text: str) -> None:
     finally:
         follower.kill()
         follower.wait()
+    return seen
 
 
 @pytest.mark.parametrize("overrides, message", [
