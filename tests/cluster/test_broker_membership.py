@@ -21,6 +21,7 @@ from kazoo.client import KazooClient
 from headrace.broker.config import BrokerConfig
 from headrace.cluster.zookeeper_ensemble import free_ports
 from headrace.errors import InvalidConfig
+from headrace.protocol import wire
 from headrace.storage.config import parse_properties_text
 from tests.broker.raw_client import RawClient
 from tests.cluster.conftest import ZNODE_TIMEOUT_S, synced, wait_for_znode
@@ -208,6 +209,8 @@ def test_a_broker_whose_ensemble_is_down_exits_2_with_one_line(tmp_path):
 def test_the_first_metadata_request_after_the_port_opens_lists_every_broker_and_the_controller(
         cluster_brokers, zookeeper_client, zookeeper_chroot):
     cluster_brokers.start_registered(zookeeper_client, 1)
+    request = {"topics": [], "allow_auto_topic_creation": False}
+    wire.build(wire.request_class(METADATA, 12), request)  # codec loaded: sent without delay
     second = cluster_brokers.process(2)
     starter = _start_in_background(second)
     deadline = time.monotonic() + ZNODE_TIMEOUT_S
@@ -217,9 +220,9 @@ def test_the_first_metadata_request_after_the_port_opens_lists_every_broker_and_
             client = RawClient(second.bootstrap)
         except ConnectionRefusedError:
             assert second.process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.002)
+            time.sleep(0.0005)
     with client:
-        answer = client.request(METADATA, 12, {"topics": [], "allow_auto_topic_creation": False})
+        answer = client.request(METADATA, 12, request)
     starter.join(ZNODE_TIMEOUT_S)
     data, _ = zookeeper_client.get(synced(zookeeper_client, zookeeper_chroot + "/controller"))
     assert sorted(b.node_id for b in answer.brokers) == [1, 2]
