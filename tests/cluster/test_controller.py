@@ -11,6 +11,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from headrace.broker.controller_service import ControllerService
@@ -18,6 +19,7 @@ from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
 from headrace.cluster.controller import ELECTION_TYPE_PREFERRED, Controller, ControllerFenced
+from headrace.cluster.zookeeper_session import COMMAND_RETRY
 from headrace.errors import (
     ElectionNotNeeded,
     KafkaError,
@@ -26,6 +28,7 @@ from headrace.errors import (
     RequestTimedOut,
 )
 from tests.cluster.cluster_helpers import (
+    SESSION_TIMEOUT_S,
     WAIT_TIMEOUT_S,
     close,
     controller_epoch,
@@ -332,3 +335,47 @@ def test_the_broker_side_maps_zookeeper_failures_to_kafka_errors(cluster):
     assert asyncio.run(outcome(failing(ConnectionLoss()))) is RequestTimedOut
     assert asyncio.run(outcome(failing(SessionExpiredError()))) is NotController
     assert asyncio.run(outcome(failing(ControllerFenced("fenced")))) is NotController
+
+
+class ConnectionLossOnce:
+    """A kazoo client whose reads and writes each fail once with ConnectionLoss (as when the
+    ZooKeeper node of the session dies with the request in flight), then go through."""
+
+    FLAKY_CALLS = ("ensure_path", "get", "create", "exists", "get_children")
+
+    def __init__(self, client) -> None:
+        self._client = client
+        self.failed: set[tuple[str, str]] = set()
+
+    def __getattr__(self, name: str):
+        call = getattr(self._client, name)
+        if name not in self.FLAKY_CALLS:
+            return call
+
+        def failing_once(path, *args, **kwargs):
+            if (name, path) not in self.failed:
+                self.failed.add((name, path))
+                raise ConnectionLoss()
+            return call(path, *args, **kwargs)
+
+        return failing_once
+
+
+def test_a_controller_whose_zookeeper_calls_lose_the_connection_retries_and_is_elected(
+        connect, admin):
+    registration = register_broker(connect, 1)
+    session = KazooClient(hosts=connect, timeout=SESSION_TIMEOUT_S,  # the broker's retry bounds
+                          command_retry={**COMMAND_RETRY, "deadline": SESSION_TIMEOUT_S})
+    session.start(timeout=WAIT_TIMEOUT_S)
+    flaky = ConnectionLossOnce(session)
+    controller = Controller(flaky, 1)
+    try:
+        controller.start()
+        wait_until(lambda: controller.is_active, "the controller elected")
+        assert controller_id(admin) == 1
+        assert ("ensure_path", paths.DELETE_TOPICS) in flaky.failed
+        assert ("get", paths.CONTROLLER_EPOCH) in flaky.failed
+    finally:
+        controller.stop()
+        close(session)
+        close(registration)
