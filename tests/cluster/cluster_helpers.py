@@ -1,6 +1,7 @@
 """Helpers of the controller tests: brokers registered by their own kazoo sessions, a bounded
 wait on observed ZooKeeper state, and reading partition states and controller records (synced:
-the clients of a test may be connected to different nodes of the ensemble)."""
+the clients of a test may be connected to different nodes of the ensemble), and
+``ConnectionLossOnce``, a kazoo client whose calls each lose the connection once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
 
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
@@ -81,3 +83,27 @@ def controller_id(zk: KazooClient) -> int | None:
     if zk.exists(paths.CONTROLLER) is None:
         return None
     return records.decode_controller_registration(zk.get(paths.CONTROLLER)[0]).broker_id
+
+
+class ConnectionLossOnce:
+    """A kazoo client whose reads and writes each fail once with ConnectionLoss (as when the
+    ZooKeeper node of the session dies with the request in flight), then go through."""
+
+    FLAKY_CALLS = ("ensure_path", "get", "create", "exists", "get_children")
+
+    def __init__(self, client) -> None:
+        self._client = client
+        self.failed: set[tuple[str, str]] = set()
+
+    def __getattr__(self, name: str):
+        call = getattr(self._client, name)
+        if name not in self.FLAKY_CALLS:
+            return call
+
+        def failing_once(path, *args, **kwargs):
+            if (name, path) not in self.failed:
+                self.failed.add((name, path))
+                raise ConnectionLoss()
+            return call(path, *args, **kwargs)
+
+        return failing_once

@@ -30,6 +30,7 @@ from headrace.errors import (
 from tests.cluster.cluster_helpers import (
     SESSION_TIMEOUT_S,
     WAIT_TIMEOUT_S,
+    ConnectionLossOnce,
     close,
     controller_epoch,
     controller_id,
@@ -335,30 +336,6 @@ def test_the_broker_side_maps_zookeeper_failures_to_kafka_errors(cluster):
     assert asyncio.run(outcome(failing(ConnectionLoss()))) is RequestTimedOut
     assert asyncio.run(outcome(failing(SessionExpiredError()))) is NotController
     assert asyncio.run(outcome(failing(ControllerFenced("fenced")))) is NotController
-
-
-class ConnectionLossOnce:
-    """A kazoo client whose reads and writes each fail once with ConnectionLoss (as when the
-    ZooKeeper node of the session dies with the request in flight), then go through."""
-
-    FLAKY_CALLS = ("ensure_path", "get", "create", "exists", "get_children")
-
-    def __init__(self, client) -> None:
-        self._client = client
-        self.failed: set[tuple[str, str]] = set()
-
-    def __getattr__(self, name: str):
-        call = getattr(self._client, name)
-        if name not in self.FLAKY_CALLS:
-            return call
-
-        def failing_once(path, *args, **kwargs):
-            if (name, path) not in self.failed:
-                self.failed.add((name, path))
-                raise ConnectionLoss()
-            return call(path, *args, **kwargs)
-
-        return failing_once
 
 
 def test_a_controller_whose_zookeeper_calls_lose_the_connection_retries_and_is_elected(
