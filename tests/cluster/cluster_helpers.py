@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss
+from kazoo.exceptions import ConnectionLoss, NoNodeError
 
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
@@ -80,9 +80,11 @@ def controller_epoch(zk: KazooClient) -> int:
 
 def controller_id(zk: KazooClient) -> int | None:
     zk.sync(paths.CONTROLLER)
-    if zk.exists(paths.CONTROLLER) is None:
+    try:  # one read: /controller may go (its owner's session expiring) at any moment
+        data, _ = zk.get(paths.CONTROLLER)
+    except NoNodeError:
         return None
-    return records.decode_controller_registration(zk.get(paths.CONTROLLER)[0]).broker_id
+    return records.decode_controller_registration(data).broker_id
 
 
 class ConnectionLossOnce:
