@@ -19,7 +19,10 @@ Temporary limit of this release: replication is a later issue, so a replication 
 ``MAX_SUPPORTED_REPLICATION_FACTOR`` (1) is refused with INVALID_REPLICATION_FACTOR.
 
 Functions take a connected ``KazooClient``; they block on ZooKeeper (call them from a thread,
-never from the event loop). Thread-safe as kazoo is.
+never from the event loop). Thread-safe as kazoo is. Reads are retried across a lost
+connection with the client's bounded command retry; writes (multi-ops, conditional sets,
+creates) are not: a write whose answer was lost may have been applied, so its caller sees the
+error and asks again.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def controlled_shutdown_path(broker_id: int) -> str:
 
 
 def live_broker_ids(zk: KazooClient) -> list[int]:
-    return sorted(int(child) for child in zk.get_children(paths.BROKER_IDS) if child.isdigit())
+    return sorted(int(child) for child in zk.retry(zk.get_children, paths.BROKER_IDS) if child.isdigit())
 
 
 def check_replication_factor(replication_factor: int, live_brokers: int) -> None:
@@ -80,12 +83,12 @@ def check_manual_assignment(assignment: Mapping[int, Sequence[int]], live_broker
 
 
 def topic_exists(zk: KazooClient, topic: str) -> bool:
-    return zk.exists(paths.topic_path(topic)) is not None
+    return zk.retry(zk.exists, paths.topic_path(topic)) is not None
 
 
 def read_assignment(zk: KazooClient, topic: str) -> records.TopicAssignment:
     try:
-        data, _ = zk.get(paths.topic_path(topic))
+        data, _ = zk.retry(zk.get, paths.topic_path(topic))
     except NoNodeError:
         raise UnknownTopicOrPartition(f"Topic {topic} does not exist.") from None
     return records.decode_topic_assignment(topic, data)
@@ -123,7 +126,7 @@ def create_topic_assignment(
 
 def _set_or_create_config(zk: KazooClient, transaction, topic: str, configs: Mapping[str, str]) -> None:
     path, data = paths.topic_config_path(topic), records.encode_entity_config(configs)
-    if zk.exists(path) is None:
+    if zk.retry(zk.exists, path) is None:
         transaction.create(path, data)
     else:
         transaction.set_data(path, data)
@@ -160,7 +163,7 @@ def add_partitions(
 
 def _read_topic(zk: KazooClient, topic: str):
     try:
-        return zk.get(paths.topic_path(topic))
+        return zk.retry(zk.get, paths.topic_path(topic))
     except NoNodeError:
         raise UnknownTopicOrPartition(f"Topic {topic} does not exist.") from None
 
@@ -178,7 +181,7 @@ def request_topic_deletion(zk: KazooClient, topic: str) -> None:
 
 def read_topic_config(zk: KazooClient, topic: str) -> dict[str, str]:
     try:
-        data, _ = zk.get(paths.topic_config_path(topic))
+        data, _ = zk.retry(zk.get, paths.topic_config_path(topic))
     except NoNodeError:
         return {}
     return records.decode_entity_config(data)
