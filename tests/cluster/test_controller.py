@@ -356,3 +356,20 @@ def test_a_controller_whose_zookeeper_calls_lose_the_connection_retries_and_is_e
         controller.stop()
         close(session)
         close(registration)
+
+
+def test_a_topic_created_while_its_reads_lose_the_connection_is_written(connect, admin):
+    registration = register_broker(connect, 1)
+    session = KazooClient(hosts=connect, timeout=SESSION_TIMEOUT_S,  # the broker's retry bounds
+                          command_retry={**COMMAND_RETRY, "deadline": SESSION_TIMEOUT_S})
+    session.start(timeout=WAIT_TIMEOUT_S)
+    flaky = ConnectionLossOnce(session)
+    try:
+        topic_admin.create_topic_assignment(flaky, "flaky", 2, 1, {})
+        assert ("get_children", paths.BROKER_IDS) in flaky.failed
+        assignment = records.decode_topic_assignment(
+            "flaky", admin.get(paths.topic_path("flaky"))[0])
+        assert assignment.partitions == {0: (1,), 1: (1,)}
+    finally:
+        close(session)
+        close(registration)
