@@ -15,6 +15,7 @@ LAYER_RANK = {
     "client": 4,
     "spark": 4,
     "cli": 5,
+    "faults": 6,
 }
 FORBIDDEN_SIDEWAYS = {("storage", "coordinator"), ("coordinator", "storage")}
 
