@@ -19,14 +19,14 @@ partition from its start; nemesis actions: whatever the action reports (a dict o
 File format: JSON Lines, one ``Op`` per line as a JSON object with exactly the field names
 above (``null`` where absent), in ``index`` order; ``load`` reads it back to equal ops.
 
-Thread-safety: ``History.record`` may be called from any thread (one lock); ``ops`` returns
-a copy.
+Thread-safety: ``History.record`` may be called from any thread (an atomic counter and
+append); ``ops`` returns a copy in index order.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -63,20 +63,20 @@ class History:
         self._clock_ns = clock_ns
         self._origin_ns = clock_ns()
         self._ops: list[Op] = []
-        self._lock = threading.Lock()
+        self._indexes = itertools.count()
 
     def record(self, type: str, process: str, f: str, value: Any = None, *,
                partition: int | None = None, offset: int | None = None,
                error: str | None = None) -> Op:
-        with self._lock:
-            op = Op(len(self._ops), type, process, self._clock_ns() - self._origin_ns, f,
-                    value, partition, offset, error)
-            self._ops.append(op)
+        # No lock: next() on a count and list.append are atomic under the GIL, and a lock
+        # taken here can be held when librdkafka re-enters Python in another thread's flush.
+        op = Op(next(self._indexes), type, process, self._clock_ns() - self._origin_ns, f,
+                value, partition, offset, error)
+        self._ops.append(op)
         return op
 
     def ops(self) -> list[Op]:
-        with self._lock:
-            return list(self._ops)
+        return sorted(self._ops, key=lambda op: op.index)
 
 
 def dump(ops: Iterable[Op], path: Path) -> None:

@@ -170,12 +170,13 @@ class BrokerNode(Node):
 
     def __init__(self, name: str, host: str, port: int, data_dir: Path,
                  overrides: dict[str, str] | None = None, namespace: Namespace | None = None,
-                 power_shim: Path | None = None, clock_control_file: Path | None = None
-                 ) -> None:
+                 power_shim: Path | None = None, clock_control_file: Path | None = None,
+                 drop_fsync_suffix: str = "") -> None:
         self.data_dir = data_dir.resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.overrides = dict(overrides or {})
         self.power_shim = power_shim
+        self.drop_fsync_suffix = drop_fsync_suffix  # a mutation: fsyncs of these files do nothing
         self.shadow_dir = shadow_dir_of(self.data_dir)
         super().__init__(name, host, port, self.data_dir.with_name(f"{name}.log"), namespace,
                          preload=[power_shim] if power_shim else [],
@@ -196,7 +197,8 @@ class BrokerNode(Node):
     def environment(self) -> dict[str, str]:
         env = super().environment()
         if self.power_shim is not None:
-            env.update(shim_environment(self.data_dir, self.shadow_dir))
+            env.update(shim_environment(self.data_dir, self.shadow_dir,
+                                        self.drop_fsync_suffix))
         return env
 
     def start(self) -> None:
