@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from headrace.faults.checkers.list_append import ListAppendExpectations, check
 from headrace.faults.history import INFO, INVOKE, OK, build
+from tests.faults.anomalies import only
 
 
 def append(value, partition, offset, process="w0"):
@@ -16,13 +17,6 @@ def read(partition, *values, offsets=None, process="r0"):
     return [(INVOKE, process, "read", None, partition),
             (OK, process, "read", [[o, v] for o, v in zip(offsets, values, strict=True)],
              partition)]
-
-
-def only(result, kind):
-    counts = result.counts()
-    assert counts[kind] == 1, result.anomalies
-    assert sum(counts.values()) == 1, result.anomalies
-    return result.anomalies[kind][0]
 
 
 def test_a_clean_history_passes():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from headrace.faults.checkers.queue import QueueExpectations, check
 from headrace.faults.history import INFO, INVOKE, OK, build
+from tests.faults.anomalies import only
 
 
 def send(process, value, partition, offset):
@@ -19,14 +20,6 @@ def clean_rows():
     return [*send("p0", "a", 0, 0), *send("p0", "b", 0, 1), *send("p1", "c", 1, 0),
             *poll("c-assign", (0, 0, "a"), (0, 1, "b")), *poll("c-assign", (1, 0, "c")),
             *poll("drain", (0, 0, "a"), (0, 1, "b"), (1, 0, "c"))]
-
-
-def only(result, kind):
-    """The result's anomalies are exactly one kind, with one instance."""
-    counts = result.counts()
-    assert counts[kind] == 1, result.anomalies
-    assert sum(counts.values()) == 1, result.anomalies
-    return result.anomalies[kind][0]
 
 
 def test_a_clean_history_passes():

@@ -1,6 +1,7 @@
 """Checkers: pure functions from a history (``headrace.faults.history``) to the anomalies in it.
 
-Shared here: the rule for writes a power cut may drop (``truncation_excuses``).
+Shared here: ``CheckResult`` (anomalies by kind, counts, a few examples each) and the rule
+for writes a power cut may drop (``truncation_excuses``).
 Thread-safety: pure functions.
 """
 
@@ -9,6 +10,36 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+EXAMPLES_PER_ANOMALY = 5
+
+
+@dataclass
+class CheckResult:
+    """What a checker found: ``anomalies`` maps each of the checker's ``ANOMALY_KINDS`` to
+    the instances found (empty lists when the history is valid)."""
+
+    ANOMALY_KINDS: ClassVar[tuple[str, ...]] = ()
+    acked: int = 0
+    truncated: int = 0
+    anomalies: dict[str, list] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for kind in self.ANOMALY_KINDS:
+            self.anomalies.setdefault(kind, [])
+
+    @property
+    def valid(self) -> bool:
+        return not any(self.anomalies.values())
+
+    def counts(self) -> dict[str, int]:
+        return {kind: len(found) for kind, found in self.anomalies.items()}
+
+    def examples(self) -> dict[str, list]:
+        return {kind: found[:EXAMPLES_PER_ANOMALY] for kind, found in self.anomalies.items()
+                if found}
 
 
 def epoch_of(time_ns: int, power_cut_times_ns: list[int]) -> int:

@@ -24,12 +24,11 @@ Thread-safety: a pure function.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from headrace.faults.checkers import epoch_of, truncation_excuses
+from headrace.faults.checkers import CheckResult, epoch_of, truncation_excuses
 from headrace.faults.history import INVOKE, OK, Op, power_cut_times_ns
 
-EXAMPLES_PER_ANOMALY = 5
 ANOMALY_KINDS = ("lost", "duplicated", "inconsistent", "divergent", "skipped")
 
 
@@ -39,22 +38,9 @@ class ListAppendExpectations:
 
 
 @dataclass
-class ListAppendResult:
-    acked: int = 0
+class ListAppendResult(CheckResult):
+    ANOMALY_KINDS = ANOMALY_KINDS
     reads: int = 0
-    truncated: int = 0
-    anomalies: dict[str, list] = field(default_factory=lambda: {k: [] for k in ANOMALY_KINDS})
-
-    @property
-    def valid(self) -> bool:
-        return not any(self.anomalies.values())
-
-    def counts(self) -> dict[str, int]:
-        return {kind: len(found) for kind, found in self.anomalies.items()}
-
-    def examples(self) -> dict[str, list]:
-        return {kind: found[:EXAMPLES_PER_ANOMALY] for kind, found in self.anomalies.items()
-                if found}
 
 
 @dataclass(frozen=True)

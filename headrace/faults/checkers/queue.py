@@ -30,13 +30,12 @@ Thread-safety: a pure function.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from headrace.faults.checkers import epoch_of, truncation_excuses
+from headrace.faults.checkers import CheckResult, epoch_of, truncation_excuses
 from headrace.faults.history import INFO, INVOKE, OK, Op, power_cut_times_ns
 
 DRAIN_PROCESS = "drain"
-EXAMPLES_PER_ANOMALY = 5
 ANOMALY_KINDS = ("lost", "duplicated", "inconsistent", "nonmonotonic", "skipped")
 
 
@@ -47,23 +46,10 @@ class QueueExpectations:
 
 
 @dataclass
-class QueueResult:
-    acked: int = 0
+class QueueResult(CheckResult):
+    ANOMALY_KINDS = ANOMALY_KINDS
     read: int = 0
-    truncated: int = 0
     duplicated_non_idempotent: int = 0
-    anomalies: dict[str, list] = field(default_factory=lambda: {k: [] for k in ANOMALY_KINDS})
-
-    @property
-    def valid(self) -> bool:
-        return not any(self.anomalies.values())
-
-    def counts(self) -> dict[str, int]:
-        return {kind: len(found) for kind, found in self.anomalies.items()}
-
-    def examples(self) -> dict[str, list]:
-        return {kind: found[:EXAMPLES_PER_ANOMALY] for kind, found in self.anomalies.items()
-                if found}
 
 
 @dataclass(frozen=True, slots=True)

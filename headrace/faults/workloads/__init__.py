@@ -11,16 +11,30 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from headrace.faults.history import History
+from headrace.faults.history import INFO, INVOKE, OK, History
 from headrace.faults.namespace import Namespace
 
 TOPIC_CREATE_TIMEOUT_S = 30.0
 THREAD_JOIN_TIMEOUT_S = 60.0
+PRODUCER_POLL_S = 0.01
 CLIENT_SETTINGS = {"log_level": 0, "reconnect.backoff.max.ms": 500,
                    "socket.connection.setup.timeout.ms": 5000}
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    topic: str
+    partitions: int
+    prefix: str
+    idempotent: bool
+    max_writes: int
+    max_in_flight: int
+    message_timeout_ms: int
 
 
 class Workload:
@@ -72,6 +86,48 @@ class Workload:
             return wrapped
         return wrap
 
+    def write_unique_values(self, process: str, f: str, settings: WriterSettings) -> None:
+        """Send ``<prefix><n>`` for n < ``settings.max_writes`` round-robin over the
+        partitions with one confluent-kafka producer (acks=all), recording each as ``f``
+        (invoke, then ok with its offset or info), until ``stopping``, a fatal producer error
+        (an idempotent producer that lost its sequence gives up, as in Kafka) or the count."""
+        outstanding, fatal = [0], [False]
+
+        @self.reporting_errors(process)
+        def on_error(error) -> None:
+            fatal[0] = fatal[0] or error.fatal()
+
+        def report(value: str, partition: int):
+            @self.reporting_errors(process)
+            def on_delivery(error, message) -> None:
+                outstanding[0] -= 1
+                if error is None:
+                    self.history.record(OK, process, f, value, partition=partition,
+                                        offset=message.offset())
+                else:
+                    self.history.record(INFO, process, f, value, partition=partition,
+                                        error=str(error.name()))
+                    fatal[0] = fatal[0] or error.fatal()
+            return on_delivery
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
+                             "error_cb": on_error, "enable.idempotence": settings.idempotent,
+                             "linger.ms": 0, "message.timeout.ms": settings.message_timeout_ms,
+                             **CLIENT_SETTINGS})
+        for sequence in range(settings.max_writes):
+            while outstanding[0] >= settings.max_in_flight and not self.stopping.is_set():
+                producer.poll(PRODUCER_POLL_S)
+            if self.stopping.is_set() or fatal[0]:
+                break
+            value = f"{settings.prefix}{sequence}"
+            partition = sequence % settings.partitions
+            self.history.record(INVOKE, process, f, value, partition=partition)
+            outstanding[0] += 1
+            producer.produce(settings.topic, value.encode(), partition=partition,
+                             on_delivery=report(value, partition))
+            producer.poll(0)
+        _finish(producer, settings.message_timeout_ms / 1000, fatal[0])
+
     def stop(self) -> None:
         self.stopping.set()
         deadline = time.monotonic() + THREAD_JOIN_TIMEOUT_S
@@ -96,11 +152,12 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     futures[topic].result(TOPIC_CREATE_TIMEOUT_S)
 
 
-def finish(producer, timeout_s: float, fatal: bool) -> None:
+
+def _finish(producer: Producer, timeout_s: float, fatal: bool) -> None:
     """Wait up to ``timeout_s`` for outstanding deliveries, then fail what is left (their
     reports arrive as errors: indeterminate sends). After a fatal error the producer is
-    abandoned instead: confluent-kafka 2.16's flush then calls back with an exception pending
-    (SystemError); sends without a report stay invoked only, which checkers read as unknown."""
+    abandoned instead: sends without a report stay invoked only, which checkers read as
+    unknown."""
     if fatal:
         return
     producer.flush(timeout_s)

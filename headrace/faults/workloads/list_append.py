@@ -17,16 +17,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from headrace.faults.checkers import list_append as list_append_checker
 from headrace.faults.history import INFO, INVOKE, OK, History
 from headrace.faults.namespace import Namespace
-from headrace.faults.workloads import CLIENT_SETTINGS, Workload, create_topic, finish
+from headrace.faults.workloads import CLIENT_SETTINGS, Workload, WriterSettings, create_topic
 
 READ_POLL_TIMEOUT_S = 0.1
 READ_BATCH_RECORDS = 1_000
-PRODUCER_POLL_S = 0.01
 WATERMARK_TIMEOUT_S = 2.0
 FINAL_READ_TIMEOUT_S = 60.0
 
@@ -62,44 +61,9 @@ class ListAppendWorkload(Workload):
         self.spawn("reader", self._read_until_stopped)
 
     def _append(self) -> None:
-        process = "appender"
-        outstanding = [0]
-        fatal = [False]  # an idempotent producer that lost its sequence gives up, as in Kafka
-
-        def on_error(error) -> None:
-            fatal[0] = fatal[0] or error.fatal()
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
-                             "error_cb": self.reporting_errors(process)(on_error),
-                             "enable.idempotence": True, "linger.ms": 0,
-                             "message.timeout.ms": self.config.message_timeout_ms,
-                             **CLIENT_SETTINGS})
-
-        def report(value: str, partition: int):
-            @self.reporting_errors(process)
-            def on_delivery(error, message) -> None:
-                outstanding[0] -= 1
-                if error is None:
-                    self.history.record(OK, process, "append", value, partition=partition,
-                                        offset=message.offset())
-                else:
-                    self.history.record(INFO, process, "append", value, partition=partition,
-                                        error=str(error.name()))
-                    fatal[0] = fatal[0] or error.fatal()
-            return on_delivery
-
-        for sequence in range(self.config.max_appends):
-            while outstanding[0] >= self.config.max_in_flight and not self.stopping.is_set():
-                producer.poll(PRODUCER_POLL_S)
-            if self.stopping.is_set() or fatal[0]:
-                break
-            value, partition = f"a-{sequence}", sequence % self.config.partitions
-            self.history.record(INVOKE, process, "append", value, partition=partition)
-            outstanding[0] += 1
-            producer.produce(self.config.topic, value.encode(), partition=partition,
-                             on_delivery=report(value, partition))
-            producer.poll(0)
-        finish(producer, self.config.message_timeout_ms / 1000, fatal[0])
+        self.write_unique_values("appender", "append", WriterSettings(
+            self.config.topic, self.config.partitions, "a-", True, self.config.max_appends,
+            self.config.max_in_flight, self.config.message_timeout_ms))
 
     def _reader(self) -> Consumer:
         return Consumer({"bootstrap.servers": self.bootstrap, "group.id": "faults-reader",

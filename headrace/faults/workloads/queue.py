@@ -18,16 +18,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from headrace.faults.checkers import queue as queue_checker
 from headrace.faults.history import INFO, INVOKE, OK, History
 from headrace.faults.namespace import Namespace
-from headrace.faults.workloads import CLIENT_SETTINGS, Workload, create_topic, finish
+from headrace.faults.workloads import CLIENT_SETTINGS, Workload, WriterSettings, create_topic
 
 POLL_BATCH_RECORDS = 500
 POLL_TIMEOUT_S = 0.1
-PRODUCER_POLL_S = 0.01
 WATERMARK_TIMEOUT_S = 5.0
 DRAIN_PROCESS = queue_checker.DRAIN_PROCESS
 
@@ -67,44 +66,10 @@ class QueueWorkload(Workload):
         self.spawn("consumer-subscribe", self._consume_by_subscribe)
 
     def _produce(self, process: str, idempotent: bool) -> None:
-        outstanding = [0]
-        fatal = [False]  # an idempotent producer that lost its sequence gives up, as in Kafka
-
-        def on_error(error) -> None:
-            fatal[0] = fatal[0] or error.fatal()
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
-                             "error_cb": self.reporting_errors(process)(on_error),
-                             "enable.idempotence": idempotent, "linger.ms": 0,
-                             "message.timeout.ms": self.config.message_timeout_ms,
-                             **CLIENT_SETTINGS})
-
-        def report(value: str, partition: int):
-            @self.reporting_errors(process)
-            def on_delivery(error, message) -> None:
-                outstanding[0] -= 1
-                if error is None:
-                    self.history.record(OK, process, "send", value, partition=partition,
-                                        offset=message.offset())
-                else:
-                    self.history.record(INFO, process, "send", value, partition=partition,
-                                        error=str(error.name()))
-                    fatal[0] = fatal[0] or error.fatal()
-            return on_delivery
-
-        for sequence in range(self.config.max_sends_per_producer):
-            while outstanding[0] >= self.config.max_in_flight and not self.stopping.is_set():
-                producer.poll(PRODUCER_POLL_S)
-            if self.stopping.is_set() or fatal[0]:
-                break
-            value = f"{process}-{sequence}"
-            partition = sequence % self.config.partitions
-            self.history.record(INVOKE, process, "send", value, partition=partition)
-            outstanding[0] += 1
-            producer.produce(self.config.topic, value.encode(), partition=partition,
-                             on_delivery=report(value, partition))
-            producer.poll(0)
-        finish(producer, self.config.message_timeout_ms / 1000, fatal[0])
+        self.write_unique_values(process, "send", WriterSettings(
+            self.config.topic, self.config.partitions, f"{process}-", idempotent,
+            self.config.max_sends_per_producer, self.config.max_in_flight,
+            self.config.message_timeout_ms))
 
     def _consumer(self, group_id: str, **settings) -> Consumer:
         return Consumer({"bootstrap.servers": self.bootstrap, "group.id": group_id,
