@@ -6,10 +6,13 @@ A ZooKeeper node of the cluster will be another ``Node`` subclass with its own c
 
 A node may run inside a ``Namespace`` (``ip netns exec``, which keeps the pid), under the
 power-cut shim (``power_cut.py``: ``power_cut`` then leaves only what was fsynced), and with a
-skewable clock: libfaketime preloaded, reading its offset from a control file on every call
-(``FAKETIME_TIMESTAMP_FILE`` with ``FAKETIME_NO_CACHE=1``; monotonic clocks stay true,
-``FAKETIME_DONT_FAKE_MONOTONIC=1``), so ``set_clock_offset_s`` takes effect at once, also
-across restarts. Control file format: one line, ``+N`` or ``-N`` seconds, libfaketime's
+skewable clock: libfaketime preloaded, re-reading its offset from a control file every
+second (``FAKETIME_TIMESTAMP_FILE`` with ``FAKETIME_CACHE_DURATION=1``: re-reading it on every
+call, ``FAKETIME_NO_CACHE``, made each wall-clock read cost ~22 us and the broker's start-up
+several seconds); monotonic clocks stay true (``FAKETIME_DONT_FAKE_MONOTONIC=1``), so
+``set_clock_offset_s`` takes effect within a second, also across restarts. In that mode
+libfaketime 0.9.10 fails Python's ``time.sleep`` (clock_nanosleep) with EINVAL; the broker
+never sleeps that way. Control file format: one line, ``+N`` or ``-N`` seconds, libfaketime's
 relative form.
 
 Readiness: a TCP connection to the node's address succeeds (from inside its namespace), within
@@ -94,7 +97,7 @@ class Node:
             env["LD_PRELOAD"] = ":".join(str(library) for library in self.preload)
         if self.clock_control_file is not None:
             env.update(FAKETIME_TIMESTAMP_FILE=str(self.clock_control_file),
-                       FAKETIME_NO_CACHE="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
+                       FAKETIME_CACHE_DURATION="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
         return env
 
     def start(self) -> None:

@@ -18,7 +18,7 @@ Result: ``RunResult.summary()``, the JSON line ``bench/faults.py`` prints: seed,
 nemeses, flush, ``faults`` (kind -> count injected), acked, lost, duplicated, inconsistent,
 nonmonotonic, skipped, divergent, truncated, duplicated_non_idempotent, unavailable_s (the
 sum of gaps longer than ``UNAVAILABLE_GAP_S`` between successive acknowledgements while the
-clients ran), valid, and, when invalid, the directory the history and logs were saved to
+clients wrote), valid, and, when invalid, the directory the history and logs were saved to
 and the command that replays the seed. The schedule replays exactly; the interleaving of
 clients and faults does not (threads and a real broker).
 
@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headrace.faults.history import INFO, NEMESIS, OK, History, dump
+from headrace.faults.history import INFO, INVOKE, NEMESIS, OK, History, dump
 from headrace.faults.namespace import Namespace
 from headrace.faults.nemesis import Nemesis
 from headrace.faults.nemesis.clock import ClockNemesis
@@ -230,12 +230,13 @@ def durations_of(nemeses: dict[str, Nemesis]) -> dict[str, tuple[float, float]]:
 
 def unavailable_s(ops, f: str) -> float:
     """Sum of the gaps longer than ``UNAVAILABLE_GAP_S`` between successive acknowledged
-    ``f`` operations, from the first invocation to the last acknowledgement."""
+    ``f`` operations, from the first invocation to the last (all of it when none was
+    acknowledged)."""
     times = sorted([op.time_ns for op in ops if op.f == f and op.type == OK])
-    invoked = [op.time_ns for op in ops if op.f == f]
+    invoked = [op.time_ns for op in ops if op.f == f and op.type == INVOKE]
     if not invoked:
         return 0.0
-    edges = [min(invoked), *times]
+    edges = sorted([min(invoked), *times, max(invoked)])
     gaps = (b - a for a, b in zip(edges, edges[1:], strict=False))
     return sum(gap for gap in gaps if gap > UNAVAILABLE_GAP_S * 1e9) / 1e9
 
