@@ -676,10 +676,10 @@ class Log:
                 return duplicate
         if active.note_written_batch(len(records), last_offset, max_timestamp_ms, now_ms):
             self._plain_gate = None  # an index is full: the next append rolls
+        if last_offset + 1 - self.recovery_point >= self._flush_messages:
+            self._flush_locked(now_ms, last_offset + 1)  # before fetches can see the records
         view = self._view
         self._view = view.with_tail(last_offset + 1, active.size_bytes)
-        if last_offset + 1 - self.recovery_point >= self._flush_messages:
-            self._flush_locked(now_ms)
         return _new_append_result((first_offset, last_offset, -1, view.log_start_offset, False))
 
     def _finish_plain_batch(self, records: bytes | bytearray | memoryview, max_timestamp_ms: int,
@@ -738,10 +738,10 @@ class Log:
         next_offset, active = self._write(records, summaries, first_offset, now_ms)
         if producer_headers:
             self._record_producers(producer_headers, first_offset)
+        if next_offset - self.recovery_point >= config.flush_messages:
+            self._flush_locked(now_ms, next_offset)  # before fetches can see the records
         view = self._view  # after _write: a roll publishes a new segment tuple
         self._view = view.with_tail(next_offset, active.size_bytes)
-        if next_offset - self.recovery_point >= config.flush_messages:
-            self._flush_locked(now_ms)
         self._plain_gate = self._plain_gate_for(active)
         return _new_append_result((first_offset, next_offset - 1,
                                    now_ms if self._log_append_time else -1,
@@ -987,8 +987,13 @@ class Log:
         with self._lock:
             self._flush_locked(None)
 
-    def _flush_locked(self, now_ms: int | None, force: bool = False) -> None:
-        log_end_offset = self._view.log_end_offset
+    def _flush_locked(self, now_ms: int | None, log_end_offset: int | None = None,
+                      force: bool = False) -> None:
+        """Sync the segments from the recovery point on; ``log_end_offset`` (default the
+        published one) is the new recovery point: an append due for a flush passes its own
+        end, so records become visible to fetches (and so to consumers) only once synced, as
+        Kafka raises the high watermark only after the append and its flush return."""
+        log_end_offset = self._view.log_end_offset if log_end_offset is None else log_end_offset
         if not force and log_end_offset <= self.recovery_point and not self._rolled_unflushed():
             return
         first = max(0, bisect.bisect_right([s.base_offset for s in self._segments],
