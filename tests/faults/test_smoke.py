@@ -4,12 +4,16 @@ idempotent producer, or seen at two offsets, and no consumer goes back or skips.
 
 Flush per record (log.flush.interval.messages=1) throughout, so power cuts too must keep every
 acknowledged record; ``bench/faults.py`` runs the long campaigns. A failing run's history and
-broker log are kept under pytest's tmp dir and the failure message holds the replay command.
+broker log are kept under ``$HEADRACE_FAULTS_FAILURES`` (default /tmp/headrace-faults-failures/,
+outside pytest's tmp dirs, which later sessions rotate away) and the failure message holds the
+path and the replay command.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -18,10 +22,11 @@ from headrace.faults.node import libfaketime_path
 from headrace.faults.runner import RunConfig, run
 
 SMOKE_DURATION_S = 4.0
+FAILURES_DIR = Path(os.environ.get("HEADRACE_FAULTS_FAILURES", "/tmp/headrace-faults-failures"))
 
 
 def run_and_check(tmp_path, config: RunConfig) -> dict:
-    result = run(config, tmp_path / "run")
+    result = run(config, tmp_path / "run", failures_dir=FAILURES_DIR / tmp_path.name)
     summary = result.summary()
     assert result.valid, json.dumps(summary)
     assert summary["acked"] > 0, json.dumps(summary)
