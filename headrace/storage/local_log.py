@@ -187,10 +187,15 @@ class LocalLog:
                     log_end_offset)
         return segment
 
-    def flush(self, now_ms: int | None, force: bool = False) -> None:
+    def flush(self, now_ms: int | None, log_end_offset: int | None = None,
+              force: bool = False) -> None:
         """fsync every segment from the one holding the recovery point; the recovery point
-        becomes the log end offset."""
-        log_end_offset = self.view.log_end_offset
+        becomes ``log_end_offset`` (default the published one). An append due for a flush
+        passes its own end before publishing it, so records become visible to fetches (and so
+        to consumers) only once synced, as Kafka raises the high watermark only after the
+        append and its flush return."""
+        if log_end_offset is None:
+            log_end_offset = self.view.log_end_offset
         if not force and log_end_offset <= self.recovery_point and not self.rolled_unflushed():
             return
         for segment in self.segments[self._first_unflushed_index():]:

@@ -299,10 +299,10 @@ class Log:
                 return duplicate
         if active.note_written_batch(len(records), last_offset, max_timestamp_ms, now_ms):
             self._single_batch_window = None  # an index is full: the next append rolls
+        if last_offset + 1 - local.recovery_point >= self._flush_messages:
+            local.flush(now_ms, last_offset + 1)  # before fetches can see the records
         view = local.view
         local.view = view.with_tail(last_offset + 1, active.size_bytes)
-        if last_offset + 1 - local.recovery_point >= self._flush_messages:
-            local.flush(now_ms)
         return _new_append_result((first_offset, last_offset, -1, view.log_start_offset, False))
 
     def _finish_single_batch(self, records: bytes | bytearray | memoryview,
@@ -362,10 +362,10 @@ class Log:
         next_offset, active = self._write(records, summaries, first_offset, now_ms)
         if producer_headers:
             self._record_producers(producer_headers, first_offset)
+        if next_offset - local.recovery_point >= config.flush_messages:
+            local.flush(now_ms, next_offset)  # before fetches can see the records
         view = local.view  # after _write: a roll publishes a new segment tuple
         local.view = view.with_tail(next_offset, active.size_bytes)
-        if next_offset - local.recovery_point >= config.flush_messages:
-            local.flush(now_ms)
         self._single_batch_window = self._single_batch_window_for(active)
         return _new_append_result((first_offset, next_offset - 1,
                                    now_ms if self._log_append_time else -1,
