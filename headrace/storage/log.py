@@ -91,6 +91,7 @@ from headrace.protocol.batch import (
     set_log_append_time,
     set_max_timestamp,
 )
+from headrace.protocol.control_records import build_end_txn_marker_batch
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import FileSystem, RealFileSystem
 from headrace.storage.local_log import (
@@ -102,7 +103,11 @@ from headrace.storage.local_log import (
     ReadResult,
 )
 from headrace.storage.log_loader import LogLoader, rebuild_producer_state
-from headrace.storage.producer_state import SEQUENCE_MODULUS, ProducerStateManager
+from headrace.storage.producer_state import (
+    SEQUENCE_MODULUS,
+    CompletedTxn,
+    ProducerStateManager,
+)
 from headrace.storage.segment import MAX_RELATIVE_OFFSET, FileSlice, LogSegment
 from headrace.storage.segment_io import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.segment_roll import ROLL_NEVER, RollPolicy
@@ -276,6 +281,37 @@ class Log:
             for listener in self._listeners:
                 listener(result.last_offset + 1)
         return result
+
+    def append_transaction_marker(self, producer_id: int, producer_epoch: int, commit: bool,
+                                  coordinator_epoch: int, now_ms: int) -> AppendResult:
+        """Write the end-transaction marker the transaction coordinator sends for this
+        partition (Kafka's append with ``AppendOrigin.COORDINATOR``): one control batch
+        (``control_records``) ending the producer's ongoing transaction here, if it has one.
+
+        The one storage function the coordinator side calls (WriteTxnMarkers). As Kafka's:
+        raises InvalidProducerEpoch for ``producer_epoch`` older than the producer's and
+        TransactionCoordinatorFenced for ``coordinator_epoch`` older than the last marker's;
+        otherwise the marker is always written -- also when the producer has no ongoing
+        transaction here (a retried marker), which then completes nothing -- so retrying is
+        safe. An aborted transaction is recorded in the aborted-transaction index."""
+        batch = build_end_txn_marker_batch(producer_id, producer_epoch, commit,
+                                           coordinator_epoch, now_ms)
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            result = self._append_general(batch, now_ms, from_client=False)
+            completed = self.producer_state.complete_txn(
+                producer_id, producer_epoch, coordinator_epoch, commit, result.base_offset,
+                now_ms)
+            if completed is not None:
+                self._record_completed_txn(completed)
+        for listener in self._listeners:
+            listener(result.last_offset + 1)
+        return result
+
+    def _record_completed_txn(self, completed: CompletedTxn) -> None:
+        """Hook for the aborted-transaction index (nothing yet for a committed one)."""
 
     def _append_single_batch(self, records: bytes | bytearray | memoryview,
                              window: SingleBatchWindow, now_ms: int, from_client: bool

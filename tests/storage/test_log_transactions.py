@@ -1,0 +1,140 @@
+"""Transactions on the log: transactional batches, end-transaction markers written by the
+coordinator (``Log.append_transaction_marker``), producer and coordinator epoch fencing."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from headrace.errors import (
+    InvalidProducerEpoch,
+    InvalidRecord,
+    InvalidTxnState,
+    TransactionCoordinatorFenced,
+)
+from headrace.protocol.batch import parse_header
+from headrace.protocol.control_records import build_end_txn_marker_batch, marker_of_batch
+from headrace.protocol.records import build_batch, decode_batch
+from tests.storage.helpers import NOW_MS, open_log, read_all, reopen
+
+PRODUCER_ID = 4_000
+EPOCH = 3
+COORDINATOR_EPOCH = 7
+
+
+def txn_batch(sequence: int, count: int = 2, epoch: int = EPOCH,
+              producer_id: int = PRODUCER_ID, transactional: bool = True) -> bytes:
+    records = [(b"k%d" % i, b"v%d" % i, (), NOW_MS) for i in range(count)]
+    return build_batch(records, producer_id=producer_id, producer_epoch=epoch,
+                       base_sequence=sequence, transactional=transactional)
+
+
+def test_marker_is_kafkas_control_batch(scratch):
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    result = log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)
+    assert (result.base_offset, result.last_offset) == (2, 2)
+    offset, raw = read_all(log)[-1]
+    batch = decode_batch(raw)
+    header = batch.header
+    assert offset == 2 and header.is_control and header.is_transactional
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == \
+        (PRODUCER_ID, EPOCH, -1)
+    [record] = batch.records
+    assert record.key == struct.pack(">hh", 0, 1)  # version 0, type 1 = commit
+    assert record.value == struct.pack(">hi", 0, COORDINATOR_EPOCH)
+    log.close()
+
+
+def test_transactional_batch_begins_a_transaction_that_a_marker_ends(scratch):
+    log = open_log(scratch)
+    log.append(build_batch([(b"a", b"b", (), NOW_MS)]), NOW_MS, from_client=True)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    log.append(txn_batch(2), NOW_MS, from_client=True)
+    assert log.producer_state.first_unstable_offset() == 1
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)
+    assert log.producer_state.first_unstable_offset() is None
+    log.close()
+
+
+def test_a_marker_without_an_ongoing_transaction_is_written_and_completes_nothing(scratch):
+    """A retried WriteTxnMarkers: Kafka appends the marker again."""
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)
+    retried = log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)
+    assert retried.base_offset == 3 and log.log_end_offset == 4
+    assert log.producer_state.first_unstable_offset() is None
+    assert marker_of_batch(read_all(log)[-1][1]).commit
+    log.close()
+
+
+def test_a_marker_with_an_older_producer_epoch_is_refused(scratch):
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    with pytest.raises(InvalidProducerEpoch):
+        log.append_transaction_marker(PRODUCER_ID, EPOCH - 1, False, COORDINATOR_EPOCH, NOW_MS)
+    assert log.log_end_offset == 2
+    assert log.producer_state.first_unstable_offset() == 0
+    log.close()
+
+
+def test_a_marker_from_an_older_coordinator_epoch_is_refused(scratch):
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)
+    log.append(txn_batch(2), NOW_MS, from_client=True)
+    with pytest.raises(TransactionCoordinatorFenced):
+        log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH - 1, NOW_MS)
+    assert log.log_end_offset == 5
+    log.close()
+
+
+def test_the_bumped_epoch_of_an_abort_marker_fences_the_zombie_producer(scratch):
+    """InitProducerId bumps the epoch and aborts with markers at the new epoch: the old
+    producer's next batch gets INVALID_PRODUCER_EPOCH; the new one starts at sequence 0."""
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH + 1, False, COORDINATOR_EPOCH, NOW_MS)
+    with pytest.raises(InvalidProducerEpoch):
+        log.append(txn_batch(2), NOW_MS, from_client=True)
+    log.append(txn_batch(0, epoch=EPOCH + 1), NOW_MS, from_client=True)
+    assert log.producer_state.first_unstable_offset() == 3
+    log.close()
+
+
+def test_a_plain_batch_during_the_producers_transaction_is_invalid_txn_state(scratch):
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    with pytest.raises(InvalidTxnState):
+        log.append(txn_batch(2, transactional=False), NOW_MS, from_client=True)
+    assert log.log_end_offset == 2
+    log.close()
+
+
+def test_clients_may_not_write_markers(scratch):
+    log = open_log(scratch)
+    marker = build_end_txn_marker_batch(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)
+    with pytest.raises(InvalidRecord):
+        log.append(marker, NOW_MS, from_client=True)
+    log.close()
+
+
+def test_ongoing_transaction_and_coordinator_epoch_survive_a_restart(scratch):
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)
+    log.append(txn_batch(2), NOW_MS, from_client=True)
+    log = reopen(log)
+    assert log.producer_state.first_unstable_offset() == 3
+    with pytest.raises(TransactionCoordinatorFenced):
+        log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH - 1, NOW_MS)
+    log.close()
+
+
+def test_marker_batch_header_matches_parse(scratch):
+    raw = build_end_txn_marker_batch(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)
+    header = parse_header(raw)
+    assert header.records_count == 1 and header.max_timestamp == NOW_MS
+    assert not marker_of_batch(raw).commit
