@@ -104,6 +104,7 @@ ProducerFenced = _define("ProducerFenced", 90)
 UnknownTopicId = _define("UnknownTopicId", 100, True)
 InconsistentTopicId = _define("InconsistentTopicId", 103, True)
 TransactionalIdNotFound = _define("TransactionalIdNotFound", 105)
+TransactionAbortable = _define("TransactionAbortable", 120)
 
 
 def error_for_code(code: int, message: str = "") -> KafkaError:

@@ -137,6 +137,28 @@ def transaction_append_error_code(append_error_code: int) -> int:
     return errors.UnknownServerError.code
 
 
+_RETRY_PRODUCE_CODES = frozenset({
+    errors.ConcurrentTransactions.code, errors.NetworkException.code,
+    errors.CoordinatorLoadInProgress.code, errors.CoordinatorNotAvailable.code,
+    errors.NotCoordinator.code})
+FIRST_PRODUCE_VERSION_WITH_ABORTABLE = 11
+
+
+def produce_verification_error_code(verify_code: int, produce_version: int) -> int:
+    """What a Produce partition answers for a failed ``verify`` (Kafka's
+    AddPartitionsToTxnManager and ReplicaManager translations): PRODUCER_FENCED becomes
+    INVALID_PRODUCER_EPOCH, TRANSACTION_ABORTABLE becomes INVALID_TXN_STATE before Produce
+    v11, and coordinator errors NOT_ENOUGH_REPLICAS, which older clients retry."""
+    if verify_code == errors.ProducerFenced.code:
+        return errors.InvalidProducerEpoch.code
+    if (verify_code == errors.TransactionAbortable.code
+            and produce_version < FIRST_PRODUCE_VERSION_WITH_ABORTABLE):
+        return errors.InvalidTxnState.code
+    if verify_code in _RETRY_PRODUCE_CODES:
+        return errors.NotEnoughReplicas.code
+    return verify_code
+
+
 def is_epoch_exhausted(producer_epoch: int) -> bool:
     return producer_epoch >= JAVA_SHORT_MAX - 1
 
@@ -584,6 +606,38 @@ class TransactionCoordinator:
             return []
 
         return [self._append(owned, metadata, target, lambda _now: [], retry)]
+
+    # --- KIP-890 part 1: verifying a transactional produce ---------------------------------
+
+    def verify(self, transactional_id: str, producer_id: int, producer_epoch: int,
+               partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Whether each partition is in the producer's ongoing transaction (Kafka's
+        handleVerifyPartitionsInTransaction): 0, or TRANSACTION_ABORTABLE for a partition
+        not added, or one error for all (INVALID_REQUEST, NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS, INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED,
+        CONCURRENT_TRANSACTIONS while the transaction ends). A pending transition is not
+        waited for: partitions count once their addition is stored. The produce path maps
+        the codes with ``produce_verification_error_code``."""
+        partitions = list(partitions)
+        code = 0
+        if not transactional_id:
+            code = errors.InvalidRequest.code
+        else:
+            owned, code = self._lookup(transactional_id)
+            metadata = owned.transactions.get(transactional_id) if owned is not None else None
+            if owned is None:
+                pass
+            elif metadata is None or metadata.current.producer_id != producer_id:
+                code = errors.InvalidProducerIdMapping.code
+            elif metadata.current.producer_epoch != producer_epoch:
+                code = errors.ProducerFenced.code
+            elif metadata.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+                code = errors.ConcurrentTransactions.code
+            else:
+                added = metadata.current.partitions if metadata.state == S.ONGOING else ()
+                return {tp: 0 if tp in added else errors.TransactionAbortable.code
+                        for tp in partitions}
+        return {tp: code for tp in partitions}
 
     # --- ListTransactions / DescribeTransactions --------------------------------------------
 

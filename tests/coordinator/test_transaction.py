@@ -12,6 +12,7 @@ from headrace.coordinator.transaction import (
     TransactionMetadata,
     Transit,
     TxnState,
+    produce_verification_error_code,
 )
 from headrace.coordinator.transaction_config import TransactionConfig
 from headrace.coordinator.transaction_messages import (
@@ -273,3 +274,33 @@ def test_transitions_outside_the_table_raise():
     with pytest.raises(IllegalTransition):
         metadata.prepare(Transit(1, -1, 0, -1, TIMEOUT_MS, TxnState.PREPARE_COMMIT,
                                  frozenset(), -1, 0))
+
+
+def test_verify_accepts_only_partitions_added_to_the_ongoing_transaction():
+    driver = TxnDriver()
+    pid = init(driver).producer_id
+    verify = driver.coordinator.verify
+    assert verify(TXN, pid, 0, [T0]) == {T0: errors.TransactionAbortable.code}  # Empty
+    add(driver, pid, 0, T0)
+    assert verify(TXN, pid, 0, [T0, T1]) == {T0: 0, T1: errors.TransactionAbortable.code}
+    assert verify(TXN, pid, 1, [T0]) == {T0: errors.ProducerFenced.code}
+    assert verify(TXN, pid + 1, 0, [T0]) == {T0: errors.InvalidProducerIdMapping.code}
+    assert verify("", pid, 0, [T0]) == {T0: errors.InvalidRequest.code}
+    driver.failing_marker_partitions = {T0}
+    end(driver, pid, 0, commit=True)
+    assert verify(TXN, pid, 0, [T0]) == {T0: errors.ConcurrentTransactions.code}
+    driver.failing_marker_partitions = set()
+    driver.advance(1_000)
+    assert verify(TXN, pid, 0, [T0]) == {T0: errors.TransactionAbortable.code}  # committed
+
+
+@pytest.mark.parametrize(("verify_code", "produce_version", "expected"), [
+    (errors.ProducerFenced.code, 9, errors.InvalidProducerEpoch.code),
+    (errors.TransactionAbortable.code, 10, errors.InvalidTxnState.code),
+    (errors.TransactionAbortable.code, 11, errors.TransactionAbortable.code),
+    (errors.ConcurrentTransactions.code, 9, errors.NotEnoughReplicas.code),
+    (errors.NotCoordinator.code, 9, errors.NotEnoughReplicas.code),
+    (errors.InvalidProducerIdMapping.code, 9, errors.InvalidProducerIdMapping.code),
+])
+def test_verification_errors_as_produce_answers_them(verify_code, produce_version, expected):
+    assert produce_verification_error_code(verify_code, produce_version) == expected
