@@ -16,10 +16,15 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headrace import errors
+from headrace.protocol.batch import parse_header
+from headrace.protocol.control_records import marker_of_batch
+from headrace.protocol.records import build_batch
 from tests.broker.raw_client import RawClient
 
+PRODUCE, FETCH = 0, 1
 FIND_COORDINATOR = 10
 INIT_PRODUCER_ID = 22
+ADD_PARTITIONS_TO_TXN = 24
 DESCRIBE_TRANSACTIONS = 65
 LIST_TRANSACTIONS = 66
 TIMEOUT_S = 30
@@ -42,6 +47,28 @@ def _describe(bootstrap: str, transactional_id: str):
         response = client.request(DESCRIBE_TRANSACTIONS, 0,
                                   {"transactional_ids": [transactional_id]})
     return response.transaction_states[0]
+
+
+def _markers(bootstrap: str, topic: str, partition: int) -> list[tuple[int, int, bool]]:
+    """(producer id, epoch, commit) of every marker in the partition, read uncommitted."""
+    with RawClient(bootstrap) as client:
+        body = client.request(FETCH, 11, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 10_000_000,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [{
+                "partition": partition, "fetch_offset": 0, "partition_max_bytes": 10_000_000,
+                "current_leader_epoch": -1, "last_fetched_epoch": -1,
+                "log_start_offset": -1}]}],
+            "forgotten_topics_data": [], "rack_id": ""})
+    data = bytes(body.responses[0].partitions[0].records or b"")
+    markers, position = [], 0
+    while position < len(data):
+        header = parse_header(data, position)
+        marker = marker_of_batch(data, position) if header.is_control else None
+        if marker is not None:
+            markers.append((header.producer_id, header.producer_epoch, marker.commit))
+        position += header.size_bytes
+    return markers
 
 
 def _commit_one(bootstrap: str, topic: str, transactional_id: str, value: bytes) -> Producer:
@@ -68,6 +95,9 @@ def test_committed_transaction_is_described_complete(broker):
     producer.commit_transaction(TIMEOUT_S)
     done = _describe(broker.bootstrap, transactional_id)
     assert (done.error_code, done.transaction_state, done.topics) == (0, "CompleteCommit", ())
+    for partition in (0, 1):
+        assert _markers(broker.bootstrap, topic, partition) == [
+            (done.producer_id, done.producer_epoch, True)]
 
 
 def test_a_second_producer_fences_the_first(broker):
@@ -84,7 +114,9 @@ def test_a_second_producer_fences_the_first(broker):
     assert raised.value.args[0].fatal()
     described = _describe(broker.bootstrap, transactional_id)
     assert described.transaction_state == "CompleteCommit"
-    assert described.producer_epoch >= 2  # bumped to abort the zombie's, then again
+    # the zombie's transaction aborted with a bumped epoch, then the successor's committed
+    pid = described.producer_id
+    assert _markers(broker.bootstrap, topic, 0) == [(pid, 1, False), (pid, 2, True)]
     successor.flush(TIMEOUT_S)
 
 
@@ -124,6 +156,8 @@ def test_transactions_survive_a_restart(fresh_broker):
 def test_list_transactions_filters_by_state(broker):
     topic = _topic(broker.bootstrap)
     transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    committed_id = f"tx-{uuid.uuid4().hex[:8]}"
+    _commit_one(broker.bootstrap, topic, committed_id, b"done").flush(TIMEOUT_S)
     producer = _producer(broker.bootstrap, transactional_id)
     producer.init_transactions(TIMEOUT_S)
     producer.begin_transaction()
@@ -136,5 +170,41 @@ def test_list_transactions_filters_by_state(broker):
     assert list(response.unknown_state_filters) == ["NoSuchState"]
     listed = {t.transactional_id: t.transaction_state for t in response.transaction_states}
     assert listed.get(transactional_id) == "Ongoing"
+    assert committed_id not in listed
     assert set(listed.values()) == {"Ongoing"}
     producer.abort_transaction(TIMEOUT_S)
+
+
+def _raw_produce(client: RawClient, topic: str, transactional_id: str, batch: bytes) -> int:
+    body = client.request(PRODUCE, 9, {
+        "transactional_id": transactional_id, "acks": -1, "timeout": 30000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+    return body.responses[0].partition_responses[0].error_code
+
+
+def test_a_transactional_batch_for_a_partition_not_in_the_transaction_is_refused(broker):
+    """KIP-890 part 1: without AddPartitionsToTxn the append would start a transaction the
+    coordinator does not know, which nothing would ever end."""
+    topic = _topic(broker.bootstrap, partitions=1)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    with RawClient(broker.bootstrap) as client:
+        init = client.request(INIT_PRODUCER_ID, 4, {
+            "transactional_id": transactional_id, "transaction_timeout": 60_000,
+            "producer_id": -1, "producer_epoch": -1})
+        pid, epoch = init.producer_id, init.producer_epoch
+
+        def batch(sequence: int) -> bytes:
+            return build_batch([(b"k", b"v", (), 0)], producer_id=pid, producer_epoch=epoch,
+                               base_sequence=sequence, transactional=True)
+
+        assert _raw_produce(client, topic, transactional_id, batch(0)) == (
+            errors.InvalidTxnState.code)
+        added = client.request(ADD_PARTITIONS_TO_TXN, 3, {
+            "v3_and_below_transactional_id": transactional_id,
+            "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch,
+            "v3_and_below_topics": [{"name": topic, "partitions": [0]}]})
+        assert added.results_by_topic_v3_and_below[0].results_by_partition[0] \
+            .partition_error_code == 0
+        assert _raw_produce(client, topic, transactional_id, batch(0)) == 0
+        assert _raw_produce(client, topic, "another-id", batch(1)) == (
+            errors.InvalidProducerIdMapping.code)
