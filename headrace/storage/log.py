@@ -111,6 +111,7 @@ from headrace.storage.producer_state import (
 from headrace.storage.segment import MAX_RELATIVE_OFFSET, FileSlice, LogSegment
 from headrace.storage.segment_io import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.segment_roll import ROLL_NEVER, RollPolicy
+from headrace.storage.txn_index import AbortedTxn
 from headrace.storage.validation import (
     Summary,
     check_compressed_batch,
@@ -208,6 +209,14 @@ class Log:
     @property
     def high_watermark(self) -> int:
         return self._local.view.log_end_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: the first offset of the earliest ongoing transaction, else the high
+        watermark. Safe from any thread."""
+        first_unstable = self.producer_state.first_unstable_offset()
+        high_watermark = self._local.view.log_end_offset
+        return high_watermark if first_unstable is None else min(first_unstable, high_watermark)
 
     @property
     def recovery_point(self) -> int:
@@ -311,7 +320,11 @@ class Log:
         return result
 
     def _record_completed_txn(self, completed: CompletedTxn) -> None:
-        """Hook for the aborted-transaction index (nothing yet for a committed one)."""
+        """An aborted transaction goes into the aborted-transaction index of the segment
+        holding its marker (a committed one needs no entry)."""
+        if completed.aborted:
+            self._local.active_segment.txn_index.append(
+                self.producer_state.aborted_entry(completed))
 
     def _append_single_batch(self, records: bytes | bytearray | memoryview,
                              window: SingleBatchWindow, now_ms: int, from_client: bool
@@ -608,8 +621,17 @@ class Log:
 
     # ---- reading -------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, min_one_batch: bool = True) -> ReadResult:
-        return self._local.read(offset, max_bytes, min_one_batch)
+    def read(self, offset: int, max_bytes: int, min_one_batch: bool = True,
+             max_offset: int | None = None) -> ReadResult:
+        """Whole batches from ``offset``; with ``max_offset`` (read_committed: the last
+        stable offset) none at or after it."""
+        return self._local.read(offset, max_bytes, min_one_batch, max_offset)
+
+    def collect_aborted_transactions(self, start_offset: int, upper_bound_offset: int
+                                     ) -> list[AbortedTxn]:
+        """The aborted transactions a read_committed fetch of [start_offset,
+        upper_bound_offset) must announce (Kafka's ``collectAbortedTransactions``)."""
+        return self._local.collect_aborted_transactions(start_offset, upper_bound_offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         return self._local.offset_for_timestamp(timestamp_ms)

@@ -34,7 +34,8 @@ ends it, fenced by producer epoch and coordinator epoch. A marker is written eve
 producer has no ongoing transaction (as Kafka does: retried WriteTxnMarkers), and then
 completes nothing.
 
-Thread-safety: used only under the owning log's append lock.
+Thread-safety: used only under the owning log's append lock, except
+``first_unstable_offset`` (any thread).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from headrace.errors import (
 from headrace.protocol.batch import BatchHeader
 from headrace.protocol.kernel import crc32c
 from headrace.storage.fs import FileSystem, read_whole_file, write_file_atomically
+from headrace.storage.txn_index import AbortedTxn
 
 BATCHES_RETAINED_PER_PRODUCER = 5
 SNAPSHOT_SUFFIX = ".snapshot"
@@ -115,6 +117,8 @@ class ProducerStateManager:
         self.producers: dict[int, ProducerEntry] = {}
         # producer id -> first offset of its ongoing transaction (Kafka's ongoingTxns)
         self.ongoing_txns: dict[int, int] = {}
+        # their minimum, published for readers on other threads (one attribute read)
+        self._first_unstable_offset: int | None = None
 
     def check(self, header: BatchHeader) -> BatchMetadata | None:
         """Validate an incoming data batch; return the original metadata if it is a
@@ -177,6 +181,8 @@ class ProducerStateManager:
         if header.is_transactional and entry.current_txn_first_offset == NO_TXN:
             entry.current_txn_first_offset = base_offset
             self.ongoing_txns[header.producer_id] = base_offset
+            if self._first_unstable_offset is None:
+                self._first_unstable_offset = base_offset
 
     def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int
                      ) -> None:
@@ -204,14 +210,16 @@ class ProducerStateManager:
         entry.coordinator_epoch = coordinator_epoch
         entry.last_timestamp_ms = timestamp_ms
         entry.current_txn_first_offset = NO_TXN
-        self.ongoing_txns.pop(producer_id, None)
+        if self.ongoing_txns.pop(producer_id, None) is not None:
+            self._first_unstable_offset = min(self.ongoing_txns.values(), default=None)
         if first_offset == NO_TXN:
             return None
         return CompletedTxn(producer_id, first_offset, offset, not commit)
 
     def first_unstable_offset(self) -> int | None:
-        """The first offset of the earliest ongoing transaction; None when there is none."""
-        return min(self.ongoing_txns.values(), default=None)
+        """The first offset of the earliest ongoing transaction; None when there is none.
+        Safe to call from any thread."""
+        return self._first_unstable_offset
 
     def last_stable_offset_after(self, completed: CompletedTxn) -> int:
         """The stable offset once ``completed`` ends (Kafka's ``lastStableOffset``): the
@@ -220,17 +228,25 @@ class ProducerStateManager:
                   if producer_id != completed.producer_id]
         return min(others, default=completed.last_offset + 1)
 
-    def replay(self, header: BatchHeader, marker: tuple[bool, int] | None = None) -> None:
+    def aborted_entry(self, completed: CompletedTxn) -> AbortedTxn:
+        """The aborted-transaction index entry of ``completed`` (an abort)."""
+        return AbortedTxn(completed.producer_id, completed.first_offset, completed.last_offset,
+                          self.last_stable_offset_after(completed))
+
+    def replay(self, header: BatchHeader, marker: tuple[bool, int] | None = None
+               ) -> CompletedTxn | None:
         """Apply a batch read back from the log (recovery), without validation; a control
-        batch with its ``marker`` (commit, coordinator_epoch)."""
+        batch with its ``marker`` (commit, coordinator_epoch): the transaction it ends."""
         if header.producer_id < 0:
-            return
+            return None
         if not header.is_control:
             self.update(header, header.base_offset)
         elif marker is not None:
             commit, coordinator_epoch = marker
-            self.complete_txn(header.producer_id, header.producer_epoch, coordinator_epoch,
-                              commit, header.base_offset, header.max_timestamp)
+            return self.complete_txn(header.producer_id, header.producer_epoch,
+                                     coordinator_epoch, commit, header.base_offset,
+                                     header.max_timestamp)
+        return None
 
     # ---- snapshots -----------------------------------------------------------------------
 
@@ -304,6 +320,7 @@ class ProducerStateManager:
         self.ongoing_txns = {producer_id: entry.current_txn_first_offset
                              for producer_id, entry in producers.items()
                              if entry.current_txn_first_offset != NO_TXN}
+        self._first_unstable_offset = min(self.ongoing_txns.values(), default=None)
 
     def remove_snapshots(self, below_offset: int | None = None, above_offset: int | None = None
                          ) -> None:

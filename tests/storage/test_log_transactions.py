@@ -16,6 +16,9 @@ from headrace.errors import (
 from headrace.protocol.batch import parse_header
 from headrace.protocol.control_records import build_end_txn_marker_batch, marker_of_batch
 from headrace.protocol.records import build_batch, decode_batch
+from headrace.storage.config import LogConfig
+from headrace.storage.fs import RealFileSystem
+from headrace.storage.log import Log
 from tests.storage.helpers import NOW_MS, open_log, read_all, reopen
 
 PRODUCER_ID = 4_000
@@ -138,3 +141,100 @@ def test_marker_batch_header_matches_parse(scratch):
     header = parse_header(raw)
     assert header.records_count == 1 and header.max_timestamp == NOW_MS
     assert not marker_of_batch(raw).commit
+
+
+# ---- last stable offset, read_committed reads, the aborted-transaction index ----------------
+
+
+def test_last_stable_offset_is_the_first_offset_of_the_earliest_ongoing_transaction(scratch):
+    log = open_log(scratch)
+    log.append(build_batch([(b"a", b"b", (), NOW_MS)]), NOW_MS, from_client=True)
+    assert log.last_stable_offset == 1
+    log.append(txn_batch(0), NOW_MS, from_client=True)                        # 1-2
+    log.append(txn_batch(0, producer_id=PRODUCER_ID + 1), NOW_MS, from_client=True)  # 3-4
+    assert log.last_stable_offset == 1
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)  # 5
+    assert log.last_stable_offset == 3
+    log.append_transaction_marker(PRODUCER_ID + 1, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)
+    assert log.last_stable_offset == log.log_end_offset == 7
+    log.close()
+
+
+def test_a_read_up_to_the_last_stable_offset_stops_before_the_open_transaction(scratch):
+    log = open_log(scratch)
+    log.append(build_batch([(b"a", b"b", (), NOW_MS)]), NOW_MS, from_client=True)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    log.append(build_batch([(b"c", b"d", (), NOW_MS)]), NOW_MS, from_client=True)
+    result = log.read(0, 1 << 20, max_offset=log.last_stable_offset)
+    data = b"".join(piece.read_bytes() for piece in result.slices)
+    assert parse_header(data).next_offset == 1 and len(data) == parse_header(data).size_bytes
+    assert log.read(1, 1 << 20, max_offset=log.last_stable_offset).size_bytes == 0
+    log.close()
+
+
+def test_an_abort_is_indexed_in_kafkas_34_byte_txnindex_entry(scratch):
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)                        # 0-1
+    log.append(txn_batch(0, producer_id=PRODUCER_ID + 1), NOW_MS, from_client=True)  # 2-3
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)  # 4
+    log.append_transaction_marker(PRODUCER_ID + 1, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)
+    path = log.dir / "00000000000000000000.txnindex"
+    # version, producer id, first offset, last (marker) offset, LSO then: producer 4001's 2
+    assert path.read_bytes() == struct.pack(">hqqqq", 0, PRODUCER_ID, 0, 4, 2)
+    assert [(t.producer_id, t.first_offset) for t in log.collect_aborted_transactions(0, 6)] \
+        == [(PRODUCER_ID, 0)]
+    assert log.collect_aborted_transactions(5, 6) == []
+    log.close()
+
+
+def _abort_in_three_segments(scratch):
+    """Transactions aborted in segments 0 and 1 and one still open in the active segment."""
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)  # 0-2
+    log.roll(NOW_MS)
+    log.append(txn_batch(2), NOW_MS, from_client=True)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)  # 3-5
+    log.roll(NOW_MS)
+    log.append(txn_batch(4), NOW_MS, from_client=True)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)  # 6-8
+    log.append(txn_batch(6), NOW_MS, from_client=True)                                  # 9-10
+    return log
+
+
+def _aborted(log):
+    return [(t.first_offset, t.last_offset, t.last_stable_offset)
+            for t in log.collect_aborted_transactions(0, log.log_end_offset)]
+
+
+def test_aborted_transactions_and_the_open_one_survive_a_crash(scratch):
+    """Unclean shutdown with the recovery point (and the snapshot) at 0: the producer state
+    and every segment's .txnindex are rebuilt by the replay, the deleted files included."""
+    log = _abort_in_three_segments(scratch)
+    expected = [(0, 2, 3), (3, 5, 6), (6, 8, 9)]
+    assert _aborted(log) == expected
+    for name in log.dir.iterdir():
+        if name.suffix in (".txnindex", ".snapshot"):
+            name.unlink()
+    log = reopen(log, clean=False, recovery_point=0)
+    assert _aborted(log) == expected
+    assert log.last_stable_offset == 9
+    log.close()
+
+
+def test_a_crash_truncating_an_abort_marker_drops_its_index_entry(scratch):
+    """The marker at 8 is lost in a torn tail: its entry goes, the transaction is open."""
+    log = _abort_in_three_segments(scratch)
+    active = log.segments[-1]
+    marker_position = [p for p, h in active.iter_batches() if h.base_offset == 8][0]
+    log.close_without_flush()
+    with open(active.log_path, "r+b") as torn:
+        torn.truncate(marker_position + 5)
+    for name in log.dir.iterdir():
+        if name.suffix == ".snapshot" and int(name.stem) > 6:
+            name.unlink()
+    log = Log("t", 0, log.dir, LogConfig(), RealFileSystem(), NOW_MS, recovery_point=6)
+    assert log.log_end_offset == 8
+    assert _aborted(log) == [(0, 2, 3), (3, 5, 6)]
+    assert log.last_stable_offset == 6
+    log.close()
