@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headrace import errors
@@ -208,3 +208,46 @@ def test_a_transactional_batch_for_a_partition_not_in_the_transaction_is_refused
         assert _raw_produce(client, topic, transactional_id, batch(0)) == 0
         assert _raw_produce(client, topic, "another-id", batch(1)) == (
             errors.InvalidProducerIdMapping.code)
+
+
+def _read_values(bootstrap: str, topic: str, isolation_level: str, count: int) -> list[bytes]:
+    """Up to ``count`` values of partition 0 from the start, bounded in polls and time."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                         "isolation.level": isolation_level, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "enable.partition.eof": True})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        values: list[bytes] = []
+        for _ in range(200):
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    break
+                raise KafkaException(message.error())
+            values.append(message.value())
+            if len(values) >= count:
+                break
+        return values
+    finally:
+        consumer.close()
+
+
+def test_read_committed_never_sees_aborted_records(broker):
+    topic = _topic(broker.bootstrap, partitions=1)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    producer = _producer(broker.bootstrap, transactional_id)
+    producer.init_transactions(TIMEOUT_S)
+    for round_ in range(3):
+        producer.begin_transaction()
+        producer.produce(topic, f"aborted-{round_}".encode(), partition=0)
+        producer.flush(TIMEOUT_S)
+        producer.abort_transaction(TIMEOUT_S)
+        producer.begin_transaction()
+        producer.produce(topic, f"committed-{round_}".encode(), partition=0)
+        producer.commit_transaction(TIMEOUT_S)
+    committed = [f"committed-{r}".encode() for r in range(3)]
+    assert _read_values(broker.bootstrap, topic, "read_committed", 6) == committed
+    uncommitted = _read_values(broker.bootstrap, topic, "read_uncommitted", 6)
+    assert sorted(uncommitted) == sorted(committed + [f"aborted-{r}".encode() for r in range(3)])
