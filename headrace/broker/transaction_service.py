@@ -14,7 +14,9 @@ Owns ``TransactionService``:
   ``AppendToTransactionLog`` becomes one uncompressed v2 batch appended to that partition
   on the append thread, its outcome reported back as ``AppendResult``; ``WriteTxnMarkers``
   writes one control batch per partition through ``Log.append_transaction_marker`` on the
-  append thread, each partition's outcome reported
+  append thread (one written to a ``__consumer_offsets`` partition also tells the group
+  coordinator, ``TxnOffsetsCompleted``, to commit or drop the producer's pending offsets),
+  each partition's outcome reported
   back as ``TxnMarkersResult`` (failed ones are retried by the coordinator's timer);
 * a timer calls ``tick(now_ms)`` at ``next_deadline_ms()`` (transaction timeouts,
   transactional id expiry, marker retries).
@@ -33,7 +35,13 @@ import time
 
 from headrace import errors
 from headrace.broker.group_service import read_partition_records
-from headrace.coordinator.messages import AppendResult, Completed, Pending
+from headrace.coordinator.messages import (
+    AppendResult,
+    Completed,
+    Pending,
+    TxnOffsetsCompleted,
+)
+from headrace.coordinator.records import OFFSETS_TOPIC_NAME
 from headrace.coordinator.transaction import TransactionCoordinator
 from headrace.coordinator.transaction_config import TransactionConfig
 from headrace.coordinator.transaction_messages import (
@@ -206,10 +214,21 @@ class TransactionService:
         state = self._state
         results = await state.run_append(
             _carry_out_on_append_thread, state.log_manager, writes, self._now_ms())
-        for result in results:
+        for effect, result in zip(writes, results, strict=True):
+            if isinstance(effect, WriteTxnMarkers):
+                await self._complete_txn_offsets(effect, result)
             outcome = self.coordinator.handle(result, self._now_ms())
             await self._carry_out(outcome.effects)
         self._reschedule()
+
+    async def _complete_txn_offsets(self, effect: WriteTxnMarkers,
+                                    result: TxnMarkersResult) -> None:
+        """A marker written to an offsets partition commits or drops the producer's pending
+        transactional offsets in the group coordinator."""
+        for (topic, partition), code in result.partition_errors.items():
+            if topic == OFFSETS_TOPIC_NAME and code == 0:
+                await self._state.groups.call(
+                    TxnOffsetsCompleted(partition, effect.producer_id, effect.commit))
 
     # --- timers -----------------------------------------------------------------------------
 

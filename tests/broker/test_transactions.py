@@ -22,6 +22,7 @@ from headrace.protocol.records import build_batch
 from tests.broker.raw_client import RawClient
 
 PRODUCE, FETCH = 0, 1
+OFFSET_FETCH = 9
 FIND_COORDINATOR = 10
 INIT_PRODUCER_ID = 22
 ADD_PARTITIONS_TO_TXN = 24
@@ -251,3 +252,71 @@ def test_read_committed_never_sees_aborted_records(broker):
     assert _read_values(broker.bootstrap, topic, "read_committed", 6) == committed
     uncommitted = _read_values(broker.bootstrap, topic, "read_uncommitted", 6)
     assert sorted(uncommitted) == sorted(committed + [f"aborted-{r}".encode() for r in range(3)])
+
+
+def _offset_fetch(bootstrap: str, group_id: str, topic: str, require_stable: bool):
+    """(offset, error code) of partition 0 by OffsetFetch v7."""
+    with RawClient(bootstrap) as client:
+        body = client.request(OFFSET_FETCH, 7, {
+            "group_id": group_id, "require_stable": require_stable,
+            "topics": [{"name": topic, "partition_indexes": [0]}]})
+    partition = body.topics[0].partitions[0]
+    return partition.committed_offset, partition.error_code
+
+
+def _offsets_in_transaction(bootstrap: str, transactional_id: str, group_id: str,
+                            topic: str, offset: int) -> Producer:
+    """A producer whose ongoing transaction holds ``offset`` for the group (not ended)."""
+    producer = _producer(bootstrap, transactional_id)
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce(topic, b"out", partition=0)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id})
+    try:
+        producer.send_offsets_to_transaction([TopicPartition(topic, 0, offset)],
+                                             consumer.consumer_group_metadata(), TIMEOUT_S)
+    finally:
+        consumer.close()
+    return producer
+
+
+def test_offsets_sent_to_a_transaction_are_committed_with_it(broker):
+    topic = _topic(broker.bootstrap, partitions=1)
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+    producer = _offsets_in_transaction(broker.bootstrap, f"tx-{uuid.uuid4().hex[:8]}",
+                                       group_id, topic, 5)
+    assert _offset_fetch(broker.bootstrap, group_id, topic, require_stable=True) == (
+        -1, errors.UnstableOffsetCommit.code)
+    assert _offset_fetch(broker.bootstrap, group_id, topic, require_stable=False) == (-1, 0)
+    producer.commit_transaction(TIMEOUT_S)
+    assert _offset_fetch(broker.bootstrap, group_id, topic, require_stable=True) == (5, 0)
+
+
+def test_offsets_sent_to_an_aborted_transaction_are_dropped(broker):
+    topic = _topic(broker.bootstrap, partitions=1)
+    group_id = f"g-{uuid.uuid4().hex[:8]}"
+    producer = _offsets_in_transaction(broker.bootstrap, f"tx-{uuid.uuid4().hex[:8]}",
+                                       group_id, topic, 7)
+    producer.abort_transaction(TIMEOUT_S)
+    assert _offset_fetch(broker.bootstrap, group_id, topic, require_stable=True) == (-1, 0)
+
+
+def test_transactional_offsets_are_reloaded_after_a_restart(fresh_broker):
+    topic = _topic(fresh_broker.bootstrap, partitions=1)
+    committed_group, aborted_group = f"g-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    for group_id, offset, commit in ((committed_group, 3, True), (aborted_group, 4, False)):
+        producer = _offsets_in_transaction(fresh_broker.bootstrap, f"tx-{group_id}", group_id,
+                                           topic, offset)
+        if commit:
+            producer.commit_transaction(TIMEOUT_S)
+        else:
+            producer.abort_transaction(TIMEOUT_S)
+    fresh_broker.kill()
+    fresh_broker.start()
+    fetched = None
+    for _ in range(100):  # the offsets topic loads in the background after start
+        fetched = _offset_fetch(fresh_broker.bootstrap, committed_group, topic, True)
+        if fetched[1] != errors.CoordinatorLoadInProgress.code:
+            break
+    assert fetched == (3, 0)
+    assert _offset_fetch(fresh_broker.bootstrap, aborted_group, topic, True) == (-1, 0)
