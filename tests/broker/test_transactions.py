@@ -9,6 +9,7 @@ restart, read back with DescribeTransactions.
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -20,6 +21,7 @@ from headrace.protocol.batch import parse_header
 from headrace.protocol.control_records import marker_of_batch
 from headrace.protocol.records import build_batch
 from tests.broker.raw_client import RawClient
+from tests.conftest import BrokerProcess
 
 PRODUCE, FETCH = 0, 1
 OFFSET_FETCH = 9
@@ -320,3 +322,56 @@ def test_transactional_offsets_are_reloaded_after_a_restart(fresh_broker):
             break
     assert fetched == (3, 0)
     assert _offset_fetch(fresh_broker.bootstrap, aborted_group, topic, True) == (-1, 0)
+
+
+def _wait_for_state(bootstrap: str, transactional_id: str, state: str, timeout_s: float = 30):
+    """DescribeTransactions until the id is in ``state``; the last description."""
+    deadline = time.monotonic() + timeout_s
+    described = _describe(bootstrap, transactional_id)
+    while described.transaction_state != state and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling an observed state, bounded by the deadline
+        described = _describe(bootstrap, transactional_id)
+    return described
+
+
+def test_a_hanging_transaction_is_aborted_when_it_times_out(tmp_path):
+    broker = BrokerProcess(tmp_path / "data", {
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "100"})
+    (tmp_path / "data").mkdir()
+    broker.start()
+    try:
+        topic = _topic(broker.bootstrap, partitions=1)
+        transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+        hanging = _producer(broker.bootstrap, transactional_id, **{
+            "transaction.timeout.ms": 1000})
+        hanging.init_transactions(TIMEOUT_S)
+        hanging.begin_transaction()
+        hanging.produce(topic, b"hanging", partition=0)
+        hanging.flush(TIMEOUT_S)
+        described = _wait_for_state(broker.bootstrap, transactional_id, "CompleteAbort")
+        assert described.transaction_state == "CompleteAbort"
+        assert _markers(broker.bootstrap, topic, 0) == [(described.producer_id, 1, False)]
+        assert _read_values(broker.bootstrap, topic, "read_committed", 1) == []
+        with pytest.raises(KafkaException):  # its epoch was bumped: fenced
+            hanging.commit_transaction(TIMEOUT_S)
+    finally:
+        broker.stop()
+
+
+def test_a_transaction_open_when_the_broker_is_killed_is_aborted_by_the_next_producer(
+        fresh_broker):
+    topic = _topic(fresh_broker.bootstrap, partitions=1)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    before = _producer(fresh_broker.bootstrap, transactional_id)
+    before.init_transactions(TIMEOUT_S)
+    before.begin_transaction()
+    before.produce(topic, b"lost", partition=0)
+    before.flush(TIMEOUT_S)
+    fresh_broker.kill()
+    fresh_broker.start()
+    after = _commit_one(fresh_broker.bootstrap, topic, transactional_id, b"kept")
+    after.flush(TIMEOUT_S)
+    assert _read_values(fresh_broker.bootstrap, topic, "read_committed", 2) == [b"kept"]
+    described = _describe(fresh_broker.bootstrap, transactional_id)
+    assert _markers(fresh_broker.bootstrap, topic, 0) == [
+        (described.producer_id, 1, False), (described.producer_id, 2, True)]
