@@ -140,13 +140,15 @@ class DescribeTransactionsRequest:
 
 @dataclass(frozen=True, slots=True)
 class DescribedTransaction:
+    """An error answers Kafka's field defaults (zeros) beside its code."""
+
     transactional_id: str
     error_code: int
     transaction_state: str = ""
     transaction_timeout_ms: int = 0
-    transaction_start_time_ms: int = -1
-    producer_id: int = NO_PRODUCER_ID
-    producer_epoch: int = NO_PRODUCER_EPOCH
+    transaction_start_time_ms: int = 0  # -1 from an id with no transaction running
+    producer_id: int = 0
+    producer_epoch: int = 0
     partitions: tuple[TopicPartition, ...] = field(default=())
 
 

@@ -9,6 +9,7 @@ restart, read back with DescribeTransactions.
 
 from __future__ import annotations
 
+import struct
 import time
 import uuid
 
@@ -375,3 +376,22 @@ def test_a_transaction_open_when_the_broker_is_killed_is_aborted_by_the_next_pro
     described = _describe(fresh_broker.bootstrap, transactional_id)
     assert _markers(fresh_broker.bootstrap, topic, 0) == [
         (described.producer_id, 1, False), (described.producer_id, 2, True)]
+
+
+def test_an_initialised_id_is_described_empty_without_a_start_time(broker):
+    """Kafka answers start time -1 for an id with no transaction (kio's decoder refuses a
+    negative timestamp, so the frame is read by hand: timeout and start time follow the
+    state string)."""
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    with RawClient(broker.bootstrap) as client:
+        init = client.request(INIT_PRODUCER_ID, 4, {
+            "transactional_id": transactional_id, "transaction_timeout": 60_000,
+            "producer_id": -1, "producer_epoch": -1})
+        assert init.error_code == 0
+        client.send(DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [transactional_id]})
+        frame = client.receive_frame()
+    after_state = frame.index(b"\x06Empty") + len(b"\x06Empty")
+    timeout_ms, start_ms = struct.unpack_from(">iq", frame, after_state)
+    assert (timeout_ms, start_ms) == (60_000, -1)
+    unknown = _describe(broker.bootstrap, f"never-{uuid.uuid4().hex[:8]}")
+    assert unknown.error_code == errors.TransactionalIdNotFound.code
