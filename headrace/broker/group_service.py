@@ -18,7 +18,8 @@ Owns ``GroupService``:
 * the loader logs, per start-up, the groups loaded, the records replayed
   (``loaded_record_count``, which a compacted offsets topic keeps near the number of live
   keys) and the time taken;
-* a timer calls ``tick(now_ms)`` at ``next_deadline_ms()`` (session and rebalance timeouts,
+* a timer (``coordinator_runtime.CoordinatorRuntime``, with the parked requests) calls
+  ``tick(now_ms)`` at ``next_deadline_ms()`` (session and rebalance timeouts,
   the initial rebalance delay, offset retention).
 
 Records on disk are the coordinator's ``__consumer_offsets`` formats
@@ -39,13 +40,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from headrace import errors
+from headrace.broker.coordinator_runtime import CoordinatorRuntime
 from headrace.coordinator.config import CoordinatorConfig
 from headrace.coordinator.coordinator import GroupCoordinator
 from headrace.coordinator.messages import (
     AppendResult,
     AppendToOffsetsTopic,
     Completed,
-    Pending,
 )
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME
 from headrace.protocol import kernel
@@ -55,7 +56,6 @@ from headrace.protocol.records import build_batch
 
 log = logging.getLogger(__name__)
 
-MAX_TIMER_SLEEP_MS = 1000  # re-check deadlines at least this often
 
 
 def coordinator_config_from(broker_config) -> CoordinatorConfig:
@@ -166,22 +166,16 @@ def read_partition_runs(log_, start_offset: int, max_bytes: int):
     return runs, next_offset
 
 
-class GroupService:
+class GroupService(CoordinatorRuntime):
     def __init__(self, broker_state) -> None:
-        self._state = broker_state
+        super().__init__(broker_state)
         self._config = coordinator_config_from(broker_state.config)
         self.coordinator = GroupCoordinator(self._config)
-        self._parked: dict[int, asyncio.Future] = {}
-        self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task] = set()
         self.loaded = asyncio.Event()
 
     @property
     def num_partitions(self) -> int:
         return self._config.offsets_topic_num_partitions
-
-    def _now_ms(self) -> int:
-        return self._state.clock.now_ms()
 
     # --- start-up and shutdown --------------------------------------------------------------
 
@@ -200,21 +194,6 @@ class GroupService:
         segment_bytes = self._state.config.get("offsets.topic.segment.bytes")
         manager.create_topic(OFFSETS_TOPIC_NAME, self.num_partitions,
                              {"cleanup.policy": "compact", "segment.bytes": segment_bytes})
-
-    async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        for future in self._parked.values():
-            if not future.done():
-                future.cancel()
-        self._parked.clear()
-
-    def _spawn(self, coroutine) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _load_all(self) -> None:
         buffer_bytes = self._state.config.get_int("offsets.load.buffer.size")
@@ -256,24 +235,6 @@ class GroupService:
 
     # --- requests ---------------------------------------------------------------------------
 
-    async def call(self, request) -> object:
-        """Run one coordinator request; waits for parked requests and for the appends the
-        response depends on."""
-        outcome = self.coordinator.handle(request, self._now_ms())
-        response = outcome.response
-        future = None
-        if isinstance(response, Pending):
-            future = asyncio.get_running_loop().create_future()
-            self._parked[response.token] = future
-        await self._carry_out(outcome.effects)
-        self._reschedule()
-        if future is None:
-            return response
-        try:
-            return await future
-        finally:
-            self._parked.pop(response.token, None)
-
     async def _carry_out(self, effects) -> None:
         """Answer completions, run the appends (one job on the append thread, so records keep
         the coordinator's order) and hand each result back to the coordinator."""
@@ -290,26 +251,3 @@ class GroupService:
         for result in results:
             outcome = self.coordinator.handle(result, self._now_ms())
             await self._carry_out(outcome.effects)
-
-    def _complete(self, token: int, response: object) -> None:
-        future = self._parked.get(token)
-        if future is not None and not future.done():
-            future.set_result(response)
-
-    # --- timers -----------------------------------------------------------------------------
-
-    def _reschedule(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        deadline_ms = self.coordinator.next_deadline_ms()
-        delay_ms = MAX_TIMER_SLEEP_MS
-        if deadline_ms is not None:
-            delay_ms = min(max(deadline_ms - self._now_ms(), 0), MAX_TIMER_SLEEP_MS)
-        self._timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        effects = self.coordinator.tick(self._now_ms())
-        if effects:
-            self._spawn(self._carry_out(effects))
-        self._reschedule()

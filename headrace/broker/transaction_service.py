@@ -18,7 +18,8 @@ Owns ``TransactionService``:
   coordinator, ``TxnOffsetsCompleted``, to commit or drop the producer's pending offsets),
   each partition's outcome reported
   back as ``TxnMarkersResult`` (failed ones are retried by the coordinator's timer);
-* a timer calls ``tick(now_ms)`` at ``next_deadline_ms()`` (transaction timeouts,
+* a timer (``coordinator_runtime.CoordinatorRuntime``, with the parked requests) calls
+  ``tick(now_ms)`` at ``next_deadline_ms()`` (transaction timeouts,
   transactional id expiry, marker retries).
 
 Producer ids come from the broker's persisted allocator (an fsync per 1000 ids, on the event
@@ -34,11 +35,11 @@ import logging
 import time
 
 from headrace import errors
+from headrace.broker.coordinator_runtime import CoordinatorRuntime
 from headrace.broker.group_service import read_partition_records
 from headrace.coordinator.messages import (
     AppendResult,
     Completed,
-    Pending,
     TxnOffsetsCompleted,
 )
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME
@@ -54,7 +55,6 @@ from headrace.protocol.records import build_batch
 
 log = logging.getLogger(__name__)
 
-MAX_TIMER_SLEEP_MS = 1000  # re-check deadlines at least this often
 SINGLE_NODE_COORDINATOR_EPOCH = 0
 
 
@@ -97,25 +97,19 @@ def _write_markers(manager, effect: WriteTxnMarkers, now_ms: int) -> dict:
     return partition_errors
 
 
-class TransactionService:
+class TransactionService(CoordinatorRuntime):
     def __init__(self, broker_state) -> None:
-        self._state = broker_state
+        super().__init__(broker_state)
         properties = broker_state.config.properties()
         self._config = TransactionConfig.from_properties(properties)
         self.coordinator = TransactionCoordinator(
             self._config, broker_state.producer_ids.next_id,
             int(properties.get("offsets.topic.num.partitions", 50)))
-        self._parked: dict[int, asyncio.Future] = {}
-        self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task] = set()
         self.loaded = asyncio.Event()
 
     @property
     def num_partitions(self) -> int:
         return self._config.transaction_state_log_num_partitions
-
-    def _now_ms(self) -> int:
-        return self._state.clock.now_ms()
 
     # --- start-up and shutdown --------------------------------------------------------------
 
@@ -134,21 +128,6 @@ class TransactionService:
         manager.create_topic(TRANSACTION_STATE_TOPIC_NAME, self.num_partitions, {
             "cleanup.policy": "compact",
             "segment.bytes": str(self._config.transaction_state_log_segment_bytes)})
-
-    async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        for future in self._parked.values():
-            if not future.done():
-                future.cancel()
-        self._parked.clear()
-
-    def _spawn(self, coroutine) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _load_all(self) -> None:
         started_s = time.monotonic()
@@ -183,30 +162,11 @@ class TransactionService:
 
     # --- requests ---------------------------------------------------------------------------
 
-    async def call(self, request) -> object:
-        """Run one coordinator request; waits for the appends its response depends on."""
-        outcome = self.coordinator.handle(request, self._now_ms())
-        response = outcome.response
-        future = None
-        if isinstance(response, Pending):
-            future = asyncio.get_running_loop().create_future()
-            self._parked[response.token] = future
-        await self._carry_out(outcome.effects)
-        self._reschedule()
-        if future is None:
-            return response
-        try:
-            return await future
-        finally:
-            self._parked.pop(response.token, None)
-
     async def _carry_out(self, effects) -> None:
         writes = []
         for effect in effects:
             if isinstance(effect, Completed):
-                future = self._parked.get(effect.token)
-                if future is not None and not future.done():
-                    future.set_result(effect.response)
+                self._complete(effect.token, effect.response)
             else:
                 writes.append(effect)
         if not writes:
@@ -229,21 +189,3 @@ class TransactionService:
             if topic == OFFSETS_TOPIC_NAME and code == 0:
                 await self._state.groups.call(
                     TxnOffsetsCompleted(partition, effect.producer_id, effect.commit))
-
-    # --- timers -----------------------------------------------------------------------------
-
-    def _reschedule(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        deadline_ms = self.coordinator.next_deadline_ms()
-        delay_ms = MAX_TIMER_SLEEP_MS
-        if deadline_ms is not None:
-            delay_ms = min(max(deadline_ms - self._now_ms(), 0), MAX_TIMER_SLEEP_MS)
-        self._timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        effects = self.coordinator.tick(self._now_ms())
-        if effects:
-            self._spawn(self._carry_out(effects))
-        self._reschedule()
