@@ -764,17 +764,7 @@ class GroupCoordinator:
             group = self._group_for_commit(request, now_ms)
         except errors.KafkaError as error:
             return Outcome(OffsetCommitResponse({tp: error.code for tp in request.offsets}))
-        partition_errors: dict[TopicPartition, int] = {}
-        pending: dict[TopicPartition, CommittedOffset] = {}
-        for tp, offset in request.offsets.items():
-            if len(offset.metadata.encode("utf-8")) > self._config.offset_metadata_max_bytes:
-                partition_errors[tp] = errors.OffsetMetadataTooLarge.code
-                continue
-            timestamp_ms = offset.commit_timestamp_ms if offset.commit_timestamp_ms >= 0 else now_ms
-            pending[tp] = CommittedOffset(
-                offset.offset, offset.leader_epoch, offset.metadata, timestamp_ms
-            )
-            partition_errors[tp] = NO_ERROR
+        partition_errors, pending = self._offsets_to_store(request.offsets, now_ms)
         if not pending:
             return Outcome(OffsetCommitResponse(partition_errors))
         self._groups.setdefault(group.group_id, group)
@@ -788,6 +778,22 @@ class GroupCoordinator:
         append_id = self._append(group.group_id, records, effects, follow_up)
         group.pending_offset_commits[append_id] = pending
         return Outcome(Pending(token), tuple(effects))
+
+    def _offsets_to_store(self, requested, now_ms: int):
+        """Each requested offset's error code (OFFSET_METADATA_TOO_LARGE or none) and the
+        offsets to store, stamped ``now_ms`` unless the request carries a timestamp."""
+        partition_errors: dict[TopicPartition, int] = {}
+        offsets: dict[TopicPartition, CommittedOffset] = {}
+        for tp, offset in requested.items():
+            if len(offset.metadata.encode("utf-8")) > self._config.offset_metadata_max_bytes:
+                partition_errors[tp] = errors.OffsetMetadataTooLarge.code
+                continue
+            timestamp_ms = offset.commit_timestamp_ms if offset.commit_timestamp_ms >= 0 else now_ms
+            offsets[tp] = CommittedOffset(
+                offset.offset, offset.leader_epoch, offset.metadata, timestamp_ms
+            )
+            partition_errors[tp] = NO_ERROR
+        return partition_errors, offsets
 
     def _on_commit_appended(
         self, append_id: int, waiting: _CommitAwaitingAppend, error_code: int, now_ms: int,
@@ -816,16 +822,7 @@ class GroupCoordinator:
             group = self._group_for_txn_commit(request, now_ms)
         except errors.KafkaError as error:
             return Outcome(TxnOffsetCommitResponse({tp: error.code for tp in request.offsets}))
-        partition_errors: dict[TopicPartition, int] = {}
-        offsets: dict[TopicPartition, CommittedOffset] = {}
-        for tp, offset in request.offsets.items():
-            if len(offset.metadata.encode("utf-8")) > self._config.offset_metadata_max_bytes:
-                partition_errors[tp] = errors.OffsetMetadataTooLarge.code
-                continue
-            timestamp_ms = offset.commit_timestamp_ms if offset.commit_timestamp_ms >= 0 else now_ms
-            offsets[tp] = CommittedOffset(offset.offset, offset.leader_epoch, offset.metadata,
-                                          timestamp_ms)
-            partition_errors[tp] = NO_ERROR
+        partition_errors, offsets = self._offsets_to_store(request.offsets, now_ms)
         if not offsets:
             return Outcome(TxnOffsetCommitResponse(partition_errors))
         self._groups.setdefault(group.group_id, group)
