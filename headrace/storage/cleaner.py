@@ -296,8 +296,13 @@ def cleanable_end_offset(log: Log, now_ms: int, first_dirty_offset: int) -> int:
     """First offset the cleaner may not touch (Kafka's ``firstUncleanableDirtyOffset``, never
     below ``first_dirty_offset``): the active segment's base, or the base of the first dirty
     closed segment whose largest timestamp -- its file's last-modified time when no batch
-    has a timestamp -- is newer than ``min.compaction.lag.ms``."""
+    has a timestamp -- is newer than ``min.compaction.lag.ms``, or the base of the segment
+    holding the last stable offset (Kafka never cleans past the LSO: an ongoing
+    transaction's records may yet be aborted; whole segments here, as the cleaner rewrites
+    whole segments)."""
     end = log.segments[-1].base_offset
+    bases = [segment.base_offset for segment in log.segments]
+    end = min(end, bases[max(0, bisect.bisect_right(bases, log.last_stable_offset) - 1)])
     lag_ms = max(0, log.config.min_compaction_lag_ms)
     if lag_ms > 0:
         for segment in dirty_closed_segments(log, first_dirty_offset):

@@ -16,9 +16,13 @@ from headrace.errors import (
 from headrace.protocol.batch import parse_header
 from headrace.protocol.control_records import build_end_txn_marker_batch, marker_of_batch
 from headrace.protocol.records import build_batch, decode_batch
+from headrace.storage.cleaner import Cleaner, cleanable_end_offset
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
+from headrace.storage.offset_map import OffsetMap
+from tests.storage.cleaner_workload import compact_config, read_records
+from tests.storage.cleaner_workload import open_log as compact_open_log
 from tests.storage.helpers import NOW_MS, open_log, read_all, reopen
 
 PRODUCER_ID = 4_000
@@ -237,4 +241,28 @@ def test_a_crash_truncating_an_abort_marker_drops_its_index_entry(scratch):
     assert log.log_end_offset == 8
     assert _aborted(log) == [(0, 2, 3), (3, 5, 6)]
     assert log.last_stable_offset == 6
+    log.close()
+
+
+# ---- compaction ------------------------------------------------------------------------------
+
+
+def test_the_cleaner_never_cleans_past_the_last_stable_offset(scratch):
+    """An open transaction's record may yet be aborted: mapping it would remove the committed
+    value it shadows. Its segment and everything after stay uncleaned until it ends."""
+    log = compact_open_log(scratch / "c-0", compact_config())
+    log.append(build_batch([(b"key", b"committed", (), NOW_MS)]), NOW_MS, from_client=True)
+    log.roll(NOW_MS)
+    log.append(build_batch([(b"key", b"pending", (), NOW_MS)], producer_id=PRODUCER_ID,
+                           producer_epoch=EPOCH, base_sequence=0, transactional=True),
+               NOW_MS, from_client=True)
+    log.roll(NOW_MS)
+    log.append(build_batch([(b"other", b"v", (), NOW_MS)]), NOW_MS, from_client=True)
+    log.roll(NOW_MS)
+    assert cleanable_end_offset(log, NOW_MS, 0) == log.segments[1].base_offset
+    Cleaner(OffsetMap(1 << 20)).clean(log, 0, NOW_MS)
+    assert (0, b"key", b"committed") in read_records(log)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)
+    log.roll(NOW_MS)
+    assert cleanable_end_offset(log, NOW_MS, 0) == log.segments[-1].base_offset
     log.close()
