@@ -68,6 +68,7 @@ from headrace.broker.state import (
     ProducerIdAllocator,
     load_or_create_cluster_id,
 )
+from headrace.broker.transaction_service import TransactionService
 from headrace.errors import InvalidConfig
 from headrace.storage.clock import SystemClock
 from headrace.storage.manager import LogManager
@@ -120,6 +121,8 @@ class Broker:
         )
         self.state.groups = GroupService(self.state)
         await self.state.groups.start()
+        self.state.transactions = TransactionService(self.state)
+        await self.state.transactions.start()
         self.state.cleaner = CleanerService(config, log_manager, self.clock)
         await asyncio.get_running_loop().run_in_executor(None, self.state.cleaner.start)
         self.state.scrub = ScrubService(config, log_manager, self.clock)
@@ -218,6 +221,8 @@ class Broker:
         if state is not None:
             if state.groups is not None:
                 await state.groups.stop()
+            if state.transactions is not None:
+                await state.transactions.stop()
             if state.cleaner is not None:
                 await asyncio.get_running_loop().run_in_executor(None, state.cleaner.stop)
             if state.scrub is not None:

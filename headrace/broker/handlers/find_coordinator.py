@@ -1,7 +1,8 @@
-"""FindCoordinator (key 10), versions 0-6: every group's coordinator is this node.
+"""FindCoordinator (key 10), versions 0-6: every group's and transactional id's coordinator
+is this node.
 
-key_type 0 (group) is answered with this broker's advertised host and port; key_type 1
-(transaction) and 2 (share) are not served here: COORDINATOR_NOT_AVAILABLE, as Kafka answers
+key_type 0 (group) and 1 (transaction) are answered with this broker's advertised host and
+port; key_type 2 (share) is not served here: COORDINATOR_NOT_AVAILABLE, as Kafka answers
 while no coordinator exists for the key. v4+ batches keys (``coordinator_keys``) and answers
 one ``Coordinator`` per key; v0-3 carry one ``key`` and answer at the top level.
 An empty group id is INVALID_REQUEST (Kafka's check). Event loop thread.
@@ -16,13 +17,14 @@ MIN_VERSION = 0
 MAX_VERSION = 6
 
 GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
 BATCHED_KEYS_VERSION = 4
 
 
 def _coordinator(broker, key: str, key_type: int) -> dict:
-    if key_type != GROUP_KEY_TYPE:
+    if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):
         error = CoordinatorNotAvailable(f"key type {key_type} is not served by this broker")
-    elif not key:
+    elif not key and key_type == GROUP_KEY_TYPE:
         error = InvalidRequest("empty group id")
     else:
         return {"key": key, "node_id": broker.node_id, "host": broker.advertised_host,

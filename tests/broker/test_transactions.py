@@ -1,0 +1,210 @@
+"""Transactions end to end: confluent-kafka's transactional producer against a real broker.
+
+The broker's transaction coordinator (FindCoordinator key type 1, InitProducerId with a
+transactional id, AddPartitionsToTxn, EndTxn), the markers it writes, fencing of zombies
+(a second producer with the same transactional id), KIP-890 part 1 (a transactional batch
+for a partition not in the transaction is refused) and the coordinator's state surviving a
+restart, read back with DescribeTransactions.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from headrace import errors
+from headrace.protocol.batch import parse_header
+from headrace.protocol.control_records import marker_of_batch
+from headrace.protocol.records import build_batch
+from tests.broker.raw_client import RawClient
+
+PRODUCE, FETCH = 0, 1
+FIND_COORDINATOR = 10
+INIT_PRODUCER_ID = 22
+ADD_PARTITIONS_TO_TXN = 24
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
+TIMEOUT_S = 30
+
+
+def _topic(bootstrap: str, partitions: int = 2) -> str:
+    name = f"txn-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(TIMEOUT_S)
+    return name
+
+
+def _producer(bootstrap: str, transactional_id: str, **config) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
+                     "transaction.timeout.ms": 60_000, **config})
+
+
+def _describe(bootstrap: str, transactional_id: str):
+    with RawClient(bootstrap) as client:
+        response = client.request(DESCRIBE_TRANSACTIONS, 0,
+                                  {"transactional_ids": [transactional_id]})
+    return response.transaction_states[0]
+
+
+def _markers(bootstrap: str, topic: str, partition: int) -> list[tuple[int, int, bool]]:
+    """(producer id, epoch, commit) of every marker in the partition, read uncommitted."""
+    with RawClient(bootstrap) as client:
+        body = client.request(FETCH, 11, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 10_000_000,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [{
+                "partition": partition, "fetch_offset": 0, "partition_max_bytes": 10_000_000,
+                "current_leader_epoch": -1, "last_fetched_epoch": -1,
+                "log_start_offset": -1}]}],
+            "forgotten_topics_data": [], "rack_id": ""})
+    data = bytes(body.responses[0].partitions[0].records or b"")
+    markers, position = [], 0
+    while position < len(data):
+        header = parse_header(data, position)
+        marker = marker_of_batch(data, position) if header.is_control else None
+        if marker is not None:
+            markers.append((header.producer_id, header.producer_epoch, marker.commit))
+        position += header.size_bytes
+    return markers
+
+
+def _commit_one(bootstrap: str, topic: str, transactional_id: str, value: bytes) -> Producer:
+    producer = _producer(bootstrap, transactional_id)
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce(topic, value, partition=0)
+    producer.commit_transaction(TIMEOUT_S)
+    return producer
+
+
+def test_committed_transaction_is_described_complete(broker):
+    topic = _topic(broker.bootstrap)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    producer = _producer(broker.bootstrap, transactional_id)
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    for partition in (0, 1):
+        producer.produce(topic, b"v", partition=partition)
+    producer.flush(TIMEOUT_S)
+    ongoing = _describe(broker.bootstrap, transactional_id)
+    assert ongoing.transaction_state == "Ongoing"
+    assert sorted((t.topic, tuple(t.partitions)) for t in ongoing.topics) == [(topic, (0, 1))]
+    producer.commit_transaction(TIMEOUT_S)
+    done = _describe(broker.bootstrap, transactional_id)
+    assert (done.error_code, done.transaction_state, done.topics) == (0, "CompleteCommit", ())
+    for partition in (0, 1):
+        assert _markers(broker.bootstrap, topic, partition) == [
+            (done.producer_id, done.producer_epoch, True)]
+
+
+def test_a_second_producer_fences_the_first(broker):
+    topic = _topic(broker.bootstrap)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    zombie = _producer(broker.bootstrap, transactional_id)
+    zombie.init_transactions(TIMEOUT_S)
+    zombie.begin_transaction()
+    zombie.produce(topic, b"zombie", partition=0)
+    zombie.flush(TIMEOUT_S)
+    successor = _commit_one(broker.bootstrap, topic, transactional_id, b"successor")
+    with pytest.raises(KafkaException) as raised:
+        zombie.commit_transaction(TIMEOUT_S)
+    assert raised.value.args[0].fatal()
+    described = _describe(broker.bootstrap, transactional_id)
+    assert described.transaction_state == "CompleteCommit"
+    # the zombie's transaction aborted with a bumped epoch, then the successor's committed
+    pid = described.producer_id
+    assert _markers(broker.bootstrap, topic, 0) == [(pid, 1, False), (pid, 2, True)]
+    successor.flush(TIMEOUT_S)
+
+
+def test_timeout_above_the_broker_maximum_is_refused(fresh_broker):
+    with RawClient(fresh_broker.bootstrap) as client:
+        response = client.request(INIT_PRODUCER_ID, 4, {
+            "transactional_id": "too-long", "transaction_timeout": 900_001,
+            "producer_id": -1, "producer_epoch": -1})
+    assert response.error_code == errors.InvalidTransactionTimeout.code
+
+
+def test_find_coordinator_for_a_transactional_id_is_this_broker(broker):
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(FIND_COORDINATOR, 4, {
+            "key_type": 1, "coordinator_keys": ["some-transactional-id"]})
+    coordinator = response.coordinators[0]
+    assert (coordinator.error_code, coordinator.port) == (0, broker.port)
+
+
+def test_transactions_survive_a_restart(fresh_broker):
+    topic = _topic(fresh_broker.bootstrap)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    _commit_one(fresh_broker.bootstrap, topic, transactional_id, b"before").flush(TIMEOUT_S)
+    before = _describe(fresh_broker.bootstrap, transactional_id)
+    fresh_broker.kill()
+    fresh_broker.start()
+    after = _describe(fresh_broker.bootstrap, transactional_id)
+    assert (after.error_code, after.transaction_state, after.producer_id,
+            after.producer_epoch) == (0, "CompleteCommit", before.producer_id,
+                                      before.producer_epoch)
+    again = _commit_one(fresh_broker.bootstrap, topic, transactional_id, b"after")
+    again.flush(TIMEOUT_S)
+    assert _describe(fresh_broker.bootstrap, transactional_id).producer_epoch == (
+        before.producer_epoch + 1)
+
+
+def test_list_transactions_filters_by_state(broker):
+    topic = _topic(broker.bootstrap)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    committed_id = f"tx-{uuid.uuid4().hex[:8]}"
+    _commit_one(broker.bootstrap, topic, committed_id, b"done").flush(TIMEOUT_S)
+    producer = _producer(broker.bootstrap, transactional_id)
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce(topic, b"v", partition=0)
+    producer.flush(TIMEOUT_S)
+    with RawClient(broker.bootstrap) as client:
+        response = client.request(LIST_TRANSACTIONS, 0, {
+            "state_filters": ["Ongoing", "NoSuchState"], "producer_id_filters": []})
+    assert response.error_code == 0
+    assert list(response.unknown_state_filters) == ["NoSuchState"]
+    listed = {t.transactional_id: t.transaction_state for t in response.transaction_states}
+    assert listed.get(transactional_id) == "Ongoing"
+    assert committed_id not in listed
+    assert set(listed.values()) == {"Ongoing"}
+    producer.abort_transaction(TIMEOUT_S)
+
+
+def _raw_produce(client: RawClient, topic: str, transactional_id: str, batch: bytes) -> int:
+    body = client.request(PRODUCE, 9, {
+        "transactional_id": transactional_id, "acks": -1, "timeout": 30000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+    return body.responses[0].partition_responses[0].error_code
+
+
+def test_a_transactional_batch_for_a_partition_not_in_the_transaction_is_refused(broker):
+    """KIP-890 part 1: without AddPartitionsToTxn the append would start a transaction the
+    coordinator does not know, which nothing would ever end."""
+    topic = _topic(broker.bootstrap, partitions=1)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    with RawClient(broker.bootstrap) as client:
+        init = client.request(INIT_PRODUCER_ID, 4, {
+            "transactional_id": transactional_id, "transaction_timeout": 60_000,
+            "producer_id": -1, "producer_epoch": -1})
+        pid, epoch = init.producer_id, init.producer_epoch
+
+        def batch(sequence: int) -> bytes:
+            return build_batch([(b"k", b"v", (), 0)], producer_id=pid, producer_epoch=epoch,
+                               base_sequence=sequence, transactional=True)
+
+        assert _raw_produce(client, topic, transactional_id, batch(0)) == (
+            errors.InvalidTxnState.code)
+        added = client.request(ADD_PARTITIONS_TO_TXN, 3, {
+            "v3_and_below_transactional_id": transactional_id,
+            "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch,
+            "v3_and_below_topics": [{"name": topic, "partitions": [0]}]})
+        assert added.results_by_topic_v3_and_below[0].results_by_partition[0] \
+            .partition_error_code == 0
+        assert _raw_produce(client, topic, transactional_id, batch(0)) == 0
+        assert _raw_produce(client, topic, "another-id", batch(1)) == (
+            errors.InvalidProducerIdMapping.code)
