@@ -11,6 +11,7 @@ import uuid
 
 from confluent_kafka import Producer
 
+from headrace.protocol.batch import iter_headers
 from tests.broker.raw_client import RawClient
 from tests.broker.test_transactions import TIMEOUT_S, _producer, _topic
 
@@ -131,6 +132,7 @@ def test_an_open_transaction_survives_a_broker_sigkill_until_its_successor_abort
     assert _latest(bootstrap, topic, READ_COMMITTED) == 1  # the open transaction recovered
     held = _fetch_committed(bootstrap, topic)
     assert (held.high_watermark, held.last_stable_offset) == (3, 1)
+    assert [h.base_offset for _, h in iter_headers(held.records)] == [0]  # "before" only
 
     successor = _producer(bootstrap, transactional_id)
     successor.init_transactions(TIMEOUT_S)  # fences the zombie, aborting its transaction
