@@ -3,7 +3,9 @@ coordinator (``Log.append_transaction_marker``), producer and coordinator epoch 
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
 
 import pytest
 
@@ -21,6 +23,7 @@ from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
 from headrace.storage.offset_map import OffsetMap
+from headrace.storage.txn_index import AbortedTxn, TransactionIndex
 from tests.storage.cleaner_workload import compact_config, read_records
 from tests.storage.cleaner_workload import open_log as compact_open_log
 from tests.storage.helpers import NOW_MS, open_log, read_all, reopen
@@ -28,6 +31,7 @@ from tests.storage.helpers import NOW_MS, open_log, read_all, reopen
 PRODUCER_ID = 4_000
 EPOCH = 3
 COORDINATOR_EPOCH = 7
+TIMEOUT_S = 30
 
 
 def txn_batch(sequence: int, count: int = 2, epoch: int = EPOCH,
@@ -266,3 +270,47 @@ def test_the_cleaner_never_cleans_past_the_last_stable_offset(scratch):
     log.roll(NOW_MS)
     assert cleanable_end_offset(log, NOW_MS, 0) == log.segments[-1].base_offset
     log.close()
+
+
+class _PausingReadFileSystem(RealFileSystem):
+    """Holds the first close of a read-only ``.txnindex`` descriptor -- after its bytes were
+    read -- until ``resume`` is set or ``PAUSE_BOUND_S`` passes."""
+
+    PAUSE_BOUND_S = 2.0
+
+    def __init__(self) -> None:
+        self.read_done, self.resume = threading.Event(), threading.Event()
+        self._read_fds: set[int] = set()
+
+    def open(self, path, flags):
+        fd = super().open(path, flags)
+        if str(path).endswith(".txnindex") and flags == os.O_RDONLY:
+            self._read_fds.add(fd)
+        return fd
+
+    def close(self, fd):
+        super().close(fd)
+        if fd in self._read_fds:
+            self._read_fds.discard(fd)
+            self.read_done.set()
+            self.resume.wait(self.PAUSE_BOUND_S)
+
+
+def test_a_readers_first_load_of_a_txnindex_never_loses_an_entry_appended_meanwhile(scratch):
+    fs = _PausingReadFileSystem()
+    first = AbortedTxn(PRODUCER_ID, 0, 4, 5)
+    index = TransactionIndex(fs, scratch / "00000000000000000000.txnindex")
+    index.append(first)
+    reloaded = TransactionIndex(fs, index.path)
+    reader = threading.Thread(target=lambda: reloaded.entries)
+    reader.start()
+    assert fs.read_done.wait(TIMEOUT_S)
+    second = AbortedTxn(PRODUCER_ID, 6, 8, 9)
+    appender = threading.Thread(target=reloaded.append, args=(second,))
+    appender.start()
+    # the append waits for the reader's load (which ends when its bounded pause does);
+    # without that lock it completes here, and the reader then stores what it read before
+    appender.join(TIMEOUT_S)
+    fs.resume.set()
+    reader.join(TIMEOUT_S)
+    assert reloaded.entries == (first, second)
