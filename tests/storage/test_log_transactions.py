@@ -290,10 +290,10 @@ class _PausingReadFileSystem(RealFileSystem):
 
     def close(self, fd):
         super().close(fd)
-        if fd in self._read_fds:
-            self._read_fds.discard(fd)
+        if fd in self._read_fds and not self.read_done.is_set():
             self.read_done.set()
             self.resume.wait(self.PAUSE_BOUND_S)
+        self._read_fds.discard(fd)
 
 
 def test_a_readers_first_load_of_a_txnindex_never_loses_an_entry_appended_meanwhile(scratch):
