@@ -314,3 +314,32 @@ def test_a_readers_first_load_of_a_txnindex_never_loses_an_entry_appended_meanwh
     fs.resume.set()
     reader.join(TIMEOUT_S)
     assert reloaded.entries == (first, second)
+
+
+def _keyed(key: bytes, value: bytes, producer_id: int = -1, sequence: int = -1) -> bytes:
+    return build_batch([(key, value, (), NOW_MS)], producer_id=producer_id,
+                       producer_epoch=EPOCH if producer_id >= 0 else -1, base_sequence=sequence,
+                       transactional=producer_id >= 0)
+
+
+def test_the_cleaner_removes_aborted_records_and_they_never_shadow_committed_ones(scratch):
+    """Kafka's cleaner skips aborted data when mapping keys and removes it: the committed
+    value of a key survives a later aborted write of it; committed transactional data and
+    every marker stay; the aborting producer's last batch stays, empty."""
+    log = compact_open_log(scratch / "c-0", compact_config())
+    other = PRODUCER_ID + 1
+    log.append(_keyed(b"key", b"committed"), NOW_MS, from_client=True)            # 0
+    log.append(_keyed(b"key", b"aborted", PRODUCER_ID, 0), NOW_MS, from_client=True)  # 1
+    log.append(_keyed(b"gone", b"aborted", PRODUCER_ID, 1), NOW_MS, from_client=True)  # 2
+    log.append(_keyed(b"kept", b"txn", other, 0), NOW_MS, from_client=True)       # 3
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)  # 4
+    log.append_transaction_marker(other, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)  # 5
+    log.append(_keyed(b"key", b"aborted-again", PRODUCER_ID, 2), NOW_MS, from_client=True)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)  # 7
+    log.roll(NOW_MS)
+    Cleaner(OffsetMap(1 << 20)).clean(log, 0, NOW_MS)
+    assert read_records(log) == [(0, b"key", b"committed"), (3, b"kept", b"txn")]
+    batches = [parse_header(raw) for _, raw in read_all(log)]
+    assert [(h.base_offset, h.is_control, h.records_count) for h in batches] == [
+        (0, False, 1), (3, False, 1), (4, True, 1), (5, True, 1), (6, False, 0), (7, True, 1)]
+    log.close()
