@@ -35,6 +35,16 @@ the general way (``_append_general``), which raises the precise error. The one e
 codecs rebuilt in that codec (``validation.recompress_for_topic``; the caller's buffer is left
 unchanged). After each append the writer publishes a new ``LogView`` (see ``local_log``).
 
+Transactions (Kafka's log side): a transactional batch of a producer with no ongoing
+transaction here begins one (``producer_state``); ``append_transaction_marker`` -- the one
+storage function the transaction coordinator calls -- writes the end-transaction control batch
+and ends it, an abort adding Kafka's entry to the segment's ``.txnindex`` (``txn_index``).
+``last_stable_offset`` is the first offset of the earliest ongoing transaction, else the high
+watermark; ``read(max_offset=...)`` stops before it and ``collect_aborted_transactions`` lists
+what a read_committed fetch announces. KIP-890 part 1 is not checked here: the Produce handler
+asks the coordinator's ``verify(transactional_id, producer_id, producer_epoch, partitions)``
+before calling ``append``.
+
 Time-based decisions read a segment's largest timestamp as Kafka's ``largestTimestamp``: the
 largest valid (>= 0) batch timestamp, else the segment file's last-modified time (read through
 the injected file system), so records sent without a timestamp (-1) age from when they were

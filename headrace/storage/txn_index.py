@@ -20,13 +20,16 @@ rare next to appends, and a segment then holds no extra descriptor); ``flush`` f
 after appends.
 
 Thread-safety: one writer (under the owning log's lock); readers on any thread see the
-entries as an immutable tuple, replaced whole on each change.
+entries as an immutable tuple, replaced whole on each change. Loading the file and changing
+the entries take the index's own lock, so a reader's first load never overwrites an entry
+the writer has just added.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,35 +63,43 @@ def decode_entries(raw: bytes) -> tuple[AbortedTxn, ...]:
 class TransactionIndex:
     """The aborted transactions of one segment, loaded from its file at first use."""
 
-    __slots__ = ("fs", "path", "_entries", "_unsynced")
+    __slots__ = ("fs", "path", "_entries", "_unsynced", "_lock")
 
     def __init__(self, fs: FileSystem, path: Path) -> None:
         self.fs = fs
         self.path = path
         self._entries: tuple[AbortedTxn, ...] | None = None
         self._unsynced = False
+        self._lock = threading.Lock()
 
     @property
     def entries(self) -> tuple[AbortedTxn, ...]:
         entries = self._entries
         if entries is None:
-            raw = read_whole_file(self.fs, self.path) if self.fs.exists(self.path) else b""
-            entries = self._entries = decode_entries(raw)
+            with self._lock:
+                entries = self._loaded_locked()
         return entries
 
+    def _loaded_locked(self) -> tuple[AbortedTxn, ...]:
+        if self._entries is None:
+            raw = read_whole_file(self.fs, self.path) if self.fs.exists(self.path) else b""
+            self._entries = decode_entries(raw)
+        return self._entries
+
     def append(self, aborted: AbortedTxn) -> None:
-        previous = self.entries
-        if previous and aborted.last_offset <= previous[-1].last_offset:
-            raise ValueError(f"{self.path}: aborted transaction ending at "
-                             f"{aborted.last_offset} after one ending at "
-                             f"{previous[-1].last_offset}")
-        fd = self.fs.open(self.path, _APPEND_FLAGS)
-        try:
-            self.fs.write(fd, aborted.encode())
-        finally:
-            self.fs.close(fd)
-        self._entries = previous + (aborted,)
-        self._unsynced = True
+        with self._lock:
+            previous = self._loaded_locked()
+            if previous and aborted.last_offset <= previous[-1].last_offset:
+                raise ValueError(f"{self.path}: aborted transaction ending at "
+                                 f"{aborted.last_offset} after one ending at "
+                                 f"{previous[-1].last_offset}")
+            fd = self.fs.open(self.path, _APPEND_FLAGS)
+            try:
+                self.fs.write(fd, aborted.encode())
+            finally:
+                self.fs.close(fd)
+            self._entries = previous + (aborted,)
+            self._unsynced = True
 
     def truncate_to(self, offset: int) -> None:
         """Drop the entries whose marker lies at or after ``offset`` (recovery replays them)."""
@@ -99,12 +110,14 @@ class TransactionIndex:
 
     def replace(self, entries: tuple[AbortedTxn, ...]) -> None:
         """Rewrite the file to hold exactly ``entries`` (durably; removed when empty)."""
-        if entries:
-            write_file_atomically(self.fs, self.path, b"".join(e.encode() for e in entries))
-        elif self.fs.exists(self.path):
-            self.fs.remove(self.path)
-        self._entries = entries
-        self._unsynced = False
+        with self._lock:
+            if entries:
+                write_file_atomically(self.fs, self.path,
+                                      b"".join(e.encode() for e in entries))
+            elif self.fs.exists(self.path):
+                self.fs.remove(self.path)
+            self._entries = entries
+            self._unsynced = False
 
     def flush(self) -> None:
         if self._unsynced:

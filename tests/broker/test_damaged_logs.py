@@ -36,7 +36,8 @@ LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
 SEGMENT_BYTES = 4096
 RECORDS_PER_PARTITION = 60
-TEST_PROCESS_SPARE_FILES = 64
+# A soft open-file limit far below the 3 files per partition the active segments hold open.
+LOW_SOFT_OPEN_FILE_LIMIT = 256
 
 
 def _start(tmp_path: Path, overrides: dict[str, str] | None = None) -> BrokerProcess:
@@ -263,7 +264,7 @@ def test_gap_between_segments_takes_the_partition_offline(tmp_path):
 
 
 def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
-    """Each partition holds at least three files open (log, offset and time index): a soft
+    """Each partition's active segment holds three files open (log, offset and time index): a soft
     limit below that total must not take partitions offline (the broker raises it to the
     hard limit, as the JVM does for Kafka)."""
     topic, partitions = "many-partitions", 200
@@ -271,17 +272,11 @@ def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
     try:
         _create_topic(broker.bootstrap, topic, partitions)
         assert broker.stop() == 0
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        # room for this process's own files (Popen opens the broker's log file), far below
-        # what the broker needs for its 3 files per partition
-        low_soft = len(os.listdir("/proc/self/fd")) + TEST_PROCESS_SPARE_FILES
-        if low_soft >= 3 * partitions or hard <= 3 * partitions + low_soft:
-            pytest.skip(f"open-file limits (soft {low_soft}, hard {hard}) leave no room")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (low_soft, hard))
-        try:
-            broker.start()  # inherits the low soft limit
-        finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        if hard <= 3 * partitions + LOW_SOFT_OPEN_FILE_LIMIT:
+            pytest.skip(f"the hard open-file limit {hard} leaves no room")
+        broker.preexec_fn = _limit_soft_open_files_to(LOW_SOFT_OPEN_FILE_LIMIT)
+        broker.start()
         assert " ERROR " not in broker.log_text()
         with RawClient(broker.bootstrap) as client:
             metadata = client.request(METADATA, 12, {"topics": [{"name": topic}],
@@ -299,6 +294,13 @@ def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
 LOW_OPEN_FILE_LIMIT = 512
 LOW_LIMIT_PARTITIONS = 40
 OFFSETS_TOPIC_PARTITIONS = 50
+
+
+def _limit_soft_open_files_to(limit: int):
+    def set_limit() -> None:  # runs in the broker process before it starts
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    return set_limit
 
 
 def _limit_open_files_to(limit: int):

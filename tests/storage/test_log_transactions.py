@@ -3,7 +3,9 @@ coordinator (``Log.append_transaction_marker``), producer and coordinator epoch 
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
 
 import pytest
 
@@ -16,14 +18,20 @@ from headrace.errors import (
 from headrace.protocol.batch import parse_header
 from headrace.protocol.control_records import build_end_txn_marker_batch, marker_of_batch
 from headrace.protocol.records import build_batch, decode_batch
+from headrace.storage.cleaner import Cleaner, cleanable_end_offset
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
+from headrace.storage.offset_map import OffsetMap
+from headrace.storage.txn_index import AbortedTxn, TransactionIndex
+from tests.storage.cleaner_workload import compact_config, read_records
+from tests.storage.cleaner_workload import open_log as compact_open_log
 from tests.storage.helpers import NOW_MS, open_log, read_all, reopen
 
 PRODUCER_ID = 4_000
 EPOCH = 3
 COORDINATOR_EPOCH = 7
+TIMEOUT_S = 30
 
 
 def txn_batch(sequence: int, count: int = 2, epoch: int = EPOCH,
@@ -237,4 +245,101 @@ def test_a_crash_truncating_an_abort_marker_drops_its_index_entry(scratch):
     assert log.log_end_offset == 8
     assert _aborted(log) == [(0, 2, 3), (3, 5, 6)]
     assert log.last_stable_offset == 6
+    log.close()
+
+
+# ---- compaction ------------------------------------------------------------------------------
+
+
+def test_the_cleaner_never_cleans_past_the_last_stable_offset(scratch):
+    """An open transaction's record may yet be aborted: mapping it would remove the committed
+    value it shadows. Its segment and everything after stay uncleaned until it ends."""
+    log = compact_open_log(scratch / "c-0", compact_config())
+    log.append(build_batch([(b"key", b"committed", (), NOW_MS)]), NOW_MS, from_client=True)
+    log.roll(NOW_MS)
+    log.append(build_batch([(b"key", b"pending", (), NOW_MS)], producer_id=PRODUCER_ID,
+                           producer_epoch=EPOCH, base_sequence=0, transactional=True),
+               NOW_MS, from_client=True)
+    log.roll(NOW_MS)
+    log.append(build_batch([(b"other", b"v", (), NOW_MS)]), NOW_MS, from_client=True)
+    log.roll(NOW_MS)
+    assert cleanable_end_offset(log, NOW_MS, 0) == log.segments[1].base_offset
+    Cleaner(OffsetMap(1 << 20)).clean(log, 0, NOW_MS)
+    assert (0, b"key", b"committed") in read_records(log)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)
+    log.roll(NOW_MS)
+    assert cleanable_end_offset(log, NOW_MS, 0) == log.segments[-1].base_offset
+    log.close()
+
+
+class _PausingReadFileSystem(RealFileSystem):
+    """Holds the first close of a read-only ``.txnindex`` descriptor -- after its bytes were
+    read -- until ``resume`` is set or ``PAUSE_BOUND_S`` passes."""
+
+    PAUSE_BOUND_S = 2.0
+
+    def __init__(self) -> None:
+        self.read_done, self.resume = threading.Event(), threading.Event()
+        self._read_fds: set[int] = set()
+
+    def open(self, path, flags):
+        fd = super().open(path, flags)
+        if str(path).endswith(".txnindex") and flags == os.O_RDONLY:
+            self._read_fds.add(fd)
+        return fd
+
+    def close(self, fd):
+        super().close(fd)
+        if fd in self._read_fds and not self.read_done.is_set():
+            self.read_done.set()
+            self.resume.wait(self.PAUSE_BOUND_S)
+        self._read_fds.discard(fd)
+
+
+def test_a_readers_first_load_of_a_txnindex_never_loses_an_entry_appended_meanwhile(scratch):
+    fs = _PausingReadFileSystem()
+    first = AbortedTxn(PRODUCER_ID, 0, 4, 5)
+    index = TransactionIndex(fs, scratch / "00000000000000000000.txnindex")
+    index.append(first)
+    reloaded = TransactionIndex(fs, index.path)
+    reader = threading.Thread(target=lambda: reloaded.entries)
+    reader.start()
+    assert fs.read_done.wait(TIMEOUT_S)
+    second = AbortedTxn(PRODUCER_ID, 6, 8, 9)
+    appender = threading.Thread(target=reloaded.append, args=(second,))
+    appender.start()
+    # the append waits for the reader's load (which ends when its bounded pause does);
+    # without that lock it completes here, and the reader then stores what it read before
+    appender.join(TIMEOUT_S)
+    fs.resume.set()
+    reader.join(TIMEOUT_S)
+    assert reloaded.entries == (first, second)
+
+
+def _keyed(key: bytes, value: bytes, producer_id: int = -1, sequence: int = -1) -> bytes:
+    return build_batch([(key, value, (), NOW_MS)], producer_id=producer_id,
+                       producer_epoch=EPOCH if producer_id >= 0 else -1, base_sequence=sequence,
+                       transactional=producer_id >= 0)
+
+
+def test_the_cleaner_removes_aborted_records_and_they_never_shadow_committed_ones(scratch):
+    """Kafka's cleaner skips aborted data when mapping keys and removes it: the committed
+    value of a key survives a later aborted write of it; committed transactional data and
+    every marker stay; the aborting producer's last batch stays, empty."""
+    log = compact_open_log(scratch / "c-0", compact_config())
+    other = PRODUCER_ID + 1
+    log.append(_keyed(b"key", b"committed"), NOW_MS, from_client=True)            # 0
+    log.append(_keyed(b"key", b"aborted", PRODUCER_ID, 0), NOW_MS, from_client=True)  # 1
+    log.append(_keyed(b"gone", b"aborted", PRODUCER_ID, 1), NOW_MS, from_client=True)  # 2
+    log.append(_keyed(b"kept", b"txn", other, 0), NOW_MS, from_client=True)       # 3
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)  # 4
+    log.append_transaction_marker(other, EPOCH, True, COORDINATOR_EPOCH, NOW_MS)  # 5
+    log.append(_keyed(b"key", b"aborted-again", PRODUCER_ID, 2), NOW_MS, from_client=True)
+    log.append_transaction_marker(PRODUCER_ID, EPOCH, False, COORDINATOR_EPOCH, NOW_MS)  # 7
+    log.roll(NOW_MS)
+    Cleaner(OffsetMap(1 << 20)).clean(log, 0, NOW_MS)
+    assert read_records(log) == [(0, b"key", b"committed"), (3, b"kept", b"txn")]
+    batches = [parse_header(raw) for _, raw in read_all(log)]
+    assert [(h.base_offset, h.is_control, h.records_count) for h in batches] == [
+        (0, False, 1), (3, False, 1), (4, True, 1), (5, True, 1), (6, False, 0), (7, True, 1)]
     log.close()
