@@ -106,6 +106,7 @@ class TransactionService(CoordinatorRuntime):
             self._config, broker_state.producer_ids.next_id,
             int(properties.get("offsets.topic.num.partitions", 50)))
         self.loaded = asyncio.Event()
+        self._load_generations: dict[int, int] = {}  # partition -> its latest load's number
 
     @property
     def num_partitions(self) -> int:
@@ -138,15 +139,40 @@ class TransactionService(CoordinatorRuntime):
                  len(self.coordinator.transactional_ids()), TRANSACTION_STATE_TOPIC_NAME,
                  (time.monotonic() - started_s) * 1000)
 
+    def leadership_changed(self, gained, lost, leader_epochs=None) -> None:
+        """Event loop thread: the broker began or stopped leading partitions ((topic,
+        partition) sets; the cluster's hook, shaped as the group service's). Lost
+        ``__transaction_state`` partitions unload: their ids answer NOT_COORDINATOR, and
+        requests waiting on an append answer it when the append returns. Gained ones load in
+        the background with the partition's leader epoch (``leader_epochs``, default 0) as
+        coordinator epoch, answering COORDINATOR_LOAD_IN_PROGRESS meanwhile; a load
+        overtaken by a newer change of the partition stops."""
+        for topic, partition in sorted(lost):
+            if topic == TRANSACTION_STATE_TOPIC_NAME:
+                self._load_generations[partition] = self._load_generations.get(partition, 0) + 1
+                self.coordinator.unload(partition)
+                log.info("unloaded the transactional ids of %s-%d", topic, partition)
+        for topic, partition in sorted(gained):
+            if topic == TRANSACTION_STATE_TOPIC_NAME:
+                epoch = (leader_epochs or {}).get((topic, partition),
+                                                  SINGLE_NODE_COORDINATOR_EPOCH)
+                self.coordinator.begin_loading(partition, epoch)
+                self._spawn(self.load_partition(partition))
+        self._reschedule()
+
     async def load_partition(self, partition: int) -> None:
         """Replay one partition (already ``begin_loading``) and send what it left pending."""
         buffer_bytes = self._config.transaction_state_log_load_buffer_size
+        generation = self._load_generations.setdefault(partition, 0) + 1
+        self._load_generations[partition] = generation
         try:
             log_ = self._state.log_manager.get_log(TRANSACTION_STATE_TOPIC_NAME, partition)
             offset, end_offset = log_.log_start_offset, log_.log_end_offset
             while offset < end_offset:
                 records, next_offset = await asyncio.to_thread(
                     read_partition_records, log_, offset, buffer_bytes)
+                if self._load_generations.get(partition) != generation:
+                    return  # unloaded, or loading again, meanwhile
                 if next_offset <= offset:
                     break
                 self.coordinator.load_records(partition, records)
