@@ -9,13 +9,17 @@ restart, read back with DescribeTransactions.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 import uuid
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaProducer
 
 from headrace import errors
 from headrace.protocol.batch import parse_header
@@ -395,3 +399,55 @@ def test_an_initialised_id_is_described_empty_without_a_start_time(broker):
     assert (timeout_ms, start_ms) == (60_000, -1)
     unknown = _describe(broker.bootstrap, f"never-{uuid.uuid4().hex[:8]}")
     assert unknown.error_code == errors.TransactionalIdNotFound.code
+
+
+def test_kafka_python_transactions_commit_and_abort(broker):
+    topic = _topic(broker.bootstrap, partitions=1)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap,
+                             transactional_id=f"tx-{uuid.uuid4().hex[:8]}")
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, b"kp-aborted", partition=0)
+        producer.flush()
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send(topic, b"kp-committed", partition=0)
+        producer.commit_transaction()
+    finally:
+        producer.close()
+    assert _read_values(broker.bootstrap, topic, "read_committed", 2) == [b"kp-committed"]
+
+
+def test_aiokafka_transactions_commit_and_abort_with_read_committed(broker):
+    topic = _topic(broker.bootstrap, partitions=1)
+
+    async def scenario() -> list[bytes]:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap,
+                                    transactional_id=f"tx-{uuid.uuid4().hex[:8]}")
+        await producer.start()
+        try:
+            async with producer.transaction():
+                await producer.send_and_wait(topic, b"aio-committed", partition=0)
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"aio-aborted", partition=0)
+            await producer.abort_transaction()
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap,
+                                    isolation_level="read_committed",
+                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([AioTopicPartition(topic, 0)])
+            batches = await consumer.getmany(timeout_ms=5_000)
+            values = [m.value for records in batches.values() for m in records]
+            end = (await consumer.end_offsets([AioTopicPartition(topic, 0)]))[
+                AioTopicPartition(topic, 0)]
+            return values, end
+        finally:
+            await consumer.stop()
+
+    values, end_offset = asyncio.run(scenario())
+    assert values == [b"aio-committed"]
+    assert end_offset == 4  # read_committed: the LSO, past both transactions and markers
