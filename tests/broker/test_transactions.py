@@ -451,3 +451,44 @@ def test_aiokafka_transactions_commit_and_abort_with_read_committed(broker):
     values, end_offset = asyncio.run(scenario())
     assert values == [b"aio-committed"]
     assert end_offset == 4  # read_committed: the LSO, past both transactions and markers
+
+
+def test_consume_transform_produce_commits_output_and_input_offsets_together(broker):
+    source, sink = _topic(broker.bootstrap, partitions=1), _topic(broker.bootstrap, partitions=1)
+    group_id = f"ctp-{uuid.uuid4().hex[:8]}"
+    feeder = Producer({"bootstrap.servers": broker.bootstrap})
+    for index in range(4):
+        feeder.produce(source, f"in-{index}".encode(), partition=0)
+    feeder.flush(TIMEOUT_S)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group_id,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "isolation.level": "read_committed"})
+    producer = _producer(broker.bootstrap, f"tx-{group_id}")
+    producer.init_transactions(TIMEOUT_S)
+    try:
+        consumer.subscribe([source])
+        consumed = []
+        for _ in range(100):
+            message = consumer.poll(1.0)
+            if message is not None and not message.error():
+                consumed.append(message)
+            if len(consumed) == 4:
+                break
+        assert len(consumed) == 4
+        for commit, batch in ((False, consumed[:2]), (True, consumed[:2]), (True, consumed[2:])):
+            producer.begin_transaction()
+            for message in batch:
+                producer.produce(sink, message.value().replace(b"in", b"out"), partition=0)
+            producer.send_offsets_to_transaction(
+                [TopicPartition(source, 0, batch[-1].offset() + 1)],
+                consumer.consumer_group_metadata(), TIMEOUT_S)
+            if commit:
+                producer.commit_transaction(TIMEOUT_S)
+            else:
+                producer.abort_transaction(TIMEOUT_S)
+        committed = consumer.committed([TopicPartition(source, 0)], TIMEOUT_S)[0].offset
+    finally:
+        consumer.close()
+    assert committed == 4
+    assert _read_values(broker.bootstrap, sink, "read_committed", 4) == [
+        f"out-{index}".encode() for index in range(4)]
