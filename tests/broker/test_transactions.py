@@ -10,7 +10,10 @@ restart, read back with DescribeTransactions.
 from __future__ import annotations
 
 import asyncio
+import signal
 import struct
+import subprocess
+import sys
 import time
 import uuid
 
@@ -492,3 +495,35 @@ def test_consume_transform_produce_commits_output_and_input_offsets_together(bro
     assert committed == 4
     assert _read_values(broker.bootstrap, sink, "read_committed", 4) == [
         f"out-{index}".encode() for index in range(4)]
+
+
+ZOMBIE_SCRIPT = """
+import sys
+from confluent_kafka import Producer
+bootstrap, topic, transactional_id = sys.argv[1:4]
+producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
+                     "transaction.timeout.ms": 60000})
+producer.init_transactions(30)
+producer.begin_transaction()
+producer.produce(topic, b"from-the-killed-producer", partition=0)
+producer.flush(30)
+print("in-transaction", flush=True)
+sys.stdin.read()  # holds the transaction open until killed
+"""
+
+
+def test_a_sigkilled_producers_transaction_is_aborted_by_its_successor(broker):
+    topic = _topic(broker.bootstrap, partitions=1)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    zombie = subprocess.Popen(
+        [sys.executable, "-c", ZOMBIE_SCRIPT, broker.bootstrap, topic, transactional_id],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert zombie.stdout.readline() == b"in-transaction\n"
+        assert _describe(broker.bootstrap, transactional_id).transaction_state == "Ongoing"
+    finally:
+        zombie.send_signal(signal.SIGKILL)
+        zombie.wait(TIMEOUT_S)
+    _commit_one(broker.bootstrap, topic, transactional_id, b"from-the-successor").flush(
+        TIMEOUT_S)
+    assert _read_values(broker.bootstrap, topic, "read_committed", 2) == [b"from-the-successor"]
