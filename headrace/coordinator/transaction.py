@@ -244,12 +244,14 @@ class _MarkersInFlight:
 class TransactionCoordinator:
     def __init__(
         self,
-        config: TransactionConfig | None = None,
-        producer_id_factory: Callable[[], int] | None = None,
+        config: TransactionConfig,
+        producer_id_factory: Callable[[], int],
         offsets_topic_num_partitions: int = OFFSETS_TOPIC_NUM_PARTITIONS_DEFAULT,
     ) -> None:
-        self._config = config or TransactionConfig()
-        self._new_producer_id = producer_id_factory or itertools.count().__next__
+        """``producer_id_factory``: a new producer id never handed out before (the broker's
+        persisted allocator)."""
+        self._config = config
+        self._new_producer_id = producer_id_factory
         self._offsets_partitions = offsets_topic_num_partitions
         self._partitions: dict[int, _Partition] = {}
         self._tokens = itertools.count(1)
