@@ -207,6 +207,15 @@ class TransactionService(CoordinatorRuntime):
             await self._carry_out(outcome.effects)
         self._reschedule()
 
+    async def write_markers(self, markers: WriteTxnMarkers) -> dict:
+        """Write one producer's markers at once, for a coordinator elsewhere (the
+        WriteTxnMarkers request); each partition's error code."""
+        partition_errors = await self._state.run_append(
+            _write_markers, self._state.log_manager, markers, self._now_ms())
+        await self._complete_txn_offsets(
+            markers, TxnMarkersResult(markers.marker_id, partition_errors))
+        return partition_errors
+
     async def _complete_txn_offsets(self, effect: WriteTxnMarkers,
                                     result: TxnMarkersResult) -> None:
         """A marker written to an offsets partition commits or drops the producer's pending

@@ -36,6 +36,7 @@ OFFSET_FETCH = 9
 FIND_COORDINATOR = 10
 INIT_PRODUCER_ID = 22
 ADD_PARTITIONS_TO_TXN = 24
+WRITE_TXN_MARKERS = 27
 DESCRIBE_TRANSACTIONS = 65
 LIST_TRANSACTIONS = 66
 TIMEOUT_S = 30
@@ -527,3 +528,31 @@ def test_a_sigkilled_producers_transaction_is_aborted_by_its_successor(broker):
     _commit_one(broker.bootstrap, topic, transactional_id, b"from-the-successor").flush(
         TIMEOUT_S)
     assert _read_values(broker.bootstrap, topic, "read_committed", 2) == [b"from-the-successor"]
+
+
+def test_write_txn_markers_from_another_coordinator_ends_the_transaction_here(broker):
+    topic = _topic(broker.bootstrap, partitions=1)
+    transactional_id = f"tx-{uuid.uuid4().hex[:8]}"
+    with RawClient(broker.bootstrap) as client:
+        init = client.request(INIT_PRODUCER_ID, 4, {
+            "transactional_id": transactional_id, "transaction_timeout": 60_000,
+            "producer_id": -1, "producer_epoch": -1})
+        pid, epoch = init.producer_id, init.producer_epoch
+        client.request(ADD_PARTITIONS_TO_TXN, 3, {
+            "v3_and_below_transactional_id": transactional_id,
+            "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch,
+            "v3_and_below_topics": [{"name": topic, "partitions": [0]}]})
+        batch = build_batch([(b"k", b"by-marker", (), 0)], producer_id=pid,
+                            producer_epoch=epoch, base_sequence=0, transactional=True)
+        assert _raw_produce(client, topic, transactional_id, batch) == 0
+        assert _read_values(broker.bootstrap, topic, "read_committed", 1) == []
+        answer = client.request(WRITE_TXN_MARKERS, 1, {"markers": [{
+            "producer_id": pid, "producer_epoch": epoch, "transaction_result": True,
+            "coordinator_epoch": 0,
+            "topics": [{"name": topic, "partition_indexes": [0]},
+                       {"name": f"missing-{uuid.uuid4().hex[:8]}", "partition_indexes": [0]}],
+        }]})
+    codes = [[p.error_code for p in t.partitions] for t in answer.markers[0].topics]
+    assert codes == [[0], [errors.UnknownTopicOrPartition.code]]
+    assert _markers(broker.bootstrap, topic, 0) == [(pid, epoch, True)]
+    assert _read_values(broker.bootstrap, topic, "read_committed", 1) == [b"by-marker"]
