@@ -261,7 +261,8 @@ class TransactionCoordinator:
         self._markers: dict[int, _MarkersInFlight] = {}
         self._next_timeout_check_ms: int | None = None
         self._next_expiration_check_ms: int | None = None
-        self._retry_complete: list[TransactionMetadata] = []  # Complete* appends that failed
+        # Complete* appends that failed, retried from this time on (marker_retry_backoff_ms)
+        self._retry_complete: list[tuple[int, TransactionMetadata]] = []
 
     @property
     def config(self) -> TransactionConfig:
@@ -595,7 +596,8 @@ class TransactionCoordinator:
         return self._complete(markers.metadata, now_ms)
 
     def _complete(self, metadata: TransactionMetadata, now_ms: int) -> list:
-        """Append CompleteCommit/CompleteAbort; a failed append is retried by ``tick``."""
+        """Append CompleteCommit/CompleteAbort; a failed append is retried by ``tick`` after
+        ``marker_retry_backoff_ms``."""
         owned = self._partitions.get(self.partition_for(metadata.transactional_id))
         if owned is None or owned.transactions.get(metadata.transactional_id) is not metadata:
             return []
@@ -604,7 +606,8 @@ class TransactionCoordinator:
         target = replace(current, state=state, partitions=frozenset(), last_update_ms=now_ms)
 
         def retry(_code: int) -> list:
-            self._retry_complete.append(metadata)
+            retry_at_ms = now_ms + self._config.marker_retry_backoff_ms
+            self._retry_complete.append((retry_at_ms, metadata))
             return []
 
         return [self._append(owned, metadata, target, lambda _now: [], retry)]
@@ -696,14 +699,14 @@ class TransactionCoordinator:
         deadlines = [d for d in (self._next_timeout_check_ms, self._next_expiration_check_ms)
                      if d is not None]
         deadlines += [m.retry_at_ms for m in self._markers.values() if m.retry_at_ms is not None]
-        if self._retry_complete:
-            deadlines.append(0)
+        deadlines += [retry_at_ms for retry_at_ms, _ in self._retry_complete]
         return min(deadlines, default=None)
 
     def tick(self, now_ms: int) -> list:
         effects: list = []
-        retry_complete, self._retry_complete = self._retry_complete, []
-        for metadata in retry_complete:
+        due = [metadata for retry_at_ms, metadata in self._retry_complete if retry_at_ms <= now_ms]
+        self._retry_complete = [(at, m) for at, m in self._retry_complete if at > now_ms]
+        for metadata in due:
             effects += self._complete(metadata, now_ms)
         for marker_id, markers in list(self._markers.items()):
             if markers.retry_at_ms is not None and markers.retry_at_ms <= now_ms:

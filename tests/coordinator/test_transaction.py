@@ -304,3 +304,20 @@ def test_verify_accepts_only_partitions_added_to_the_ongoing_transaction():
 ])
 def test_verification_errors_as_produce_answers_them(verify_code, produce_version, expected):
     assert produce_verification_error_code(verify_code, produce_version) == expected
+
+
+def test_a_failed_complete_append_is_retried_after_the_backoff():
+    driver = TxnDriver()
+    pid = init(driver).producer_id
+    add(driver, pid, 0, T0)
+    driver.failing_marker_partitions = {T0}
+    assert end(driver, pid, 0, commit=True) == 0  # PrepareCommit stored, marker failing
+    driver.append_error_code = errors.NotEnoughReplicas.code
+    driver.failing_marker_partitions = set()
+    backoff_ms = driver.coordinator.config.marker_retry_backoff_ms
+    driver.advance(backoff_ms)  # marker written; CompleteCommit's append fails
+    assert driver.coordinator.next_deadline_ms() == driver.now_ms + backoff_ms
+    assert describe(driver).transaction_state == "PrepareCommit"
+    driver.append_error_code = 0
+    driver.advance(backoff_ms)
+    assert describe(driver).transaction_state == "CompleteCommit"

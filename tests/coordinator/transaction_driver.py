@@ -23,6 +23,7 @@ from headrace.coordinator.transaction_messages import (
 )
 
 FIRST_PRODUCER_ID = 1000
+MAX_TICKS_PER_ADVANCE = 10_000  # a timer due again at once would spin: fail instead
 
 
 class TxnDriver:
@@ -51,12 +52,14 @@ class TxnDriver:
     def advance(self, delta_ms: int) -> None:
         """Move the clock and fire every timer that falls due on the way."""
         end_ms = self.now_ms + delta_ms
-        while True:
+        for _ in range(MAX_TICKS_PER_ADVANCE):
             deadline_ms = self.coordinator.next_deadline_ms()
             if deadline_ms is None or deadline_ms > end_ms:
                 break
             self.now_ms = max(self.now_ms, deadline_ms)
             self.run(self.coordinator.tick(self.now_ms))
+        else:
+            raise AssertionError(f"timers still due after {MAX_TICKS_PER_ADVANCE} ticks")
         self.now_ms = end_ms
 
     def run(self, effects) -> None:
