@@ -18,6 +18,11 @@ Owns ``GroupService``:
 * the loader logs, per start-up, the groups loaded, the records replayed
   (``loaded_record_count``, which a compacted offsets topic keeps near the number of live
   keys) and the time taken;
+* in a cluster (``in_cluster``) nothing is created or loaded at start: the offsets topic is
+  the cluster's, and ``leadership_changed`` loads the offsets partitions this broker begins to
+  lead (COORDINATOR_LOAD_IN_PROGRESS meanwhile) and unloads those it stops leading (their
+  groups leave memory, parked requests answer NOT_COORDINATOR); groups of partitions led
+  elsewhere answer NOT_COORDINATOR. A load overtaken by an unload (a newer load number) stops;
 * a timer (``coordinator_runtime.CoordinatorRuntime``, with the parked requests) calls
   ``tick(now_ms)`` at ``next_deadline_ms()`` (session and rebalance timeouts,
   the initial rebalance delay, offset retention).
@@ -167,10 +172,14 @@ def read_partition_runs(log_, start_offset: int, max_bytes: int):
 
 
 class GroupService(CoordinatorRuntime):
-    def __init__(self, broker_state) -> None:
+    def __init__(self, broker_state, in_cluster: bool = False) -> None:
+        """``in_cluster``: the offsets topic is the cluster's; this broker coordinates the
+        groups of the offsets partitions it leads (``leadership_changed``), no others."""
         super().__init__(broker_state)
         self._config = coordinator_config_from(broker_state.config)
-        self.coordinator = GroupCoordinator(self._config)
+        self._in_cluster = in_cluster
+        self.coordinator = GroupCoordinator(self._config, owns_every_partition=not in_cluster)
+        self._load_generations: dict[int, int] = {}  # partition -> its latest load's number
         self.loaded = asyncio.Event()
 
     @property
@@ -180,7 +189,12 @@ class GroupService(CoordinatorRuntime):
     # --- start-up and shutdown --------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the offsets topic if missing and start loading it in the background."""
+        """Create the offsets topic if missing and start loading it in the background (in
+        a cluster: nothing until this broker leads offsets partitions)."""
+        if self._in_cluster:
+            self.loaded.set()
+            self._reschedule()
+            return
         await self._state.run_append(self._ensure_offsets_topic)
         for partition in range(self.num_partitions):
             self.coordinator.begin_loading(partition)
@@ -216,7 +230,46 @@ class GroupService(CoordinatorRuntime):
                  self.coordinator.loaded_record_count, (time.monotonic() - started_s) * 1000)
         self._reschedule()
 
-    async def _load_partition(self, partition: int, buffer_bytes: int) -> None:
+    # --- cluster: leadership of offsets partitions ------------------------------------------
+
+    def leadership_changed(self, gained, lost) -> None:
+        """Event loop thread: the broker began or stopped leading partitions. Lost offsets
+        partitions unload their groups (parked requests answer NOT_COORDINATOR); gained ones
+        load in the background, answering COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+        for topic, partition in sorted(lost):
+            if topic == OFFSETS_TOPIC_NAME:
+                self._load_generations[partition] = self._load_generations.get(partition, 0) + 1
+                effects = self.coordinator.unload_partition(partition, self._now_ms())
+                log.info("unloaded the groups of %s-%d", OFFSETS_TOPIC_NAME, partition)
+                self._spawn(self._carry_out(effects))
+        for topic, partition in sorted(gained):
+            if topic == OFFSETS_TOPIC_NAME:
+                generation = self._load_generations.get(partition, 0) + 1
+                self._load_generations[partition] = generation
+                self.coordinator.begin_loading(partition)
+                self._spawn(self._load_led_partition(partition, generation))
+        self._reschedule()
+
+    async def _load_led_partition(self, partition: int, generation: int) -> None:
+        buffer_bytes = self._state.config.get_int("offsets.load.buffer.size")
+        started_s = time.monotonic()
+        try:
+            await self._load_partition(partition, buffer_bytes, generation)
+        except Exception as error:  # offline or gone meanwhile: its groups start empty
+            log.warning("loading %s-%d failed; its groups start empty: %s",
+                        OFFSETS_TOPIC_NAME, partition, error)
+            if self._load_generations.get(partition) == generation:
+                self.coordinator.abandon_loading(partition)
+            return
+        if self._load_generations.get(partition) != generation:
+            return  # unloaded (and maybe loading again) meanwhile
+        records = self.coordinator.finish_loading(partition, self._now_ms())
+        log.info("loaded %s-%d: %d records in %d ms", OFFSETS_TOPIC_NAME, partition, records,
+                 (time.monotonic() - started_s) * 1000)
+        self._reschedule()
+
+    async def _load_partition(self, partition: int, buffer_bytes: int,
+                              generation: int | None = None) -> None:
         log_ = self._state.log_manager.get_log(OFFSETS_TOPIC_NAME, partition)
         offset, end_offset = log_.log_start_offset, log_.log_end_offset
         while offset < end_offset:
@@ -224,6 +277,8 @@ class GroupService(CoordinatorRuntime):
                 read_partition_runs, log_, offset, buffer_bytes)
             if next_offset <= offset:
                 break
+            if generation is not None and self._load_generations.get(partition) != generation:
+                return  # this partition was unloaded meanwhile
             for run in runs:
                 if run.marker_commit is not None:
                     self.coordinator.load_marker(partition, run.producer_id, run.marker_commit)

@@ -7,7 +7,9 @@ Owns ``TransactionService``:
   (``transaction.state.log.num.partitions`` partitions, ``cleanup.policy=compact``,
   ``segment.bytes=transaction.state.log.segment.bytes``; the replication factor is 1 on one
   node), marks every partition loading (COORDINATOR_LOAD_IN_PROGRESS meanwhile) and replays
-  them in the background, ``transaction.state.log.load.buffer.size`` bytes at a time. Loading
+  them in the background, ``transaction.state.log.load.buffer.size`` bytes at a time (in a
+  cluster nothing is created or loaded at start: every id answers NOT_COORDINATOR until
+  ``leadership_changed`` hands partitions over, which nothing calls yet). Loading
   is per partition (``begin_loading`` / ``finish_loading`` / ``unload`` of the coordinator)
   so a cluster's leadership changes can drive it as they drive the group coordinator;
 * ``call(request)`` runs one coordinator call and carries out its effects:
@@ -98,8 +100,11 @@ def _write_markers(manager, effect: WriteTxnMarkers, now_ms: int) -> dict:
 
 
 class TransactionService(CoordinatorRuntime):
-    def __init__(self, broker_state) -> None:
+    def __init__(self, broker_state, in_cluster: bool = False) -> None:
+        """``in_cluster``: the transaction log is the cluster's; this broker coordinates the
+        ids of the partitions it is given by ``leadership_changed``, none at start."""
         super().__init__(broker_state)
+        self._in_cluster = in_cluster
         properties = broker_state.config.properties()
         self._config = TransactionConfig.from_properties(properties)
         self.coordinator = TransactionCoordinator(
@@ -115,7 +120,12 @@ class TransactionService(CoordinatorRuntime):
     # --- start-up and shutdown --------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the transaction log if missing and start loading it in the background."""
+        """Create the transaction log if missing and start loading it in the background (in
+        a cluster: nothing; no partition is led yet)."""
+        if self._in_cluster:
+            self.loaded.set()
+            self._reschedule()
+            return
         await self._state.run_append(self._ensure_topic)
         for partition in range(self.num_partitions):
             self.coordinator.begin_loading(partition, SINGLE_NODE_COORDINATOR_EPOCH)

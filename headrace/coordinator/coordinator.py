@@ -199,8 +199,13 @@ class GroupCoordinator:
         self,
         config: CoordinatorConfig | None = None,
         member_id_factory: Callable[[str], str] = random_member_id,
+        owns_every_partition: bool = True,
     ) -> None:
+        """``owns_every_partition``: a single node coordinates the groups of every offsets
+        partition; in a cluster it owns those it ``begin_loading`` until ``unload_partition``
+        (the partitions its broker leads) and answers NOT_COORDINATOR for the others."""
         self._config = config or CoordinatorConfig()
+        self._owned: set[int] | None = None if owns_every_partition else set()
         self._new_member_id = member_id_factory
         self._groups: dict[str, Group] = {}
         self._loading: dict[int, store.PartitionLoader] = {}
@@ -225,7 +230,10 @@ class GroupCoordinator:
     def _check_available(self, group_id: str, require_non_empty_id: bool = True) -> None:
         if require_non_empty_id and not group_id:
             raise errors.InvalidGroupId("group id must not be empty")
-        if self.partition_for(group_id) in self._loading:
+        partition = self.partition_for(group_id)
+        if self._owned is not None and partition not in self._owned:
+            raise errors.NotCoordinator(f"this broker is not the coordinator of {group_id!r}")
+        if partition in self._loading:
             raise errors.CoordinatorLoadInProgress(f"loading the partition of {group_id!r}")
 
     def _validate_current_member(
@@ -1085,11 +1093,28 @@ class GroupCoordinator:
     def begin_loading(self, partition: int) -> None:
         """Start (re)loading an offsets-topic partition: its groups are dropped from memory and
         requests for them answer COORDINATOR_LOAD_IN_PROGRESS until ``finish_loading``."""
+        if self._owned is not None:
+            self._owned.add(partition)
         if partition in self._loading:
             return
         for group_id in [g for g in self._groups if self.partition_for(g) == partition]:
             del self._groups[group_id]
         self._loading[partition] = store.PartitionLoader()
+
+    def unload_partition(self, partition: int, now_ms: int) -> tuple[Effect, ...]:
+        """This broker no longer leads the offsets partition (Kafka's
+        ``removeGroupsForPartition``): its groups leave memory (Dead), their parked JoinGroup
+        and SyncGroup requests answer NOT_COORDINATOR, and later requests for them too."""
+        if self._owned is not None:
+            self._owned.discard(partition)
+        self._loading.pop(partition, None)
+        effects: list[Effect] = []
+        for group_id in [g for g in self._groups if self.partition_for(g) == partition]:
+            group = self._groups.pop(group_id)
+            for member in group.members.values():
+                self._complete_parked(member, errors.NotCoordinator.code, effects)
+            group.transition_to(GroupState.DEAD, now_ms)
+        return tuple(effects)
 
     def abandon_loading(self, partition: int) -> None:
         """Give up a failed load: the partition is available again without any of its groups."""

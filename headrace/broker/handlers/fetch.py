@@ -7,7 +7,8 @@ limit, as in Kafka: a first batch larger than it is not returned). Every partiti
 the high watermark, the last stable offset (``Log.last_stable_offset``) and the log start
 offset; errors are per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
 UNKNOWN_TOPIC_ID for v13+ requests by an unknown topic id or the zero id, echoing the id
-sent, KAFKA_STORAGE_ERROR when reading the log raises an ``OSError`` or the partition is
+sent, in a cluster NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a
+``current_leader_epoch`` older / newer than the leader's (v9+), KAFKA_STORAGE_ERROR when reading the log raises an ``OSError`` or the partition is
 offline -- NOT_LEADER_OR_FOLLOWER instead before v6, as Kafka answers).
 read_committed (v4+) reads only below the last stable offset and lists the aborted
 transactions (producer id, first offset) overlapping [fetch offset, LSO) -- Kafka bounds the
@@ -149,7 +150,12 @@ class _FetchPlan:
                 else:
                     try:
                         log = manager.get_log(name, partition.partition)
+                        if ctx.broker.cluster is not None:
+                            ctx.broker.cluster.check_leader_epoch(
+                                name, partition.partition,
+                                getattr(partition, "current_leader_epoch", -1))
                     except KafkaError as caught:
+                        log = None
                         error = caught
                 if log is not None:
                     self.logs.append(log)

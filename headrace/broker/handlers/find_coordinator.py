@@ -1,5 +1,9 @@
-"""FindCoordinator (key 10), versions 0-6: every group's and transactional id's coordinator
-is this node.
+"""FindCoordinator (key 10), versions 0-6: a group's or a transactional id's coordinator.
+
+On a single node every group's and transactional id's coordinator is this node; in a cluster a
+group's is the leader of the group's ``__consumer_offsets`` partition, COORDINATOR_NOT_AVAILABLE
+while it has none (``broker.cluster_service``), and transactions are not coordinated yet
+(COORDINATOR_NOT_AVAILABLE).
 
 key_type 0 (group) and 1 (transaction) are answered with this broker's advertised host and
 port; key_type 2 (share) is not served here: COORDINATOR_NOT_AVAILABLE, as Kafka answers
@@ -10,7 +14,7 @@ An empty group id is INVALID_REQUEST (Kafka's check). Event loop thread.
 
 from __future__ import annotations
 
-from headrace.errors import CoordinatorNotAvailable, InvalidRequest
+from headrace.errors import CoordinatorNotAvailable, InvalidRequest, KafkaError
 
 API_KEY = 10
 MIN_VERSION = 0
@@ -26,6 +30,14 @@ def _coordinator(broker, key: str, key_type: int) -> dict:
         error = CoordinatorNotAvailable(f"key type {key_type} is not served by this broker")
     elif not key and key_type == GROUP_KEY_TYPE:
         error = InvalidRequest("empty group id")
+    elif broker.cluster is not None and key_type == TRANSACTION_KEY_TYPE:
+        error = CoordinatorNotAvailable("transactions are not coordinated in a cluster yet")
+    elif broker.cluster is not None:
+        try:
+            return {"key": key, **broker.cluster.group_coordinator(key), "error_code": 0,
+                    "error_message": None}
+        except KafkaError as caught:
+            error = caught
     else:
         return {"key": key, "node_id": broker.node_id, "host": broker.advertised_host,
                 "port": broker.advertised_port, "error_code": 0, "error_message": None}

@@ -9,7 +9,8 @@ timestamp -1, leader epoch -1), or a time in ms: the first offset whose timestam
 or offset -1 / timestamp -1 when there is none. As Kafka's
 ``handleListOffsetRequestV1AndAbove``, any other negative timestamp, or one older than the
 version that introduced it, answers UNSUPPORTED_VERSION for its partition. Errors per
-partition (UNKNOWN_TOPIC_OR_PARTITION).
+partition (UNKNOWN_TOPIC_OR_PARTITION; in a cluster also NOT_LEADER_OR_FOLLOWER and, for a
+stale or unknown ``current_leader_epoch``, FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH).
 
 v0 (clients that skip ApiVersions; decoded by hand in wire.py, kio lacks it) answers Kafka's
 legacy "offsets before": up to ``max_num_offsets`` offsets, descending, from the list of
@@ -52,13 +53,16 @@ _INT16, _INT32, _INT64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct
 _PARTITION_HEAD = struct.Struct(">ihi")  # partition_index, error_code, offsets count
 
 
-def _partition(manager, topic: str, partition, version: int, read_committed: bool) -> dict:
+def _partition(broker, topic: str, partition, version: int, read_committed: bool) -> dict:
     index = partition.partition_index
     wanted = partition.timestamp
     try:
         if wanted < 0 and version < FIRST_VERSION_BY_SPECIAL_TIMESTAMP.get(wanted, MAX_VERSION + 1):
             raise UnsupportedVersion(f"timestamp {wanted} needs a later version than {version}")
-        log = manager.get_log(topic, index)
+        log = broker.log_manager.get_log(topic, index)
+        if broker.cluster is not None:  # v4+ carry the client's leader epoch
+            broker.cluster.check_leader_epoch(
+                topic, index, getattr(partition, "current_leader_epoch", -1))
         if wanted == LATEST_TIERED_TIMESTAMP:  # nothing is tiered
             return {"partition_index": index, "error_code": 0, "timestamp": -1, "offset": -1,
                     "leader_epoch": -1}
@@ -147,14 +151,14 @@ def _handle_v0(ctx, request) -> RawResponse:
 async def handle(ctx, request):
     if ctx.api_version == 0:
         return _handle_v0(ctx, request)
-    manager = ctx.broker.log_manager
     read_committed = ctx.api_version >= FIRST_ISOLATION_VERSION and \
         request.isolation_level == READ_COMMITTED
     return ctx.respond({
         "throttle_time": 0,
         "topics": [
             {"name": topic.name,
-             "partitions": [_partition(manager, topic.name, p, ctx.api_version, read_committed)
+             "partitions": [_partition(ctx.broker, topic.name, p, ctx.api_version,
+                                       read_committed)
                             for p in topic.partitions]}
             for topic in request.topics
         ],
