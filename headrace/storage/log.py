@@ -222,11 +222,15 @@ class Log:
 
     @property
     def last_stable_offset(self) -> int:
-        """Kafka's LSO: the first offset of the earliest ongoing transaction, else the high
-        watermark. Safe from any thread."""
+        """Kafka's LSO: the first offset of the earliest ongoing transaction -- never below
+        the log start offset (Kafka's ``maybeIncrementFirstUnstableOffset``: DeleteRecords or
+        retention may remove a transaction's first records) -- else the high watermark. Safe
+        from any thread."""
         first_unstable = self.producer_state.first_unstable_offset()
-        high_watermark = self._local.view.log_end_offset
-        return high_watermark if first_unstable is None else min(first_unstable, high_watermark)
+        view = self._local.view
+        if first_unstable is None:
+            return view.log_end_offset
+        return min(max(first_unstable, view.log_start_offset), view.log_end_offset)
 
     @property
     def recovery_point(self) -> int:

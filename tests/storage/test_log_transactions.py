@@ -343,3 +343,15 @@ def test_the_cleaner_removes_aborted_records_and_they_never_shadow_committed_one
     assert [(h.base_offset, h.is_control, h.records_count) for h in batches] == [
         (0, False, 1), (3, False, 1), (4, True, 1), (5, True, 1), (6, False, 0), (7, True, 1)]
     log.close()
+
+
+def test_the_last_stable_offset_never_lies_below_the_log_start(scratch):
+    """DeleteRecords past an open transaction's first offset: Kafka's first unstable offset
+    moves up to the log start offset."""
+    log = open_log(scratch)
+    log.append(txn_batch(0), NOW_MS, from_client=True)                       # 0-1, open
+    log.append(build_batch([(b"a", b"b", (), NOW_MS)]), NOW_MS, from_client=True)  # 2
+    log.delete_records_before(2)
+    assert log.last_stable_offset == 2
+    assert log.read(2, 1 << 20, max_offset=log.last_stable_offset).size_bytes == 0
+    log.close()
