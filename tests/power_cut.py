@@ -41,10 +41,10 @@ from headrace.faults.power_cut import (  # noqa: F401 -- build_shim re-exported 
     shadow_dir_of,
     shim_environment,
 )
-from headrace.protocol import records as record_codec
 from tests.broker.raw_client import RawClient
 from tests.broker.test_protocol import _create, _fetch
 from tests.conftest import BrokerProcess
+from tests.record_reading import iter_records
 
 TOPIC = "power-cut"
 ACK_WAIT_TIMEOUT_S = 60.0
@@ -177,7 +177,7 @@ def read_back(bootstrap: str) -> list[tuple[int, bytes]]:
         for _ in range(READ_BACK_MAX_FETCHES):
             answer = _fetch(client, TOPIC, offset)
             assert answer.error_code == 0, answer
-            fresh = [r for r in record_codec.iter_records(answer.records) if r.offset >= offset]
+            fresh = [r for r in iter_records(answer.records) if r.offset >= offset]
             if not fresh:
                 return stored
             stored.extend((r.offset, r.value) for r in fresh)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from headrace.broker.handlers import fetch, list_offsets
-from headrace.protocol.batch import iter_headers
 from headrace.protocol.records import build_batch
 from tests.broker.test_admin_handlers import Admin
 from tests.broker.test_storage_errors import _call, _request
+from tests.record_reading import iter_headers
 
 TOPIC = "txn"
 ABORTED_PID, OPEN_PID = 4_000, 4_001

@@ -11,9 +11,9 @@ import uuid
 
 from confluent_kafka import Producer
 
-from headrace.protocol.batch import iter_headers
 from tests.broker.raw_client import RawClient
 from tests.broker.test_transactions import TIMEOUT_S, _producer, _topic
+from tests.record_reading import iter_headers
 
 FETCH, LIST_OFFSETS = 1, 2
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
