@@ -12,6 +12,7 @@ with confluent-kafka.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import tarfile
@@ -51,6 +52,8 @@ PAUSE_WAIT_TIMEOUT_S = 180
 POLL_INTERVAL_S = 0.2
 READ_TIMEOUT_S = 60
 ENVIRONMENT_ARCHIVE_ALIAS = "environment"
+RECORD_BYTES = 1024
+ATTEMPT_PARTITION = re.compile(r"attempt_\d+_\d+_m_(\d+)_\d+")
 EXAMPLES_DIR = REPOSITORY_ROOT / "examples" / "spark"
 
 
@@ -188,13 +191,16 @@ def environment_archive(python: Path, archive: Path) -> Path:
 
 def test_workers_without_headrace_run_the_load_example_from_an_environment_archive(
         cluster, headrace_python, conf_dir, bootstrap, tmp_path):
-    """spark-submit --archives env.tar.gz#environment with PYSPARK_PYTHON pointing into it,
-    as README documents: the executors run the archive's interpreter, the only place on the
-    workers where headrace is installed."""
+    """spark-submit --archives env.tar.gz#environment with PYSPARK_PYTHON=./environment/bin/python
+    and PYSPARK_DRIVER_PYTHON unset, as README documents. The driver runs in a directory holding
+    the same environment unpacked (client mode); Spark runs the data source's reads with the
+    interpreter its driver-side lookup used, that same relative path, so the executors run the
+    archive's Python: the only place on the workers where headrace is installed."""
     archive = environment_archive(headrace_python, tmp_path / "headrace-env.tar.gz")
-    environment = driver_environment(
-        conf_dir, f"./{ENVIRONMENT_ARCHIVE_ALIAS}/bin/python",
-        PYSPARK_DRIVER_PYTHON=str(headrace_python))
+    driver_dir = tmp_path / "driver"
+    with tarfile.open(archive) as tar:
+        tar.extractall(driver_dir / ENVIRONMENT_ARCHIVE_ALIAS, filter="tar")
+    environment = driver_environment(conf_dir, f"./{ENVIRONMENT_ARCHIVE_ALIAS}/bin/python")
     topic = new_topic(bootstrap, 2)
     for partition in range(2):
         append(bootstrap, topic, partition,
@@ -205,7 +211,7 @@ def test_workers_without_headrace_run_the_load_example_from_an_environment_archi
                 "--archives", f"{archive}#{ENVIRONMENT_ARCHIVE_ALIAS}",
                 str(EXAMPLES_DIR / "load_topic.py"), "--bootstrap", bootstrap,
                 "--topic", topic, "--output-dir", str(output_dir),
-                "--master", cluster.master_url], environment, tmp_path)
+                "--master", cluster.master_url], environment, driver_dir)
 
     assert loaded_records(output_dir) == topic_records(bootstrap, topic, 2)
     (app,) = [app["id"] for app in cluster.master_state()["completedapps"]
@@ -228,18 +234,34 @@ def _wait_paused_tasks(pause_dir: Path, count: int,
     raise AssertionError(f"{count} paused tasks not seen within {PAUSE_WAIT_TIMEOUT_S} s")
 
 
+def _wait_writing_tasks(staged_run: Path, driver: subprocess.Popen) -> set[int]:
+    """Spark partition ids of the task attempts that have opened an output file in the staged
+    run (Spark's task attempt files: .../attempt_<job>_m_<partition>_<attempt>/part-*)."""
+    deadline = time.monotonic() + PAUSE_WAIT_TIMEOUT_S
+    while True:
+        writing = {int(match.group(1)) for path in staged_run.rglob("part-*")
+                   if (match := ATTEMPT_PARTITION.search(str(path)))}
+        if writing:
+            return writing
+        assert time.monotonic() < deadline, f"no task attempt file under {staged_run}"
+        assert driver.poll() is None, "the load ended while its tasks were paused"
+        time.sleep(POLL_INTERVAL_S)
+
+
 @pytest.mark.timeout(3 * JOB_TIMEOUT_S)
 def test_load_sigkilled_worker_mid_job_then_rerun_matches_the_topic_row_by_row(
         cluster, headrace_python, conf_dir, bootstrap, tmp_path):
     """Both partitions' tasks pause half-way (their first attempts only); the worker JVM
-    running one of them is SIGKILLed, then the other resumes. Spark re-runs the lost task on
+    running one whose attempt has opened its output file is SIGKILLed, then the other
+    resumes. Spark re-runs the lost task on
     the surviving worker and the load commits; a second load after more records arrive adds
     exactly those. The output then equals the topic, row by row: no duplicate, no gap."""
     records_per_partition = 4000
     topic = new_topic(bootstrap, 2)
     for partition in range(2):
         append(bootstrap, topic, partition,
-               [f"a-{partition}-{index}".encode() for index in range(records_per_partition)])
+               [f"a-{partition}-{index}-".ljust(RECORD_BYTES, "x").encode()
+                for index in range(records_per_partition)])
     pause_dir = tmp_path / "pause"
     pause_dir.mkdir()
     output_dir = tmp_path / "load"
@@ -256,8 +278,11 @@ def test_load_sigkilled_worker_mid_job_then_rerun_matches_the_topic_row_by_row(
         paused = _wait_paused_tasks(pause_dir, 2, driver)
         assert sorted(partition for partition, _ in paused) == [0, 1]
         assert len({cluster.worker_holding(pid).pid for _, pid in paused}) == 2
-        assert len(list((output_dir / STAGING_DIR_NAME).glob("run-*"))) == 1  # mid-write
-        killed = cluster.kill_worker_of(paused[0][1])
+        (staged_run,) = (output_dir / STAGING_DIR_NAME).glob("run-*")
+        writing = _wait_writing_tasks(staged_run, driver)
+        # The victim's attempt has an output file open: it dies in the middle of its write.
+        victim_pid = next(pid for partition, pid in paused if partition in writing)
+        killed = cluster.kill_worker_of(victim_pid)
         (pause_dir / RESUME_FILE_NAME).touch()
         stdout, stderr = driver.communicate(timeout=JOB_TIMEOUT_S)
     finally:
