@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install system-deps lint bench clean kernel-asan
+.PHONY: run cluster test install system-deps lint bench clean kernel-asan
 
 # setuptools as pyproject's build-system asks: tests/spark/test_install.py builds without isolation.
 $(STAMP): pyproject.toml setup.py $(wildcard headrace/*/*.c headrace/*/*.h)
@@ -16,12 +16,19 @@ $(STAMP): pyproject.toml setup.py $(wildcard headrace/*/*.c headrace/*/*.h)
 
 install: $(STAMP)
 
-# Debian packages the tests use: kcat (a real client) and a Java runtime for Spark.
+# Debian packages the tests use: kcat (a real client), a Java runtime (Spark, ZooKeeper),
+# zookeeper (the cluster's ensemble) and iptables, faketime, iproute2 (fault tests).
 system-deps:
 	@./scripts/install-system-deps.sh
 
 run: install
 	$(BIN)/headrace broker --override log.dirs=./data
+
+# A three-node ZooKeeper ensemble and BROKERS brokers on 127.0.0.1:9092..., data under ./cluster;
+# Ctrl-C stops them all.
+BROKERS ?= 3
+cluster: install system-deps
+	$(BIN)/headrace cluster up --brokers $(BROKERS) --base-dir ./cluster
 
 test: install system-deps
 	$(BIN)/ruff check headrace tests bench

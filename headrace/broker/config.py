@@ -53,7 +53,9 @@ from types import MappingProxyType
 
 from headrace.broker.acceptor import parse_per_ip_overrides
 from headrace.broker.dynamic_broker_configs import DYNAMIC_BROKER_CONFIGS, THREAD_POOL_CONFIGS
+from headrace.cluster.zookeeper_connect import parse_zookeeper_connect
 from headrace.coordinator.config import COORDINATOR_CONFIGS
+from headrace.coordinator.transaction_config import TRANSACTION_CONFIGS
 from headrace.errors import InvalidConfig, InvalidRequest
 from headrace.protocol.wire import DEFAULT_MAX_FRAME_BYTES
 from headrace.storage.config import (
@@ -148,7 +150,16 @@ _SERVER_DEFS = (
     _static("listeners", "list", "PLAINTEXT://127.0.0.1:9092"),
     _static("advertised.listeners", "list", None),
     _static("node.id", "int", "1"),
-    _static("broker.id", "int", None),
+    # Kafka's ZooKeeper-mode identity and session (cluster mode: see headrace.cluster). Without
+    # zookeeper.connect the broker is the single node it always was, identified by node.id
+    # (or broker.id when set); broker.id -1 with broker.id.generation.enable takes an id
+    # from ZooKeeper (/brokers/seqid + reserved.broker.max.id), kept in meta.properties.
+    _static("broker.id", "int", "-1"),
+    _static("broker.id.generation.enable", "boolean", "true"),
+    _static("reserved.broker.max.id", "int", "1000"),
+    _static("zookeeper.connect", "string", None),
+    _static("zookeeper.session.timeout.ms", "int", "18000"),
+    _static("zookeeper.connection.timeout.ms", "int", None),  # None: the session timeout
     _static("log.dirs", "list", None),
     _static("log.dir", "string", "./data"),
     _static("num.partitions", "int", "1"),
@@ -184,6 +195,11 @@ _SERVER_DEFS = (
     _static("offsets.topic.segment.bytes", "int", "104857600"),
     _static("offsets.commit.timeout.ms", "int", "5000"),
     _static("offsets.load.buffer.size", "int", "5242880"),
+    # Controlled shutdown of a broker in a cluster (headrace.cluster.controlled_shutdown).
+    _static("controlled.shutdown.enable", "boolean", "true"),
+    _static("controlled.shutdown.max.retries", "int", "3"),
+    _static("controlled.shutdown.retry.backoff.ms", "long", "5000"),
+    _static("controller.socket.timeout.ms", "int", "30000"),
 )
 
 # Broker synonyms of topic configs that have no default of their own in Kafka
@@ -214,7 +230,8 @@ def _log_defs() -> tuple[BrokerConfigDef, ...]:
 
 
 def _coordinator_defs() -> tuple[BrokerConfigDef, ...]:
-    return tuple(_static(d.name, d.type, str(d.default)) for d in COORDINATOR_CONFIGS.values())
+    return tuple(_static(d.name, d.type, str(d.default))
+                 for d in (*COORDINATOR_CONFIGS.values(), *TRANSACTION_CONFIGS.values()))
 
 
 def _other_dynamic_defs() -> tuple[BrokerConfigDef, ...]:
@@ -524,6 +541,8 @@ class BrokerConfig:
                                 "max.connections.per.ip.overrides property is set.")
         LogConfig.from_properties({}, dict(properties))
         parse_listener((properties.get("listeners") or "").split(",")[0])
+        if properties.get("zookeeper.connect"):
+            _validate_cluster_mode(properties)
 
 
 def _check_dynamic_layer(layer: Mapping[str, str], per_broker: bool) -> None:
@@ -654,6 +673,20 @@ def _check_scrub_rate(properties: Mapping[str, str]) -> None:
     if not float(properties[name]) > 0:
         raise InvalidConfig(f"Invalid value {properties[name]} for configuration {name}: "
                             "Value must be above 0")
+
+
+def _validate_cluster_mode(properties: Mapping[str, str]) -> None:
+    """KafkaConfig's checks of a ZooKeeper-mode broker: the connect string parses, the
+    timeouts are positive, and broker.id lies in [-1, reserved.broker.max.id]."""
+    parse_zookeeper_connect(properties["zookeeper.connect"])
+    for name in ("zookeeper.session.timeout.ms", "zookeeper.connection.timeout.ms"):
+        if name in properties and int(properties[name]) <= 0:
+            raise InvalidConfig(f"Invalid value {properties[name]} for configuration {name}: "
+                                "Value must be at least 1")
+    broker_id = int(properties["broker.id"])
+    if not -1 <= broker_id <= int(properties["reserved.broker.max.id"]):
+        raise InvalidConfig("broker.id must be greater than or equal to -1 and not greater "
+                            "than reserved.broker.max.id")
 
 
 def _validate_cleaner(properties: Mapping[str, str]) -> None:

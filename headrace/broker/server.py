@@ -35,9 +35,17 @@ still incomplete after it counts as idle: ``connection``). Connections are accep
 ``acceptor.Acceptor`` (``max.connections``, ``max.connections.per.ip``, back-off when out of
 file descriptors); the bytes of received requests are counted broker-wide by a
 ``request_memory.RequestMemory`` (``queued.max.request.bytes``).
-SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
+SIGTERM/SIGINT: in a cluster first a controlled shutdown (the controller moves this broker's
+leaderships away, ``cluster_service``), then stop accepting, let in-flight requests finish (up to ``SHUTDOWN_GRACE_MS``),
 close connections, stop the cleaner threads (cleanings abort at their next chunk), then
 ``LogManager.shutdown()``.
+Cluster mode (``zookeeper.connect`` set): a ``ClusterMembership`` joins before the broker
+state is built (its broker id and cluster id come from ZooKeeper), registers
+``/brokers/ids/<id>`` once the listener is bound, then starts its controller (a candidate in
+the election, see ``headrace.cluster.controller``), which it stops before it leaves (closes the
+session) last. Before the group coordinator starts, a ``ClusterService`` reads the cluster's
+metadata from ZooKeeper, brings the local logs in step with it and routes requests to the
+partitions this broker leads.
 
 Everything runs on one event-loop thread, plus the single append thread and the single
 background thread of BrokerState, the ``log.cleaner.threads`` cleaner threads and the scrub
@@ -56,8 +64,10 @@ from pathlib import Path
 
 from headrace.broker.acceptor import Acceptor, listening_socket
 from headrace.broker.cleaner_service import CleanerService
+from headrace.broker.cluster_service import ClusterService
 from headrace.broker.config import LONG_MAX, BrokerConfig
 from headrace.broker.connection import KafkaConnection
+from headrace.broker.controller_service import ControllerService
 from headrace.broker.group_service import GroupService
 from headrace.broker.rate_limited_log import RateLimitedLog
 from headrace.broker.request_memory import RequestMemory
@@ -68,6 +78,7 @@ from headrace.broker.state import (
     ProducerIdAllocator,
     load_or_create_cluster_id,
 )
+from headrace.broker.transaction_service import TransactionService
 from headrace.errors import InvalidConfig
 from headrace.storage.clock import SystemClock
 from headrace.storage.manager import LogManager
@@ -102,6 +113,9 @@ class Broker:
         log_dirs = config.log_dirs
         for log_dir in log_dirs:
             log_dir.mkdir(parents=True, exist_ok=True)
+        membership = cluster_membership(config)
+        if membership is not None:  # cluster mode: identity from ZooKeeper, as Kafka first
+            await asyncio.get_running_loop().run_in_executor(None, membership.join)
         log_manager = LogManager(log_dirs, config.properties(), self.clock, fs=self.fs)
         log_manager.startup()
         config.add_change_listener(log_manager.set_broker_defaults)
@@ -111,15 +125,25 @@ class Broker:
             config=config,
             log_manager=log_manager,
             clock=self.clock,
-            node_id=config.node_id,
-            cluster_id=load_or_create_cluster_id(log_dirs[0], config.node_id),
+            node_id=membership.broker_id if membership else config.node_id,
+            cluster_id=membership.cluster_id if membership
+            else load_or_create_cluster_id(log_dirs[0], config.node_id),
             advertised_host=advertised_host,
             advertised_port=advertised_port,
             producer_ids=ProducerIdAllocator(log_dirs[0]),
             appended=AppendHub(asyncio.get_running_loop()),
+            membership=membership,
         )
-        self.state.groups = GroupService(self.state)
+        if membership is not None:
+            self.state.cluster = ClusterService(self.state, membership.session.client)
+            await self.state.cluster.start()
+        self.state.groups = GroupService(self.state, in_cluster=membership is not None)
         await self.state.groups.start()
+        if self.state.cluster is not None:
+            self.state.cluster.follow_offsets_leadership(self.state.groups)
+        self.state.transactions = TransactionService(self.state,
+                                                     in_cluster=membership is not None)
+        await self.state.transactions.start()
         self.state.cleaner = CleanerService(config, log_manager, self.clock)
         await asyncio.get_running_loop().run_in_executor(None, self.state.cleaner.start)
         self.state.scrub = ScrubService(config, log_manager, self.clock)
@@ -136,12 +160,26 @@ class Broker:
         if advertised_port == 0:
             self.state.advertised_port = bound_port
         self.port = bound_port
+        if membership is not None:
+            await self._register(membership)
         self._timers = [
             loop.create_task(self._maintenance_loop()),
             loop.create_task(self._idle_reaper_loop()),
             *(loop.create_task(self._log_manager_task(name, interval_config, job))
               for name, interval_config, job in self._log_manager_tasks()),
         ]
+
+    async def _register(self, membership) -> None:
+        """Register in ZooKeeper; on failure (broker.id taken) shut down what started."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, membership.register, self.state.advertised_host,
+                self.state.advertised_port, self.clock.now_ms())
+            self.state.controller = ControllerService(membership, self.state.config)
+            await asyncio.get_running_loop().run_in_executor(None, self.state.controller.start)
+        except BaseException:
+            await self.stop()
+            raise
 
     def _log_manager_tasks(self):
         """Kafka's LogManager schedule: (task name, its interval's config, the job)."""
@@ -216,8 +254,12 @@ class Broker:
             connection.transport.close()
         state = self.state
         if state is not None:
+            if state.cluster is not None:
+                await state.cluster.stop()
             if state.groups is not None:
                 await state.groups.stop()
+            if state.transactions is not None:
+                await state.transactions.stop()
             if state.cleaner is not None:
                 await asyncio.get_running_loop().run_in_executor(None, state.cleaner.stop)
             if state.scrub is not None:
@@ -226,6 +268,20 @@ class Broker:
                 None, state.background_executor.shutdown, True)
             await state.run_append(state.log_manager.shutdown)
             state.append_executor.shutdown(wait=True)
+            if state.controller is not None:
+                await asyncio.get_running_loop().run_in_executor(None, state.controller.stop)
+            if state.membership is not None:  # last, as Kafka closes its ZooKeeper client
+                await asyncio.get_running_loop().run_in_executor(None, state.membership.leave)
+
+
+def cluster_membership(config: BrokerConfig):
+    """The broker's ``ClusterMembership`` in cluster mode (``zookeeper.connect`` set), else
+    None: a single-node broker does not even import the ZooKeeper client."""
+    if not config.get("zookeeper.connect"):
+        return None
+    from headrace.broker.cluster_membership import ClusterMembership
+
+    return ClusterMembership(config)
 
 
 async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:
@@ -244,6 +300,8 @@ async def serve(config: BrokerConfig, process_start_monotonic_s: float) -> None:
     )
     await stop_requested.wait()
     log.info("shutting down")
+    if broker.state.cluster is not None:
+        await broker.state.cluster.controlled_shutdown()
     await broker.stop()
     log.info("shut down cleanly")
 

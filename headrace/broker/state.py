@@ -6,7 +6,8 @@ notification hub, the append thread), ``ProducerIdAllocator`` and ``AppendHub``.
 Files, in the first log directory (Java properties text):
 
 * ``meta.properties`` -- ``version=1``, ``cluster.id`` (22-char URL-safe base64 of a UUID,
-  as Kafka's ``kafka-storage random-uuid``), ``node.id``; written once, read at start.
+  as Kafka's ``kafka-storage random-uuid``), ``node.id``; written once, read at start. In
+  cluster mode the file is Kafka's ZooKeeper-mode version 0 instead (``cluster_membership``).
 * ``producer-ids.properties`` -- ``next.block.start``: the first producer id not yet handed
   out in a persisted block. Ids are allocated in blocks of ``PRODUCER_ID_BLOCK_SIZE``; the
   block end is fsynced before any id of it is used, so ids are never reused after a crash.
@@ -42,7 +43,7 @@ PRODUCER_IDS_FILE = "producer-ids.properties"
 PRODUCER_ID_BLOCK_SIZE = 1000
 
 
-def _write_properties_durably(path: Path, properties: dict[str, str]) -> None:
+def write_properties_durably(path: Path, properties: dict[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "w") as file:
@@ -70,7 +71,7 @@ def load_or_create_cluster_id(log_dir: Path, node_id: int) -> str:
         if cluster_id:
             return cluster_id
     cluster_id = random_cluster_id()
-    _write_properties_durably(
+    write_properties_durably(
         path, {"version": "1", "cluster.id": cluster_id, "node.id": str(node_id)}
     )
     return cluster_id
@@ -104,7 +105,7 @@ class ProducerIdAllocator:
         with self._lock:
             if self._next_id >= self._block_end:
                 self._block_end = self._next_id + self._block_size
-                _write_properties_durably(self._path, {"next.block.start": str(self._block_end)})
+                write_properties_durably(self._path, {"next.block.start": str(self._block_end)})
             producer_id = self._next_id
             self._next_id += 1
             return producer_id
@@ -181,8 +182,16 @@ class BrokerState:
     producer_ids: ProducerIdAllocator
     appended: AppendHub
     groups: Any = None  # headrace.broker.group_service.GroupService, set by the server
+    transactions: Any = None  # headrace.broker.transaction_service.TransactionService, ditto
     cleaner: Any = None  # headrace.broker.cleaner_service.CleanerService, set by the server
     scrub: Any = None  # headrace.broker.scrub_service.ScrubService, set by the server
+    # headrace.broker.cluster_membership.ClusterMembership in cluster mode (zookeeper.connect
+    # set), None for a single-node broker; set by the server
+    membership: Any = None
+    # headrace.broker.cluster_service.ClusterService in cluster mode, None on a single node
+    cluster: Any = None
+    # headrace.broker.controller_service.ControllerService in cluster mode, set by the server
+    controller: Any = None
     append_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(
             1, thread_name_prefix="headrace-append", initializer=name_this_thread,

@@ -1,10 +1,31 @@
-"""``headrace cluster info``: cluster id, controller, brokers and topic count.
+"""``headrace cluster info``, ``headrace cluster describe`` and ``headrace cluster up``.
 
-DescribeCluster through confluent-kafka's AdminClient plus one Metadata request for the topic
-count. Stateless; runs on the main thread.
+``info``: cluster id, controller, brokers and topic count, by DescribeCluster through
+confluent-kafka's AdminClient plus one Metadata request for the topic count.
+
+``describe``: the brokers, the controller, and per broker how many partitions it holds
+(replicas) and leads, from DescribeCluster and Metadata.
+
+``elect-leaders (--topic T [--partition P] | --all-topic-partitions) [--election-type
+preferred|unclean]``: ElectLeaders through the controller (confluent-kafka's AdminClient), one
+row per partition: ``elected`` or Kafka's error name (ELECTION_NOT_NEEDED, ...).
+
+``up --brokers N [--base-dir D] [--zookeeper-nodes 3] [--first-port 9092] [--output json]``:
+a local ZooKeeper ensemble and N brokers on 127.0.0.1 (``local_cluster.LocalCluster``); prints
+the bootstrap list once every broker is registered, runs until SIGINT (Ctrl-C) or SIGTERM, then
+stops the brokers and the ensemble. A cluster that does not come up is one line on stderr and
+exit status 1.
+
+Stateless; runs on the main thread (``up``'s signal handlers only set an event).
 """
 
 from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -13,13 +34,25 @@ from headrace.cli.common import (
     Connection,
     OutputFormat,
     OutputOption,
+    UserError,
     connection_options,
     emit,
+    fail,
     make_table,
+    report,
     user_errors,
 )
 
 app = typer.Typer(no_args_is_help=True, help="Inspect the cluster.")
+
+
+def describe_cluster(connection: Connection):
+    """(DescribeCluster's answer, the Metadata of every topic) through one AdminClient."""
+    admin, metadata = connection.admin()
+    description = admin.describe_cluster(
+        request_timeout=connection.request_timeout_s
+    ).result(timeout=connection.request_timeout_s)
+    return description, metadata
 
 
 @app.command()
@@ -30,10 +63,7 @@ def info(
 ) -> None:
     """Cluster id, controller, brokers and how many topics there are."""
     with user_errors():
-        admin, metadata = connection.admin()
-        description = admin.describe_cluster(
-            request_timeout=connection.request_timeout_s
-        ).result(timeout=connection.request_timeout_s)
+        description, metadata = describe_cluster(connection)
         brokers = [
             {"id": node.id, "host": node.host, "port": node.port, "rack": node.rack}
             for node in sorted(description.nodes, key=lambda node: node.id)
@@ -51,3 +81,133 @@ def info(
             (broker["id"], broker["host"], broker["port"], broker["rack"]) for broker in brokers
         ])
         emit(output, data, summary, broker_table)
+
+
+@app.command()
+@connection_options
+def describe(
+    connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Brokers, the controller, and per broker how many partitions it holds and leads."""
+    with user_errors():
+        description, metadata = describe_cluster(connection)
+        controller = description.controller.id if description.controller else None
+        replicas, leaders = partition_counts_by_broker(metadata)
+        brokers = [
+            {"id": node.id, "host": node.host, "port": node.port, "rack": node.rack,
+             "controller": node.id == controller, "partitions": replicas.get(node.id, 0),
+             "leaders": leaders.get(node.id, 0)}
+            for node in sorted(description.nodes, key=lambda node: node.id)
+        ]
+        offline = leaders.get(-1, 0)
+        data = {"cluster_id": description.cluster_id, "controller_id": controller,
+                "brokers": brokers, "offline_partitions": offline}
+        summary = make_table(None, ["cluster id", "controller", "brokers", "offline partitions"],
+                             [(description.cluster_id, controller, len(brokers), offline)])
+        columns = ["id", "host", "port", "rack", "controller", "partitions", "leaders"]
+        broker_table = make_table("brokers", columns, [
+            tuple("*" if column == "controller" and broker[column] else
+                  "" if column == "controller" else broker[column] for column in columns)
+            for broker in brokers])
+        emit(output, data, summary, broker_table)
+
+
+def partition_counts_by_broker(metadata) -> tuple[dict[int, int], dict[int, int]]:
+    """(broker id -> replicas it holds, broker id -> partitions it leads; -1 counts the
+    partitions without a leader) over every topic of confluent-kafka's ClusterMetadata."""
+    replicas: dict[int, int] = {}
+    leaders: dict[int, int] = {}
+    for topic in metadata.topics.values():
+        for partition in topic.partitions.values():
+            for replica in partition.replicas:
+                replicas[replica] = replicas.get(replica, 0) + 1
+            leaders[partition.leader] = leaders.get(partition.leader, 0) + 1
+    return replicas, leaders
+
+
+@app.command()
+def up(
+    brokers: Annotated[int, typer.Option("--brokers", min=1, help="how many brokers")] = 3,
+    base_dir: Annotated[Path, typer.Option(
+        "--base-dir", help="ZooKeeper's and the brokers' data and logs")] = Path("./cluster"),
+    zookeeper_nodes: Annotated[int, typer.Option(
+        "--zookeeper-nodes", min=1, help="ZooKeeper ensemble size")] = 3,
+    first_port: Annotated[int, typer.Option(
+        "--first-port", min=0, max=65535,
+        help="broker I listens on first-port + I - 1 (0: free ports)")] = 9092,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Start a ZooKeeper ensemble and N brokers on 127.0.0.1; Ctrl-C stops them all."""
+    from headrace.cli.local_cluster import LocalCluster, LocalClusterError
+    from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsembleError
+
+    stop_requested = threading.Event()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signal_number, lambda _signal, _frame: stop_requested.set())
+    cluster = LocalCluster(base_dir, brokers, zookeeper_nodes, first_port)
+    try:
+        cluster.start()
+    except (LocalClusterError, ZooKeeperEnsembleError, OSError) as error:
+        raise fail(str(error)) from None
+    try:
+        report(output, f"zookeeper.connect: {cluster.zookeeper_connect}\n"
+                       f"bootstrap servers: {cluster.bootstrap_servers}",
+               {"zookeeper_connect": cluster.zookeeper_connect,
+                "bootstrap_servers": cluster.bootstrap_servers})
+        sys.stdout.flush()  # a pipe reads the addresses now, not at exit
+        typer.echo("Ctrl-C stops the cluster", err=True)
+        reported: set[int] = set()
+        while not stop_requested.wait(1.0):
+            for broker_id, status in cluster.exited_brokers().items():
+                if broker_id not in reported:
+                    reported.add(broker_id)
+                    typer.echo(f"broker {broker_id} exited with status {status}; see "
+                               f"{cluster.broker_log(broker_id)}", err=True)
+    finally:
+        typer.echo("stopping the cluster", err=True)
+        cluster.stop()
+
+
+ELECTION_TYPES = ("preferred", "unclean")
+
+
+@app.command("elect-leaders")
+@connection_options
+def elect_leaders(
+    topic: Annotated[str | None, typer.Option("--topic", help="the topic's partitions")] = None,
+    partition: Annotated[int | None, typer.Option(
+        "--partition", min=0, help="only this partition of --topic")] = None,
+    all_topic_partitions: Annotated[bool, typer.Option(
+        "--all-topic-partitions", help="every partition of every topic")] = False,
+    election_type: Annotated[str, typer.Option(
+        "--election-type", help="preferred (the first replica leads again) or unclean "
+        "(a live replica outside the ISR may lead an offline partition)")] = "preferred",
+    connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Leader election through the controller (ElectLeaders), as kafka-leader-election."""
+    from confluent_kafka import ElectionType, TopicPartition
+
+    with user_errors():
+        if election_type not in ELECTION_TYPES:
+            raise UserError(f"--election-type must be one of {', '.join(ELECTION_TYPES)}")
+        if all_topic_partitions == (topic is not None) or (partition is not None and topic is None):
+            raise UserError("give either --topic (and optionally --partition) or "
+                            "--all-topic-partitions")
+        admin, metadata = connection.admin()
+        partitions = None
+        if topic is not None:
+            if topic not in metadata.topics:
+                raise UserError(f"topic {topic!r} does not exist")
+            indexes = [partition] if partition is not None else sorted(metadata.topics[topic].partitions)
+            partitions = [TopicPartition(topic, index) for index in indexes]
+        kind = ElectionType.PREFERRED if election_type == "preferred" else ElectionType.UNCLEAN
+        # confluent-kafka 2.16's elect_leaders fails on any keyword option (a SystemError in
+        # its argument parsing): the client's default request timeout applies
+        results = admin.elect_leaders(kind, partitions).result(
+            timeout=connection.request_timeout_s)
+        rows = sorted(((tp.topic, tp.partition, "elected" if error is None else error.name())
+                       for tp, error in results.items()))
+        data = [{"topic": t, "partition": p, "result": r} for t, p, r in rows]
+        emit(output, data, make_table(None, ["topic", "partition", "result"], rows))

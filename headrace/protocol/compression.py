@@ -25,9 +25,11 @@ Bounded decompression -- the one way every reader inflates a records section:
   ``DECOMPRESS_CHUNK_BYTES`` (1 MiB) and raises ``MessageTooLarge`` as soon as it passes
   ``max_output_bytes``; ``decompress_bounded`` joins them for callers that need one buffer
   (the compiled kernel's sections); ``decompress`` is ``decompress_bounded`` with
-  ``MAX_RECORDS_SECTION_BYTES``. Streaming decoders with an output cap per call: zlib
-  (``max_length``) for gzip, ``lz4.frame`` (``max_length``) for lz4, ``zstandard``
-  (``read_to_iter`` with a 1 MiB ``write_size``, window at most ``ZSTD_MAX_WINDOW_BYTES``;
+  ``MAX_RECORDS_SECTION_BYTES``; ``decompress_into`` writes a section into the caller's
+  reusable buffer (produce validation), ``MessageTooLarge`` past its size, or declines.
+  Streaming decoders with an output cap per call: zlib (``max_length``) for gzip,
+  ``lz4.frame`` (``max_length``) for lz4, ``zstandard`` (``read_to_iter`` with a 1 MiB
+  ``write_size``, window at most ``ZSTD_MAX_WINDOW_BYTES``;
   the frame's declared content size is never used to allocate, and the frame layout is
   walked first, as the streaming decoder stops quietly at truncated input); snappy has no
   streaming form, so each block's declared length (the raw block's preamble, every xerial
@@ -267,6 +269,115 @@ def decompress_bounded(
         return bytes(data)
     return b"".join(iter_decompressed(codec, data, max_output_bytes,
                                       legacy_lz4_header_checksum=legacy_lz4_header_checksum))
+
+
+def decompress_into(codec: int, data: bytes | bytearray | memoryview,
+                    out: bytearray | memoryview) -> int | None:
+    """``data`` decompressed into the writable buffer ``out``, for a caller that reuses one
+    buffer for every section (produce validation: a fresh buffer per batch costs a page fault
+    per 4 KiB of output): the bytes written; ``MessageTooLarge`` when the output passes
+    ``len(out) - 1`` bytes, as ``decompress_bounded(codec, data, len(out) - 1)`` raises it
+    for data that decodes; None when the decoders here refuse the data. The caller then
+    takes ``decompress_bounded``, which raises the precise error. So this writes what
+    ``decompress_bounded`` with that limit returns, raises what it raises, or answers None
+    for data it refuses; data both too large and undecodable may get either error, as the
+    two decoders notice them at different points (``decompress_bounded`` a chunk at a
+    time).
+
+    No output beyond ``len(out)`` is ever produced: lz4 (``cramjam.lz4.decompress_into``,
+    liblz4's frame decoder: linked or independent blocks, every checksum verified,
+    concatenated and skippable frames) and gzip (``cramjam.gzip.decompress_into``,
+    concatenated members, CRC-32 and size verified) write into ``out`` only, and a full
+    ``out`` is their one ``WriteZero`` error; zstd reads from ``zstandard``'s stream reader
+    into it, the window capped at ``ZSTD_MAX_WINDOW_BYTES`` and the frame layout walked
+    first, as ``iter_decompressed`` does; snappy decodes each block into ``out`` after
+    checking its declared length fits."""
+    _check_codec(codec)
+    with memoryview(out) as view:
+        try:
+            if codec == LZ4:
+                written = cramjam.lz4.decompress_into(data, view)
+            elif codec == GZIP:
+                written = cramjam.gzip.decompress_into(data, view)
+            elif codec == ZSTD:
+                written = _zstd_into(data, view)
+            elif codec == SNAPPY:
+                written = _snappy_into(data, view)
+            else:
+                written = _copy_into(data, view)
+        except cramjam.DecompressionError as exc:
+            if str(exc) == _CRAMJAM_OUTPUT_FULL:
+                raise _output_too_large(codec, len(view)) from None
+            return None
+        except (zstandard.ZstdError, CorruptMessage):
+            return None
+        if written is not None and written >= len(view):
+            raise _output_too_large(codec, len(view))
+        return written
+
+
+_CRAMJAM_OUTPUT_FULL = "failed to write whole buffer"  # std::io::ErrorKind::WriteZero
+
+
+def _output_too_large(codec: int, out_bytes: int) -> MessageTooLarge:
+    return MessageTooLarge(f"{CODEC_NAMES[codec]} records inflate past {out_bytes - 1} bytes")
+
+
+def _copy_into(data: bytes | bytearray | memoryview, out: memoryview) -> int:
+    size_bytes = len(data)
+    if size_bytes >= len(out):
+        return size_bytes  # too large: raised by the caller
+    out[:size_bytes] = data
+    return size_bytes
+
+
+def _zstd_into(data: bytes | bytearray | memoryview, out: memoryview) -> int:
+    """Every frame of ``data`` read into ``out``: the bytes written (``len(out)`` when it
+    was filled: too large)."""
+    _zstd_frames(data)
+    reader = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW_BYTES).stream_reader(
+        data, read_across_frames=True)
+    written = 0
+    while written < len(out):
+        size_bytes = reader.readinto(out[written:])
+        if not size_bytes:
+            return written
+        written += size_bytes
+    return written
+
+
+def _snappy_into(data: bytes | bytearray | memoryview, out: memoryview) -> int | None:
+    """One raw snappy block, or xerial-framed blocks, decoded into ``out`` one after
+    another; None if a block is malformed; ``len(out)`` (too large) as soon as a block's
+    declared length does not fit, before it is decoded."""
+    view = memoryview(data)
+    if len(view) < XERIAL_HEADER_BYTES or bytes(view[: len(XERIAL_MAGIC)]) != XERIAL_MAGIC:
+        return _raw_snappy_into(view, out, 0)
+    pos, written = XERIAL_HEADER_BYTES, 0
+    while pos < len(view):
+        if len(view) - pos < _INT32.size:
+            return None
+        (block_bytes,) = _INT32.unpack_from(view, pos)
+        pos += _INT32.size
+        if block_bytes < 0 or pos + block_bytes > len(view):
+            return None
+        block_written = _raw_snappy_into(view[pos : pos + block_bytes], out, written)
+        if block_written is None:
+            return None
+        written += block_written
+        if written >= len(out):
+            return written  # too large: raised by the caller
+        pos += block_bytes
+    return written
+
+
+def _raw_snappy_into(block: memoryview, out: memoryview, start: int) -> int | None:
+    """The block's output bytes, written at ``start``; too many to fit: returned unwritten."""
+    declared_bytes = cramjam.snappy.decompress_raw_len(block)
+    if start + declared_bytes >= len(out):
+        return declared_bytes
+    written = cramjam.snappy.decompress_raw_into(block, out[start : start + declared_bytes])
+    return written if written == declared_bytes else None
 
 
 def iter_decompressed(

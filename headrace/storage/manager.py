@@ -43,6 +43,10 @@ broker shuts down or its topic is deleted, so reads already holding its file sli
 a ``scrub-damage`` file in its directory keeps it offline at later starts until ``headrace
 repair`` removes it.
 
+A broker in a cluster holds only the partitions it leads (``create_local_partitions``, under
+the cluster's topic id): such a topic counts all its partitions but has logs for some; the
+others are neither served nor deleted here.
+
 Creating a topic makes its partitions durable in one batch (concurrent fsyncs of the new
 ``partition.metadata`` files, then of the new directories and once of each log directory)
 before the topic is published, so a topic a client has seen survives a crash.
@@ -75,6 +79,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headrace.errors import (
+    InconsistentTopicId,
     InvalidPartitions,
     InvalidTopic,
     KafkaStorageError,
@@ -491,6 +496,8 @@ class LogManager:
                 if offline is not None:
                     directory = offline.directory
                     doomed = [offline.log] if offline.log is not None else []
+                elif (name, partition) not in logs:  # cluster mode: led by another broker
+                    continue
                 else:
                     log = logs.pop((name, partition))
                     log.stop_cleaning()  # before the rename: no cleaner may write there
@@ -508,6 +515,34 @@ class LogManager:
             del topics[name]
             self._topics = topics
             logger.info("deleted topic %s", name)
+
+    def create_local_partitions(self, name: str, topic_id: uuid.UUID, partitions: list[int],
+                                total_partitions: int, overrides: dict[str, str]) -> TopicInfo:
+        """Cluster mode: make sure this broker holds the logs of ``partitions`` of ``name`` (the
+        ones it leads), under the cluster's ``topic_id``; the topic's other partitions live on
+        other brokers and have no log here. Creates the topic's local entry and config file
+        first if missing. Idempotent; returns the local topic."""
+        with self._config_lock, self._lock:
+            info = self._topics.get(name)
+            if info is None:
+                validate_topic_name(name)
+                normalised = validate_topic_overrides(dict(overrides))
+                config = LogConfig.from_properties(normalised, self.broker_properties)
+                info = TopicInfo(name, topic_id, total_partitions, config, normalised)
+                self._write_topic_config(name, normalised)
+            elif info.topic_id != topic_id:
+                raise InconsistentTopicId(
+                    f"local topic {name} has id {info.topic_id}, the cluster's is {topic_id}")
+            missing = [p for p in partitions
+                       if (name, p) not in self._logs and (name, p) not in self._offline]
+            check_descriptor_budget(len(missing))
+            self._create_partitions(info, missing)
+            info = TopicInfo(name, topic_id, max(info.partitions, total_partitions), info.config,
+                             info.overrides)
+            self._set_topic(info)
+            if missing:
+                logger.info("created %s partitions %s", name, missing)
+            return info
 
     def add_partitions(self, name: str, total_partitions: int) -> None:
         with self._lock:

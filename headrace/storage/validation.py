@@ -12,7 +12,8 @@ topic's ``compression.type`` asks for:
   well formed
   (length, varints, key, value, headers, nothing left over) with offset deltas 0..n-1 --
   ``InvalidRecord``. A compressed batch's records are decompressed (``_decompressed_records``;
-  data that does not decode is ``CorruptMessage``) and checked by
+  data that does not decode is ``CorruptMessage``) into the thread's reusable section buffer
+  (``_SectionBuffer``: no fresh buffer, so no page faults, per batch) and checked by
   ``kernel.check_compressed_records``;
 * per record (KIP-467): a key on a compacted topic -- ``InvalidRecord``; a CreateTime
   timestamp (other than -1) within ``message.timestamp.before.max.ms`` /
@@ -58,10 +59,18 @@ bomb costs one chunk of memory, not its inflated size.
 
 Functions over the caller's buffer, which they only read except for the max timestamps
 ``validate_request`` and ``check_compressed_batch`` rewrite in a writable one (the log passes
-its own copy); thread-safe for buffers not shared between threads.
+its own copy); thread-safe for buffers not shared between threads. Each thread that checks
+compressed batches holds one ``_SectionBuffer`` (an anonymous mapping of
+``WHOLE_SECTION_MAX_BYTES`` + 1 bytes, at most ``SECTION_BUFFER_RESIDENT_BYTES`` of it resident between
+batches), used by that thread only.
 """
 
 from __future__ import annotations
+
+import mmap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from headrace.errors import (
     CorruptMessage,
@@ -77,7 +86,12 @@ from headrace.protocol.batch import (
     CONTROL_BIT,
     parse_header,
 )
-from headrace.protocol.compression import codec_by_name, decompress, decompress_bounded
+from headrace.protocol.compression import (
+    codec_by_name,
+    decompress,
+    decompress_bounded,
+    decompress_into,
+)
 from headrace.protocol.kernel import (
     RECORD_ERROR_NO_KEY,
     RECORD_ERROR_TIMESTAMP_TYPE,
@@ -103,6 +117,9 @@ RECORD_ERRORS_SHOWN = 3  # Kafka's summary message quotes at most the first thre
 # A compressed section inflating past this is walked as it streams before being held whole,
 # so a decompression bomb costs the broker at most this much memory.
 WHOLE_SECTION_MAX_BYTES = 32 * 1024 * 1024
+# What each thread's reusable section buffer keeps mapped between batches (_SectionBuffer):
+# a section inflated from a batch of librdkafka's or Java's default sizes fits.
+SECTION_BUFFER_RESIDENT_BYTES = 4 * 1024 * 1024
 
 
 def record_checks(config: LogConfig, now_ms: int, from_client: bool) -> RecordChecks:
@@ -157,31 +174,88 @@ def check_compressed_batch(records: bytes | bytearray | memoryview, position: in
     """Kafka's record checks of the compressed batch at ``position`` (its CRC already
     checked): the largest record timestamp, written into the header when ``records`` is
     writable and the header differs; raises as ``validate_request`` does."""
-    section = _decompressed_records(records, position)
-    try:
-        return check_compressed_records(records, position, section, checks)
-    except RecordsRejected as rejected:
-        raise _record_errors(*rejected.args[1:], checks, topic_partition) from None
+    with _decompressed_records(records, position) as section:
+        try:
+            return check_compressed_records(records, position, section, checks)
+        except RecordsRejected as rejected:
+            raise _record_errors(*rejected.args[1:], checks, topic_partition) from None
 
 
-def _decompressed_records(records: bytes | bytearray | memoryview, position: int) -> bytes:
-    """The records section of the compressed batch at ``position``, decompressed: the one
-    place produce validation decompresses. A section inflating past
-    ``WHOLE_SECTION_MAX_BYTES`` is first walked as it streams (``records.walk_records_section``:
-    one chunk held at a time), so a decompression bomb or a malformed section is refused
-    without being held; only a section that passes that walk (at most
-    ``compression.MAX_RECORDS_SECTION_BYTES``) is then inflated whole for the record checks."""
+class _SectionBuffer(threading.local):
+    """One thread's reusable output buffer for decompressed sections: an anonymous mapping
+    of ``WHOLE_SECTION_MAX_BYTES`` + 1 (a section of the limit fits with a byte to spare),
+    created on the thread's first compressed batch. A fresh buffer per batch cost a page
+    fault for every 4 KiB inflated (the allocator hands a section's pages back to the
+    kernel when it is freed, and the next one faults them in again): more CPU than lz4's
+    decoding itself. Pages stay mapped up to ``SECTION_BUFFER_RESIDENT_BYTES``; the rest,
+    touched only by a larger section (or a bomb filling the buffer), is returned
+    (``MADV_DONTNEED``) once that section is checked or refused, so each thread holds at
+    most that much between batches. Used by its own thread only, one section at a time."""
+
+    def __init__(self) -> None:
+        self.buffer = mmap.mmap(-1, WHOLE_SECTION_MAX_BYTES + 1)
+
+    def inflate(self, codec: int, payload: memoryview) -> int | None:
+        """``compression.decompress_into`` the buffer: the section's size, None where it
+        declines the data; ``MessageTooLarge`` past ``WHOLE_SECTION_MAX_BYTES``."""
+        try:
+            written = decompress_into(codec, payload, self.buffer)
+        except MessageTooLarge:
+            self._return_pages_above_resident()
+            raise
+        if written is None:  # the decoder may have written far before declining
+            self._return_pages_above_resident()
+        return written
+
+    @contextmanager
+    def section(self, size_bytes: int) -> Iterator[memoryview]:
+        """The first ``size_bytes`` of the buffer (what ``inflate`` wrote), inside the
+        block; pages above the resident limit are returned after it."""
+        try:
+            with memoryview(self.buffer) as whole, whole[:size_bytes] as view:
+                yield view
+        finally:
+            if size_bytes > SECTION_BUFFER_RESIDENT_BYTES:
+                self._return_pages_above_resident()
+
+    def _return_pages_above_resident(self) -> None:
+        self.buffer.madvise(mmap.MADV_DONTNEED, SECTION_BUFFER_RESIDENT_BYTES,
+                            len(self.buffer) - SECTION_BUFFER_RESIDENT_BYTES)
+
+
+_section_buffer = _SectionBuffer()
+
+
+@contextmanager
+def _decompressed_records(records: bytes | bytearray | memoryview, position: int
+                          ) -> Iterator[bytes | memoryview]:
+    """The records section of the compressed batch at ``position``, decompressed, for the
+    duration of the block: the one place produce validation decompresses. Into the thread's
+    ``_SectionBuffer`` when it fits there; where that decoding declines the data,
+    ``decompress_bounded`` with the same limit, which raises the precise error. A section
+    inflating past ``WHOLE_SECTION_MAX_BYTES`` is walked as it streams
+    (``records.walk_records_section``: one chunk held at a time), so a decompression bomb
+    or a malformed section is refused without being held; only a section that passes that
+    walk (at most ``compression.MAX_RECORDS_SECTION_BYTES``) is then inflated whole for the
+    record checks."""
     with memoryview(records) as view:
         size_bytes = int.from_bytes(view[position + 8 : position + 12], "big") + 12
         codec = view[position + 22] & COMPRESSION_MASK
-        payload = view[position + BATCH_HEADER_BYTES : position + size_bytes]
-        try:
-            return decompress_bounded(codec, payload, WHOLE_SECTION_MAX_BYTES)
-        except MessageTooLarge:
-            pass
-        header = parse_header(view, position)
-        walk_records_section(header, section_chunks(header, payload))
-        return decompress(codec, payload)
+        with view[position + BATCH_HEADER_BYTES : position + size_bytes] as payload:
+            whole = None
+            try:
+                written = _section_buffer.inflate(codec, payload)
+                if written is None:
+                    whole = decompress_bounded(codec, payload, WHOLE_SECTION_MAX_BYTES)
+            except MessageTooLarge:
+                header = parse_header(view, position)
+                walk_records_section(header, section_chunks(header, payload))
+                written, whole = None, decompress(codec, payload)
+            if written is None:
+                yield whole
+            else:
+                with _section_buffer.section(written) as section:
+                    yield section
 
 
 def _record_errors(errors: tuple[tuple[int, int, int, int], ...], total: int,

@@ -9,6 +9,7 @@ fails exactly the refused records and delivers the rest).
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 
@@ -446,3 +447,49 @@ def test_every_accepted_batch_decodes_alike_in_librdkafka_and_kafka_python(broke
     assert by_librdkafka == expected and high_watermark == len(expected)
     assert _kafka_python_records(broker.bootstrap, topic, len(expected)) == expected
     assert "Traceback" not in broker.log_text(since_byte=log_start)
+
+
+# A fresh buffer per compressed batch faulted its ~1 MiB of pages in again each time: some
+# 450-570 minor faults per MB produced (bench/produce_codec_cost.py); one reused per thread,
+# 2-6. Faults are counted, not timed.
+FAULTS_PER_MB_MAX = 50
+FAULT_MEASURED_BYTES = 40_000_000
+FAULT_WARMUP_BYTES = 5_000_000
+FAULT_VALUE_BYTES = 1024
+
+
+def _minor_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[7])
+
+
+def _produce_bytes(bootstrap: str, topic: str, codec: str, total_bytes: int) -> None:
+    """``total_bytes`` of text-like 1 KiB values with librdkafka's batching (about 1 MB)."""
+    words = b"request completed user session cache miss hit timeout retry upstream order ".split()
+    rnd = random.Random(7)
+    corpus = b" ".join(rnd.choice(words) for _ in range(200_000))
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec,
+                         "linger.ms": 5, "batch.size": 1_000_000})
+    failures = []
+    for index in range(total_bytes // FAULT_VALUE_BYTES):
+        start = index * 7919 % (len(corpus) - FAULT_VALUE_BYTES)
+        while True:
+            try:
+                producer.produce(topic, corpus[start : start + FAULT_VALUE_BYTES],
+                                 on_delivery=lambda error, _: error and failures.append(error))
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(CLIENT_TIMEOUT_S) == 0 and not failures, failures[:1]
+
+
+@pytest.mark.parametrize("codec", ["lz4", "snappy"])
+def test_compressed_batches_are_inflated_without_faulting_pages_in_per_batch(fresh_broker,
+                                                                            codec):
+    topic = _topic(fresh_broker)
+    _produce_bytes(fresh_broker.bootstrap, topic, codec, FAULT_WARMUP_BYTES)
+    faults_before = _minor_faults(fresh_broker.pid)
+    _produce_bytes(fresh_broker.bootstrap, topic, codec, FAULT_MEASURED_BYTES)
+    faults_per_mb = (_minor_faults(fresh_broker.pid) - faults_before) / (
+        FAULT_MEASURED_BYTES / 1_000_000)
+    assert faults_per_mb <= FAULTS_PER_MB_MAX, f"{faults_per_mb:.0f} minor faults per MB"

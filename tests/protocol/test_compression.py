@@ -223,3 +223,136 @@ def test_a_zstd_frame_asking_for_a_window_above_the_cap_is_corrupt():
 def test_bytes_after_the_last_frame_are_corrupt(codec):
     with pytest.raises(CorruptMessage):
         decompress(codec, compress(codec, SAMPLE) + b"\x01\x02\x03\x04\x05")
+
+
+# ---------------------------------------------------------------- decompression into a buffer
+
+SKIPPABLE_LZ4_FRAME = b"\x50\x2a\x4d\x18" + struct.pack("<i", 4) + b"skip"
+INTO_PAYLOADS = {
+    "none": (NONE, SAMPLE),
+    "gzip": (GZIP, compress(GZIP, SAMPLE)),
+    "gzip, two members": (GZIP, gzip.compress(SAMPLE[:1000]) + gzip.compress(SAMPLE[1000:])),
+    "snappy, xerial blocks": (SNAPPY, compress(SNAPPY, SAMPLE)),
+    "snappy, one raw block": (SNAPPY, snappy.compress(SAMPLE)),
+    "lz4": (LZ4, compress(LZ4, SAMPLE)),
+    "lz4, linked blocks and every checksum": (LZ4, lz4.frame.compress(
+        SAMPLE, block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_linked=True,
+        block_checksum=True, content_checksum=True, store_size=True)),
+    "lz4, librdkafka's: independent 64 KiB blocks, no checksum": (LZ4, lz4.frame.compress(
+        SAMPLE, block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_linked=False,
+        content_checksum=False, store_size=False)),
+    "lz4, two frames and a skippable one": (
+        LZ4, compress(LZ4, SAMPLE[:999]) + SKIPPABLE_LZ4_FRAME + compress(LZ4, SAMPLE[999:])),
+    "zstd": (ZSTD, compress(ZSTD, SAMPLE)),
+    "zstd, two frames without content size": (ZSTD, b"".join(
+        zstandard.ZstdCompressor(write_content_size=False, write_checksum=True).compress(part)
+        for part in (SAMPLE[:5000], SAMPLE[5000:]))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INTO_PAYLOADS))
+def test_decompress_into_writes_what_decompress_returns(name):
+    codec, payload = INTO_PAYLOADS[name]
+    out = bytearray(len(SAMPLE) + 1)
+    assert compression.decompress_into(codec, memoryview(payload), out) == len(SAMPLE)
+    assert out[: len(SAMPLE)] == decompress(codec, payload) == SAMPLE
+
+
+@pytest.mark.parametrize("name", sorted(INTO_PAYLOADS))
+def test_decompress_into_refuses_output_past_the_buffer_less_a_byte_as_decompress_bounded(name):
+    codec, payload = INTO_PAYLOADS[name]
+    for out_bytes in (len(SAMPLE), len(SAMPLE) // 3):
+        with pytest.raises(compression.MessageTooLarge):
+            compression.decompress_bounded(codec, payload, out_bytes - 1)
+        with pytest.raises(compression.MessageTooLarge):
+            compression.decompress_into(codec, payload, bytearray(out_bytes))
+
+
+def _damaged(codec: int, damage: str) -> bytes:
+    encoded = compress(codec, SAMPLE)
+    if damage == "truncated":
+        return encoded[: len(encoded) // 2]
+    if damage == "last byte missing":
+        return encoded[:-1]
+    if damage == "trailing bytes":
+        return encoded + b"\x01\x02\x03\x04\x05"
+    if damage == "checksum flipped":  # gzip's CRC-32, lz4's and zstd's content checksums
+        return encoded[:-5] + bytes([encoded[-5] ^ 1]) + encoded[-4:] if codec == GZIP else \
+            encoded[:-2] + bytes([encoded[-2] ^ 1]) + encoded[-1:]
+    return b"\x00\x01garbage that is no codec's stream"
+
+
+DAMAGES = [(codec, damage) for codec in COMPRESSED_CODECS
+           for damage in ("garbage", "truncated", "last byte missing", "trailing bytes",
+                          "checksum flipped")
+           if (codec, damage) != (SNAPPY, "checksum flipped")]  # snappy carries no checksum
+
+
+@pytest.mark.parametrize(("codec", "damage"), DAMAGES)
+def test_decompress_into_declines_whatever_decompress_refuses(codec, damage):
+    payload = _damaged(codec, damage)
+    with pytest.raises(CorruptMessage):
+        decompress(codec, payload)
+    assert compression.decompress_into(codec, payload, bytearray(4 * len(SAMPLE))) is None
+
+
+def test_decompress_into_declines_a_zstd_window_above_the_cap():
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=25,
+                                                            write_content_size=False)
+    streaming = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    frame = streaming.compress(b"window " * 1000) + streaming.flush()
+    assert compression.decompress_into(ZSTD, frame, bytearray(1 << 20)) is None
+
+
+@pytest.mark.parametrize("framing", ["raw", "xerial"])
+def test_decompress_into_refuses_a_snappy_block_declaring_more_than_the_buffer(framing):
+    block = _snappy_with_declared_length(bytes(CHUNK_BYTES), 1 << 31)
+    payload = block if framing == "raw" else _xerial_frame([]) + struct.pack(">i", len(block)) + block
+    with pytest.raises(compression.MessageTooLarge):
+        compression.decompress_into(SNAPPY, payload, bytearray(BOMB_LIMIT_BYTES))
+
+
+@pytest.mark.parametrize("codec", [GZIP, LZ4, ZSTD])
+def test_decompress_into_refuses_a_bomb_having_written_only_the_buffer(codec):
+    bomb = _streamed(codec, bytes(CHUNK_BYTES), BOMB_BYTES // CHUNK_BYTES)
+    out = bytearray(BOMB_LIMIT_BYTES + 1)
+    with pytest.raises(compression.MessageTooLarge):
+        compression.decompress_into(codec, bomb, out)
+
+
+@given(name=st.sampled_from(sorted(INTO_PAYLOADS)), position=st.integers(0, 10**6),
+       flip=st.integers(0, 255), cut=st.integers(0, 3), out_bytes=st.integers(1, 2 * len(SAMPLE)))
+def test_decompress_into_answers_as_decompress_bounded_or_declines(name, position, flip, cut,
+                                                                   out_bytes):
+    """Damage anywhere (or none), any buffer size: the bytes decompress_bounded returns, or
+    an error where it raises one -- MessageTooLarge exactly where it does for data that
+    decodes; data both too large and undecodable may get either, as the decoders notice
+    the two at different points -- or a decline where it refuses the data."""
+    codec, payload = INTO_PAYLOADS[name]
+    damaged = bytearray(payload[: len(payload) - cut])
+    damaged[position % len(damaged)] ^= flip
+    out = bytearray(out_bytes)
+    try:
+        expected = compression.decompress_bounded(codec, bytes(damaged), out_bytes - 1)
+    except (CorruptMessage, compression.MessageTooLarge) as exc:
+        expected = type(exc)
+    decodes = expected is not CorruptMessage and (
+        expected is not compression.MessageTooLarge or _decodes(codec, bytes(damaged)))
+    try:
+        written = compression.decompress_into(codec, bytes(damaged), out)
+    except compression.MessageTooLarge:
+        assert expected is compression.MessageTooLarge or not decodes
+        return
+    if written is None:
+        assert expected in (CorruptMessage, compression.MessageTooLarge)
+        assert not decodes
+    else:
+        assert out[:written] == expected
+
+
+def _decodes(codec: int, data: bytes) -> bool:
+    try:
+        decompress(codec, data)
+    except CorruptMessage:
+        return False
+    return True

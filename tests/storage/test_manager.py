@@ -7,11 +7,13 @@ import os
 import random
 import shutil
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
 
 from headrace.errors import (
+    InconsistentTopicId,
     InvalidConfig,
     InvalidPartitions,
     InvalidTopic,
@@ -372,3 +374,24 @@ def test_topic_configs_of_the_older_properties_form_are_renamed_at_start_up(scra
     assert manager.topic("orders.properties").config.retention_ms == 70000
     assert sorted(p.name for p in configs.iterdir()) == ["orders", "orders.properties"]
     manager.shutdown()
+
+
+def test_a_cluster_broker_holds_only_its_partitions_under_the_clusters_topic_id(scratch, clock):
+    manager = start([scratch], clock)
+    topic_id = uuid.uuid4()
+    info = manager.create_local_partitions("spread", topic_id, [1, 4], 6, {"retention.ms": "5"})
+    assert (info.topic_id, info.partitions, info.config.retention_ms) == (topic_id, 6, 5)
+    assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("spread-")) == [
+        "spread-1", "spread-4"]
+    with pytest.raises(UnknownTopicOrPartition):
+        manager.get_log("spread", 0)
+    manager.create_local_partitions("spread", topic_id, [1, 4, 5], 6, {"retention.ms": "5"})
+    assert manager.get_log("spread", 5).partition == 5  # idempotent for 1 and 4, adds 5
+    with pytest.raises(InconsistentTopicId):
+        manager.create_local_partitions("spread", uuid.uuid4(), [2], 6, {})
+    manager.shutdown()
+    manager = start([scratch], clock)
+    assert manager.topic("spread").topic_id == topic_id  # partition.metadata keeps the id
+    manager.delete_topic("spread")  # only the partitions held here
+    assert sorted(p.name.split(".")[0] for p in scratch.iterdir()
+                  if p.name.endswith("-delete")) == ["spread-1", "spread-4", "spread-5"]

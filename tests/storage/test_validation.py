@@ -6,8 +6,10 @@ files (``Log.read`` slices), decoding them with ``headrace.protocol.records``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
+import threading
 
 import crc32c
 import pytest
@@ -22,6 +24,7 @@ from headrace.protocol.batch import (
     parse_header,
 )
 from headrace.protocol.records import Header, build_batch, decode_batch, recompress_batch
+from headrace.storage import validation
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
@@ -282,3 +285,105 @@ def test_record_errors_list_the_first_thousand_and_count_all(scratch):
     assert "due to 1500 record errors in total" in refused.value.message
     assert read_all(log) == []
     log.close()
+
+
+# ---------------------------------------------------------------- the reusable section buffer
+
+def _zeros_batch(section_mib: int, codec: int = codecs.LZ4) -> bytes:
+    """A batch of 1 KiB zero values whose records section inflates to about ``section_mib``."""
+    return build_batch([(None, bytes(1024), [], NOW_MS)] * (section_mib * 1000),
+                       compression=codec)
+
+
+def _resident_bytes(buffer) -> int:
+    """Resident bytes of the mapping that holds ``buffer`` (its Rss in /proc/self/smaps)."""
+    holder = ctypes.c_char.from_buffer(buffer)
+    address = ctypes.addressof(holder)
+    del holder
+    with open("/proc/self/smaps") as smaps:
+        inside = False
+        for line in smaps:
+            first = line.split()[0]
+            if "-" in first and not first.endswith(":"):
+                start, end = (int(bound, 16) for bound in first.split("-"))
+                inside = start <= address < end
+            elif inside and first == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("the section buffer is not mapped")
+
+
+def _in_new_thread(work):
+    """``work()``'s result, run in a thread of its own (which gets its own section buffer)."""
+    results = []
+    thread = threading.Thread(target=lambda: results.append(work()))
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive() and len(results) == 1
+    return results[0]
+
+
+def test_each_thread_inflates_every_section_into_its_one_buffer(scratch):
+    batches = [_zeros_batch(1, codec) for codec in (codecs.LZ4, codecs.ZSTD, codecs.SNAPPY,
+                                                    codecs.GZIP)]
+
+    def sections_seen():
+        seen = []
+        for batch in batches:
+            with validation._decompressed_records(batch, 0) as section:
+                assert bytes(section) == codecs.decompress(batch[22] & 7,
+                                                           batch[BATCH_HEADER_BYTES:])
+                seen.append(section.obj)
+        return seen, validation._section_buffer.buffer
+
+    seen, buffer = _in_new_thread(sections_seen)
+    assert all(obj is buffer for obj in seen)
+    other_seen, other_buffer = _in_new_thread(sections_seen)
+    assert other_buffer is not buffer and all(obj is other_buffer for obj in other_seen)
+    log = _open(scratch)
+    assert _in_new_thread(lambda: [log.append(bytearray(batch), NOW_MS).base_offset
+                                   for batch in batches]) == [0, 1000, 2000, 3000]
+    log.close()
+
+
+@pytest.mark.parametrize("section_mib", [24, 40], ids=["fits the buffer", "past the buffer"])
+def test_a_large_section_leaves_at_most_the_resident_limit_mapped(scratch, section_mib):
+    """24 MiB inflates into the buffer and is then handed back above the resident limit; 40
+    MiB (past WHOLE_SECTION_MAX_BYTES) fills the buffer before it is found too large, and
+    is handed back before the streaming walk."""
+    batch = _zeros_batch(section_mib)
+    log = _open(scratch)
+
+    def append_and_measure():
+        buffer = validation._section_buffer.buffer
+        with validation._decompressed_records(_zeros_batch(1), 0):
+            pass
+        before_bytes = _resident_bytes(buffer)
+        largest_inside = []
+        if section_mib * 1000 * 1024 < validation.WHOLE_SECTION_MAX_BYTES:
+            with validation._decompressed_records(batch, 0):
+                largest_inside.append(_resident_bytes(buffer))
+        result = log.append(bytearray(batch), NOW_MS)
+        return before_bytes, largest_inside, _resident_bytes(buffer), result.last_offset
+
+    before_bytes, largest_inside, after_bytes, last_offset = _in_new_thread(append_and_measure)
+    assert last_offset == section_mib * 1000 - 1
+    assert before_bytes >= 1000 * 1024
+    assert all(inside_bytes >= section_mib * 1000 * 1024 for inside_bytes in largest_inside)
+    assert after_bytes <= validation.SECTION_BUFFER_RESIDENT_BYTES
+    log.close()
+
+
+def test_a_section_declined_after_filling_the_buffer_leaves_at_most_the_resident_limit(scratch):
+    """lz4 data cut short after 24 MiB of output: the decoder has filled the buffer when it
+    finds the end missing; the pages are handed back before the fallback raises."""
+    batch = bytearray(_zeros_batch(24))
+    del batch[-5:]  # the frame's end mark and one byte of the last block
+    batch[8:12] = (len(batch) - 12).to_bytes(4, "big")
+
+    def declined_and_measured():
+        buffer = validation._section_buffer.buffer
+        with pytest.raises(CorruptMessage), validation._decompressed_records(batch, 0):
+            pass
+        return _resident_bytes(buffer)
+
+    assert _in_new_thread(declined_and_measured) <= validation.SECTION_BUFFER_RESIDENT_BYTES

@@ -2,7 +2,8 @@
 
 For a topic (resource type 2) the given configs become the topic's overrides, every other
 override is removed; they are validated as a whole (INVALID_CONFIG naming key and value) and
-applied live and persisted by ``LogManager.alter_topic_config``. For the broker (resource type
+applied live and persisted by ``LogManager.alter_topic_config`` (in cluster mode written to
+ZooKeeper by any broker, as Kafka's AdminZkClient does: ``cluster_admin.change_topic_config``). For the broker (resource type
 4) the given configs become the cluster-wide defaults (name "") or this broker's dynamic
 configs (its id) through ``BrokerConfig.alter_dynamic``, removing the ones of that level not
 given. A config named twice is
@@ -25,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from headrace.broker import cluster_admin
 from headrace.broker.handlers.describe_configs import (
     BROKER_RESOURCE_TYPE,
     TOPIC_RESOURCE_TYPE,
@@ -55,7 +57,11 @@ async def apply_topic_overrides(broker: Any, topic: str, overrides: Mapping[str,
                                 validate_only: bool) -> None:
     """Validate the complete new override set and, unless validate_only, apply it."""
     normalised = validate_topic_overrides(dict(overrides))
-    if not validate_only:
+    if validate_only:
+        return
+    if cluster_admin.runs_controller(broker):  # cluster mode: through ZooKeeper
+        await cluster_admin.change_topic_config(broker, topic, normalised)
+    else:
         await asyncio.to_thread(broker.log_manager.alter_topic_config, topic, normalised)
 
 

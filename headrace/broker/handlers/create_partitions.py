@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from headrace.broker import cluster_admin
 from headrace.broker.handlers.create_topics import MAX_RECORDS_PER_USER_OP, check_manual_replicas
 from headrace.errors import (
     InvalidPartitions,
@@ -82,6 +83,8 @@ async def _create(broker: Any, topic: Any, validate_only: bool, records_before: 
 
 
 async def handle(ctx, request):
+    if cluster_admin.runs_controller(ctx.broker):
+        return await cluster_admin.create_partitions(ctx, request)
     counts = Counter(topic.name for topic in request.topics)
     results = []
     answered: set[str] = set()

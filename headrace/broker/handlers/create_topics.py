@@ -46,6 +46,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from headrace.broker import cluster_admin
 from headrace.broker.context import RawResponse
 from headrace.broker.handlers.describe_configs import topic_config_descriptions
 from headrace.broker.handlers.metadata import INTERNAL_TOPIC_NAMES
@@ -268,6 +269,8 @@ def _plans(broker: Any, topics: list[Any]) -> list[_Creation | KafkaError]:
 
 
 async def handle(ctx, request):
+    if cluster_admin.runs_controller(ctx.broker):
+        return await cluster_admin.create_topics(ctx, request)
     names = list(dict.fromkeys(topic.name for topic in request.topics))
     plans = _plans(ctx.broker, request.topics)
     try:

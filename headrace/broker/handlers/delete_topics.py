@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from headrace.broker import cluster_admin
 from headrace.broker.context import RawResponse
 from headrace.broker.handlers.metadata import INTERNAL_TOPIC_NAMES
 from headrace.errors import InvalidRequest, KafkaError, UnknownTopicId, UnknownTopicOrPartition
@@ -87,6 +88,11 @@ def _key(target: _Target) -> tuple[str | None, uuid.UUID | None]:
 
 async def handle(ctx, request):
     targets = _targets(request)
+    refusal = cluster_admin.delete_refusal(ctx.broker, ctx.api_version) \
+        if cluster_admin.runs_controller(ctx.broker) else None
+    if refusal is not None:  # as Kafka's ZooKeeper mode: every topic, no message
+        return _respond(ctx, [{"name": t.name, "topic_id": t.topic_id or ZERO_UUID,
+                               "error_code": refusal.code, "error_message": None} for t in targets])
     counts = Counter(_key(target) for target in targets)
     responses = []
     answered: set[tuple[str | None, uuid.UUID | None]] = set()
@@ -97,12 +103,21 @@ async def handle(ctx, request):
         error = _target_error(target, counts)
         if error is None:
             try:
+                if cluster_admin.runs_controller(ctx.broker):
+                    responses.append(await cluster_admin.delete_topic(
+                        ctx.broker, target.name, target.topic_id if target.name is None else None,
+                        request))
+                    continue
                 responses.append(await _delete(ctx.broker, target))
                 continue
             except KafkaError as raised:
                 error = raised
         responses.append({"name": target.name, "topic_id": target.topic_id or ZERO_UUID,
                           "error_code": error.code, "error_message": error.message})
+    return _respond(ctx, responses)
+
+
+def _respond(ctx, responses: list[dict[str, Any]]):
     if ctx.api_version == NO_THROTTLE_TIME_VERSION:
         return _v0_response(responses)
     return ctx.respond({"throttle_time": 0, "responses": responses})

@@ -1,7 +1,9 @@
 """DescribeCluster (api key 60): the cluster id, the controller and the brokers.
 
-headrace is a single node that is its own controller: the answer lists this broker (node id,
-advertised host and port, ``broker.rack`` if set) and names it as controller. v1+ asks for an
+A single node is its own controller: the answer lists this broker (node id, advertised host
+and port, ``broker.rack`` if set) and names it as controller. In a cluster the answer lists the
+live brokers registered in ZooKeeper and the controller named by ``/controller``
+(``broker.cluster_service``). v1+ asks for an
 endpoint type: brokers (1) is answered; controllers (2) is MISMATCHED_ENDPOINT_TYPE (this is a
 broker endpoint) and anything else UNSUPPORTED_ENDPOINT_TYPE, as Kafka's brokers do. Cluster
 authorized operations, when asked for, come from ``headrace.broker.authorization`` (every
@@ -40,10 +42,17 @@ def _endpoint_error(endpoint_type: int) -> tuple[int, str | None]:
     return UNSUPPORTED_ENDPOINT_TYPE, f"Unsupported endpoint type {endpoint_type}"
 
 
-def _this_broker(broker: Any) -> dict[str, Any]:
+def _brokers(broker: Any) -> list[dict[str, Any]]:
+    if broker.cluster is not None:
+        return [{"broker_id": b["node_id"], "host": b["host"], "port": b["port"],
+                 "rack": b["rack"], "is_fenced": False} for b in broker.cluster.live_brokers()]
     rack = broker.config.properties().get("broker.rack") or None
-    return {"broker_id": broker.node_id, "host": broker.advertised_host,
-            "port": broker.advertised_port, "rack": rack, "is_fenced": False}
+    return [{"broker_id": broker.node_id, "host": broker.advertised_host,
+             "port": broker.advertised_port, "rack": rack, "is_fenced": False}]
+
+
+def _controller_id(broker: Any) -> int:
+    return broker.cluster.controller_id if broker.cluster is not None else broker.node_id
 
 
 async def handle(ctx, request):
@@ -59,7 +68,7 @@ async def handle(ctx, request):
         "error_message": error_message,
         "endpoint_type": endpoint_type,
         "cluster_id": broker.cluster_id,
-        "controller_id": broker.node_id if error_code == 0 else -1,
-        "brokers": [_this_broker(broker)] if error_code == 0 else [],
+        "controller_id": _controller_id(broker) if error_code == 0 else -1,
+        "brokers": _brokers(broker) if error_code == 0 else [],
         "cluster_authorized_operations": operations,
     })

@@ -28,7 +28,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from headrace.errors import KafkaError, KafkaStorageError, UnknownTopicOrPartition
+from headrace.errors import (
+    KafkaError,
+    KafkaStorageError,
+    NotLeaderOrFollower,
+    UnknownTopicOrPartition,
+)
 
 API_KEY = 35
 MIN_VERSION = 0
@@ -60,8 +65,8 @@ def _sizes_by_dir(log_manager: Any, partitions: set[tuple[str, int]]
     for topic, index in sorted(partitions):
         try:
             log = log_manager.get_log(topic, index)
-        except (UnknownTopicOrPartition, KafkaStorageError):  # deleted since, or offline
-            continue
+        except (UnknownTopicOrPartition, KafkaStorageError, NotLeaderOrFollower):
+            continue  # deleted since, offline, or (in a cluster) led by another broker
         by_dir[os.path.abspath(log.dir.parent)][topic].append((index, log.size_bytes))
     return by_dir
 

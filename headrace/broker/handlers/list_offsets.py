@@ -1,14 +1,16 @@
 """ListOffsets (key 2), versions 0-9: offsets by time.
 
-Timestamps: -2 earliest (log start offset), -1 latest (log end offset = high watermark =
-last stable offset on one node, so read_committed sees the same), -3 the record with the
+Timestamps: -2 earliest (log start offset), -1 latest (log end offset = high watermark on one
+node; under read_committed, v2+, the last stable offset, and an offset found by time must lie
+below it, as Kafka's ``fetchOffsetForTimestamp``), -3 the record with the
 largest timestamp (v7+), -4 earliest local (v8+, KIP-405: without tiered storage the log
 start offset, as -2), -5 latest tiered (v9+, KIP-1005: without tiered storage offset -1,
 timestamp -1, leader epoch -1), or a time in ms: the first offset whose timestamp is >= it,
 or offset -1 / timestamp -1 when there is none. As Kafka's
 ``handleListOffsetRequestV1AndAbove``, any other negative timestamp, or one older than the
 version that introduced it, answers UNSUPPORTED_VERSION for its partition. Errors per
-partition (UNKNOWN_TOPIC_OR_PARTITION).
+partition (UNKNOWN_TOPIC_OR_PARTITION; in a cluster also NOT_LEADER_OR_FOLLOWER and, for a
+stale or unknown ``current_leader_epoch``, FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH).
 
 v0 (clients that skip ApiVersions; decoded by hand in wire.py, kio lacks it) answers Kafka's
 legacy "offsets before": up to ``max_num_offsets`` offsets, descending, from the list of
@@ -45,23 +47,28 @@ FIRST_VERSION_BY_SPECIAL_TIMESTAMP = {EARLIEST_TIMESTAMP: 1, LATEST_TIMESTAMP: 1
                                       MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8,
                                       LATEST_TIERED_TIMESTAMP: 9}
 CONSUMER_REPLICA_ID = -1
+FIRST_ISOLATION_VERSION = 2
+READ_COMMITTED = 1
 _INT16, _INT32, _INT64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 _PARTITION_HEAD = struct.Struct(">ihi")  # partition_index, error_code, offsets count
 
 
-def _partition(manager, topic: str, partition, version: int) -> dict:
+def _partition(broker, topic: str, partition, version: int, read_committed: bool) -> dict:
     index = partition.partition_index
     wanted = partition.timestamp
     try:
         if wanted < 0 and version < FIRST_VERSION_BY_SPECIAL_TIMESTAMP.get(wanted, MAX_VERSION + 1):
             raise UnsupportedVersion(f"timestamp {wanted} needs a later version than {version}")
-        log = manager.get_log(topic, index)
+        log = broker.log_manager.get_log(topic, index)
+        if broker.cluster is not None:  # v4+ carry the client's leader epoch
+            broker.cluster.check_leader_epoch(
+                topic, index, getattr(partition, "current_leader_epoch", -1))
         if wanted == LATEST_TIERED_TIMESTAMP:  # nothing is tiered
             return {"partition_index": index, "error_code": 0, "timestamp": -1, "offset": -1,
                     "leader_epoch": -1}
         if wanted == EARLIEST_LOCAL_TIMESTAMP:  # every segment is local
             wanted = EARLIEST_TIMESTAMP
-        found = log.offset_for_timestamp(wanted)
+        found = _offset_for(log, wanted, read_committed)
     except KafkaError as error:
         return {"partition_index": index, "error_code": error.code, "timestamp": -1,
                 "offset": -1, "leader_epoch": -1}
@@ -73,6 +80,21 @@ def _partition(manager, topic: str, partition, version: int) -> dict:
         timestamp = -1
     return {"partition_index": index, "error_code": 0, "timestamp": timestamp,
             "offset": offset, "leader_epoch": 0}
+
+
+def _offset_for(log, wanted: int, read_committed: bool) -> tuple[int, int] | None:
+    """As Kafka's ``fetchOffsetForTimestamp``: under read_committed the last fetchable
+    offset is the last stable offset -- latest answers it, and an offset found by time (or
+    the max timestamp's) must lie below it."""
+    if not read_committed:
+        return log.offset_for_timestamp(wanted)
+    last_stable_offset = log.last_stable_offset
+    if wanted == LATEST_TIMESTAMP:
+        return last_stable_offset, -1
+    found = log.offset_for_timestamp(wanted)
+    if wanted != EARLIEST_TIMESTAMP and found is not None and found[0] >= last_stable_offset:
+        return None
+    return found
 
 
 def legacy_offsets_before(log, timestamp: int, max_num_offsets: int, now_ms: int,
@@ -129,12 +151,14 @@ def _handle_v0(ctx, request) -> RawResponse:
 async def handle(ctx, request):
     if ctx.api_version == 0:
         return _handle_v0(ctx, request)
-    manager = ctx.broker.log_manager
+    read_committed = ctx.api_version >= FIRST_ISOLATION_VERSION and \
+        request.isolation_level == READ_COMMITTED
     return ctx.respond({
         "throttle_time": 0,
         "topics": [
             {"name": topic.name,
-             "partitions": [_partition(manager, topic.name, p, ctx.api_version)
+             "partitions": [_partition(ctx.broker, topic.name, p, ctx.api_version,
+                                       read_committed)
                             for p in topic.partitions]}
             for topic in request.topics
         ],

@@ -1,6 +1,11 @@
 """Metadata (key 3), versions 0-13: brokers, cluster id, controller, topics and partitions.
 
-A single node leads every partition (leader = replicas = isr = this node, leader epoch 0),
+In a cluster (``BrokerState.cluster``) the brokers, the controller and each partition's
+leader, epoch, replicas, isr and offline replicas come from ZooKeeper
+(``broker.cluster_service``); an unknown topic allowed to be auto-created is written to
+ZooKeeper and answered LEADER_NOT_AVAILABLE, as Kafka's ZooKeeper-mode brokers answer it,
+until the controller has elected its leaders. Otherwise:
+a single node leads every partition (leader = replicas = isr = this node, leader epoch 0),
 except a partition whose log failed to load at start-up: leader -1, LEADER_NOT_AVAILABLE, this
 node in ``offline_replicas`` (Kafka's offline partition).
 Unknown topics are created with ``num.partitions`` when ``auto.create.topics.enable`` and the
@@ -63,14 +68,19 @@ def topic_name_is_legal(name: str) -> bool:
 
 
 def topic_metadata(broker, info) -> dict:
-    offline = broker.log_manager.offline_partitions()
+    if broker.cluster is not None:
+        partitions = [broker.cluster.partition_metadata(info.name, index)
+                      for index in range(info.partitions)]
+    else:
+        offline = broker.log_manager.offline_partitions()
+        partitions = [_partition_metadata(broker.node_id, index, (info.name, index) in offline)
+                      for index in range(info.partitions)]
     return {
         "error_code": 0,
         "name": info.name,
         "topic_id": info.topic_id,
         "is_internal": info.name in INTERNAL_TOPIC_NAMES,
-        "partitions": [_partition_metadata(broker.node_id, index, (info.name, index) in offline)
-                       for index in range(info.partitions)],
+        "partitions": partitions,
         "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }
 
@@ -104,6 +114,9 @@ async def _lookup_or_create(ctx, name: str, may_create: bool) -> dict:
     if not may_create:
         return _error_topic(UnknownTopicOrPartition.code, name)
     partitions = broker.config.get_int("num.partitions")
+    if broker.cluster is not None:  # written to ZooKeeper; leaders follow from the controller
+        await broker.cluster.create_topic(name, partitions, "default.replication.factor", {})
+        return _error_topic(LeaderNotAvailable.code, name)
     try:
         info = await broker.run_append(manager.create_topic, name, partitions, {})
     except TopicAlreadyExists:
@@ -181,12 +194,17 @@ async def handle(ctx, request):
         return _invalid_request_response(ctx, request)
     broker = ctx.broker
     topics = _with_topic_operations(ctx, request, await _requested_topics(ctx, request))
+    if broker.cluster is not None:
+        brokers, controller_id = broker.cluster.live_brokers(), broker.cluster.controller_id
+    else:
+        brokers = [{"node_id": broker.node_id, "host": broker.advertised_host,
+                    "port": broker.advertised_port, "rack": None}]
+        controller_id = broker.node_id
     return ctx.respond({
         "throttle_time": 0,
-        "brokers": [{"node_id": broker.node_id, "host": broker.advertised_host,
-                     "port": broker.advertised_port, "rack": None}],
+        "brokers": brokers,
         "cluster_id": broker.cluster_id,
-        "controller_id": broker.node_id,
+        "controller_id": controller_id,
         "topics": topics,
         "cluster_authorized_operations": _cluster_operations(ctx, request),
         "error_code": 0,

@@ -1,0 +1,57 @@
+"""The broker's side of the cluster controller: start and stop it, and await its work.
+
+Owns the one ``headrace.cluster.controller.Controller`` of a broker in cluster mode (on the
+broker's ZooKeeper session, with ``unclean.leader.election.enable``), started once the broker
+is registered in ``/brokers/ids`` (as Kafka starts its controller after registering) and
+stopped before the session is closed. ``run`` hands an action to the controller's event thread
+and awaits it from the event loop, bounded by ``timeout_ms``: REQUEST_TIMED_OUT past it or
+when ZooKeeper could not complete it, NOT_CONTROLLER when this broker is not (or no longer)
+the active controller.
+
+Thread-safety: ``start`` and ``stop`` block on ZooKeeper (the server calls them in an
+executor); ``run`` is called on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kazoo.exceptions import KazooException, SessionExpiredError
+
+from headrace.cluster.controller import Controller, ControllerFenced
+from headrace.errors import NotController, RequestTimedOut
+
+T = TypeVar("T")
+
+
+class ControllerService:
+    def __init__(self, membership: Any, config: Any) -> None:
+        self.controller = Controller(
+            membership.session.client, membership.broker_id,
+            unclean_leader_election=config.get_bool("unclean.leader.election.enable"),
+        )
+
+    def start(self) -> None:
+        self.controller.start()
+
+    def stop(self) -> None:
+        self.controller.stop()
+
+    @property
+    def is_active(self) -> bool:
+        return self.controller.is_active
+
+    async def run(self, action: Callable[[Any], T], timeout_ms: int) -> T:
+        """``action(controller)`` on the controller's event thread; its result."""
+        future = self.controller.submit(lambda: action(self.controller))
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), max(timeout_ms, 1) / 1000)
+        except TimeoutError:
+            future.cancel()
+            raise RequestTimedOut(f"The controller did not answer within {timeout_ms} ms.") from None
+        except (ControllerFenced, SessionExpiredError):
+            raise NotController("This broker stopped being the controller.") from None
+        except KazooException as error:  # e.g. the connection to ZooKeeper lost meanwhile
+            raise RequestTimedOut(f"ZooKeeper did not complete the change: {error!r}") from None

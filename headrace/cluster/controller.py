@@ -1,0 +1,665 @@
+"""The cluster controller, as Kafka's ZooKeeper-mode ``KafkaController``: one per cluster.
+
+Owns the election of the controller and, while this broker is the controller, every partition
+state in ZooKeeper. Every broker runs a ``Controller``; one wins.
+
+Election: each broker's controller tries one multi-op: create the ephemeral ``/controller``
+(``{"version":2,"brokerid":N,...}``) and set ``/controller_epoch`` to epoch + 1 conditional on
+the zkVersion it read (``/controller_epoch`` is created as "0" when missing, as Kafka does).
+The loser watches ``/controller`` and tries again when it is deleted (its owner's session
+ended). The winner reads everything afresh (``controller_context.load_context``) and reconciles:
+missing partition states are created, dead brokers leave ISRs, offline partitions get leaders,
+pending deletions and controlled shutdowns are served.
+
+Fencing: every controller write is a multi-op that starts with ``check(/controller_epoch,
+zkVersion)``, and partition states are also set conditional on their own zkVersion. A failed
+epoch check means a newer controller was elected: this one resigns at once and writes nothing
+more (``ControllerFenced``). A LOST ZooKeeper session (e.g. a controller paused by SIGSTOP past
+its session timeout) resigns it too, from kazoo's thread, before anything else runs; a
+resigned controller that reconnects with a new session takes part in the next election only.
+
+Metadata reaches brokers through ZooKeeper watches only (brokers act on znodes, never on RPCs
+from a controller): the kio codec follows Kafka 4.x, without the ZooKeeper-era controller RPCs,
+and a zombie controller cannot mislead a broker when its writes are refused by ZooKeeper.
+
+Events (Kafka's ``ControllerEventManager``): ZooKeeper watches (``/controller``, children of
+``/brokers/ids``, ``/brokers/topics``, ``/admin/delete_topics`` and headrace's own
+``/headrace/controlled_shutdown``, see ``topic_admin``; and each topic's assignment, for
+partitions added to it) and admin requests (``submit``) become
+events on one queue, drained by one thread (``hr-controller``), which alone touches the
+controller's context; a watch event that is already queued is not queued twice, and each
+re-reads ZooKeeper (watches fire once). Kazoo's callbacks only enqueue.
+
+Not done by this controller (as the release has no replication): ISR shrink/expand (followers),
+partition reassignment, automatic preferred-leader rebalance (``auto.leader.rebalance.enable``).
+Deleted topics' znodes are removed at once (brokers that are down delete their logs when
+they come back and find the topic gone), not after every replica acknowledged, as Kafka did.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+    SessionExpiredError,
+)
+from kazoo.protocol.states import KazooState
+
+from headrace.cluster import partition_leadership as leadership
+from headrace.cluster import topic_admin
+from headrace.cluster import zookeeper_paths as paths
+from headrace.cluster import zookeeper_records as records
+from headrace.cluster.controller_context import (
+    ControllerContext,
+    VersionedState,
+    load_context,
+    read_live_brokers,
+    read_partition_state,
+    read_topic,
+)
+from headrace.errors import (
+    ElectionNotNeeded,
+    EligibleLeadersNotAvailable,
+    KafkaError,
+    NotController,
+    PreferredLeaderNotAvailable,
+    UnknownTopicId,
+    UnknownTopicOrPartition,
+)
+
+log = logging.getLogger("headrace.cluster.controller")
+
+INITIAL_CONTROLLER_EPOCH = 0
+ELECTION_TYPE_PREFERRED = 0
+ELECTION_TYPE_UNCLEAN = 1
+STOP_TIMEOUT_S = 10.0
+
+
+class ControllerFenced(Exception):
+    """A newer controller epoch exists (or the session was lost): this controller resigned."""
+
+
+class Controller:
+    """One broker's controller: candidate in the election, and the controller when it wins."""
+
+    def __init__(
+        self, zk: KazooClient, broker_id: int, *,
+        unclean_leader_election: bool = False, now_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self._zk = zk
+        self.broker_id = broker_id
+        self._unclean_leader_election = unclean_leader_election
+        self._now_ms = now_ms or (lambda: int(time.time() * 1000))
+        self._events: queue.Queue = queue.Queue()
+        self._queued_keys: set[str] = set()
+        self._watched_topics: set[str] = set()  # topics whose assignment is watched
+        self._lock = threading.Lock()
+        self._context: ControllerContext | None = None
+        self._session_lost = False
+        self._stopping = False
+        self.controller_id: int | None = None  # as last seen on /controller; -1 unknown
+        self._thread = threading.Thread(target=self._run, name="hr-controller", daemon=True)
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._zk.add_listener(self._on_session_state)
+        self._thread.start()
+        self._zk.ensure_path(paths.DELETE_TOPICS)
+        self._zk.ensure_path(topic_admin.CONTROLLED_SHUTDOWN)
+        self._zk.DataWatch(paths.CONTROLLER, self._on_controller_znode)
+        self._watch_children(paths.BROKER_IDS, "brokers", self._on_brokers_changed)
+        self._watch_children(paths.TOPICS, "topics", self._on_topics_changed)
+        self._watch_children(paths.DELETE_TOPICS, "deletions", self._on_deletions_requested)
+        self._watch_children(topic_admin.CONTROLLED_SHUTDOWN, "shutdowns", self._on_shutdowns_requested)
+
+    def stop(self) -> None:
+        """Resign (the session's end then deletes ``/controller``) and stop the event thread."""
+        self._stopping = True
+        self._resign("broker shutting down")
+        self._events.put((None, None))
+        if self._thread.is_alive():
+            self._thread.join(STOP_TIMEOUT_S)
+
+    @property
+    def is_active(self) -> bool:
+        return self._context is not None
+
+    @property
+    def epoch(self) -> int | None:
+        context = self._context
+        return context.epoch if context else None
+
+    @property
+    def queued_event_count(self) -> int:
+        return self._events.qsize()
+
+    def submit(self, action: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``action`` on the event thread if this broker is the active controller; the
+        future fails with NOT_CONTROLLER otherwise."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                if self._context is None:
+                    raise NotController("This is not the correct controller for this cluster.")
+                future.set_result(action())
+            except BaseException as error:  # handed to the waiting handler
+                future.set_exception(error)
+
+        self._enqueue(None, run)
+        return future
+
+    # --- events -----------------------------------------------------------------------------
+
+    def _enqueue(self, key: str | None, action: Callable[[], None]) -> None:
+        with self._lock:
+            if key is not None:
+                if key in self._queued_keys:
+                    return
+                self._queued_keys.add(key)
+        self._events.put((key, action))
+
+    def _watch_children(self, path: str, key: str, handler: Callable[[], None]) -> None:
+        def on_children(_children) -> bool:
+            self._enqueue(key, handler)
+            return not self._stopping
+
+        self._zk.ensure_path(path)
+        self._zk.ChildrenWatch(path, on_children)
+
+    def _run(self) -> None:
+        while True:
+            key, action = self._events.get()
+            if action is None:
+                return
+            with self._lock:
+                self._queued_keys.discard(key)
+            self._run_event(key, action)
+
+    def _run_event(self, key: str | None, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except ControllerFenced as fenced:
+            log.warning("controller %d: %s", self.broker_id, fenced)
+        except (ConnectionLoss, SessionExpiredError) as error:
+            log.warning("controller %d: ZooKeeper unavailable during %s: %r; retried on reconnection",
+                        self.broker_id, key or "a request", error)
+        except Exception:
+            log.exception("controller %d: event %s failed", self.broker_id, key or "request")
+
+    def _on_session_state(self, state: str) -> None:
+        """Kazoo's connection listener (kazoo's thread: flags and enqueues only)."""
+        if state == KazooState.LOST:
+            self._session_lost = True
+            self._resign("ZooKeeper session expired")
+        elif state == KazooState.CONNECTED:
+            self._session_lost = False
+            self._enqueue("elect", self._elect)  # a no-op while active
+            self._enqueue("reconcile", self._reconcile)  # retries what a lost connection failed
+
+    def _on_controller_znode(self, data: bytes | None, _stat: Any) -> None:
+        self.controller_id = records.decode_controller_registration(data).broker_id if data else None
+        self._enqueue("controller", self._on_controller_changed)
+
+    # --- election and resignation -----------------------------------------------------------
+
+    def _on_controller_changed(self) -> None:
+        try:
+            data, _ = self._zk.get(paths.CONTROLLER)
+        except NoNodeError:
+            self._elect()
+            return
+        owner = records.decode_controller_registration(data).broker_id
+        if owner != self.broker_id and self._context is not None:
+            self._resign(f"broker {owner} is now the controller")
+        elif owner == self.broker_id and self._context is None:
+            self._elect()  # ours but not active (its first read failed): resume
+
+    def _elect(self) -> None:
+        if self._context is not None or self._stopping or self._zk.state != KazooState.CONNECTED:
+            return
+        try:
+            self._zk.create(paths.CONTROLLER_EPOCH, records.encode_controller_epoch(INITIAL_CONTROLLER_EPOCH))
+        except NodeExistsError:
+            pass
+        data, stat = self._zk.get(paths.CONTROLLER_EPOCH)
+        epoch = records.decode_controller_epoch(data) + 1
+        registration = records.ControllerRegistration(self.broker_id, self._now_ms())
+        transaction = self._zk.transaction()
+        transaction.create(paths.CONTROLLER, records.encode_controller_registration(registration),
+                           ephemeral=True)
+        transaction.set_data(paths.CONTROLLER_EPOCH, records.encode_controller_epoch(epoch),
+                             version=stat.version)
+        created, epoch_set = transaction.commit()
+        if isinstance(created, NodeExistsError):
+            self._resume_if_ours()  # else another broker is controller: the watch calls again
+            return
+        if isinstance(epoch_set, BadVersionError):
+            self._enqueue("elect", self._elect)  # raced with another election: read again
+            return
+        for result in (created, epoch_set):
+            if isinstance(result, Exception):
+                raise result
+        self._become_active(epoch, epoch_set.version)
+
+    def _owns_controller_znode(self) -> bool:
+        stat = self._zk.exists(paths.CONTROLLER)
+        return stat is not None and stat.ephemeralOwner == self._zk.client_id[0]
+
+    def _resume_if_ours(self) -> None:
+        """``/controller`` is this session's own (won, but reading the cluster failed): take up
+        the epoch it set. No other controller can have been elected while it exists."""
+        if not self._owns_controller_znode():
+            return
+        data, stat = self._zk.get(paths.CONTROLLER_EPOCH)
+        self._become_active(records.decode_controller_epoch(data), stat.version)
+
+    def _move_controller(self) -> None:
+        """After being fenced while ``/controller`` is still this session's (the epoch moved
+        on under it): delete it, so that the brokers elect again (Kafka's triggerControllerMove)."""
+        if self._context is None and self._owns_controller_znode():
+            log.warning("controller %d: deleting its /controller to trigger an election", self.broker_id)
+            self._zk.delete(paths.CONTROLLER)
+
+    def _become_active(self, epoch: int, epoch_zk_version: int) -> None:
+        context = load_context(self._zk, epoch, epoch_zk_version, topic_admin.CONTROLLED_SHUTDOWN)
+        with self._lock:
+            self._context = context
+        for topic in sorted(context.assignments):
+            self._watch_assignment(topic)
+        log.info("controller %d: became the controller, epoch %d", self.broker_id, epoch)
+        self._reconcile()
+
+    def _resign(self, reason: str) -> None:
+        with self._lock:
+            context, self._context = self._context, None
+        if context is not None:
+            log.warning("controller %d: resigned as controller (epoch %d): %s",
+                        self.broker_id, context.epoch, reason)
+
+    def _active_context(self) -> ControllerContext:
+        context = self._context
+        if context is None:
+            raise ControllerFenced("not the active controller; nothing written")
+        return context
+
+    # --- fenced writes ----------------------------------------------------------------------
+
+    def _commit_fenced(self, build: Callable[[Any], None]) -> list:
+        """One multi-op: check the controller epoch's zkVersion, then ``build``'s operations.
+        The results of ``build``'s operations (exceptions for failed ones)."""
+        context = self._active_context()
+        transaction = self._zk.transaction()
+        transaction.check(paths.CONTROLLER_EPOCH, context.epoch_zk_version)
+        build(transaction)
+        results = transaction.commit()
+        if isinstance(results[0], (BadVersionError, NoNodeError)):
+            self._resign(f"fenced: /controller_epoch is past epoch {context.epoch}")
+            self._enqueue("move", self._move_controller)
+            raise ControllerFenced(f"epoch {context.epoch} fenced by a newer controller; nothing written")
+        if isinstance(results[0], Exception) and not isinstance(results[0], RolledBackError):
+            raise results[0]
+        return results[1:]
+
+    def _write_state(self, context: ControllerContext, topic: str, partition: int,
+                     state: records.PartitionState) -> bool:
+        """Create or (conditionally on its zkVersion) replace a partition's state; False when
+        the znode changed under us (the context is refreshed from ZooKeeper)."""
+        path, data = paths.partition_state_path(topic, partition), records.encode_partition_state(state)
+        current = context.states.get((topic, partition))
+        if current is None:
+            missing_parents = self._missing_partition_parents(topic, partition)
+
+            def build(transaction) -> None:
+                for parent in missing_parents:
+                    transaction.create(parent)
+                transaction.create(path, data)
+        else:
+            def build(transaction) -> None:
+                transaction.set_data(path, data, version=current.zk_version)
+        results = self._commit_fenced(build)
+        if any(isinstance(result, Exception) for result in results):
+            log.warning("controller %d: state of %s-%d changed concurrently (%r); re-read",
+                        self.broker_id, topic, partition, results)
+            self._refresh_state(context, topic, partition)
+            return False
+        version = results[-1].version if current is not None else 0
+        context.states[(topic, partition)] = VersionedState(state, version)
+        return True
+
+    def _missing_partition_parents(self, topic: str, partition: int) -> list[str]:
+        parents = [paths.topic_partitions_path(topic), paths.partition_path(topic, partition)]
+        return [parent for parent in parents if self._zk.exists(parent) is None]
+
+    def _refresh_state(self, context: ControllerContext, topic: str, partition: int) -> None:
+        state = read_partition_state(self._zk, topic, partition)
+        if state is None:
+            context.states.pop((topic, partition), None)
+        else:
+            context.states[(topic, partition)] = state
+
+    # --- reconciliation: what a new controller (or a reconnected one) does -------------------
+
+    def _reconcile(self) -> None:
+        context = self._context
+        if context is None:
+            return
+        self._create_missing_states(context)
+        for broker_id in self._brokers_in_isrs(context) - set(context.live_brokers):
+            self._on_broker_failure(context, broker_id)
+        self._elect_offline_partitions(context)
+        self._on_deletions_requested()
+        self._on_shutdowns_requested()
+
+    @staticmethod
+    def _brokers_in_isrs(context: ControllerContext) -> set[int]:
+        return {replica for versioned in context.states.values() for replica in versioned.state.isr}
+
+    def _create_missing_states(self, context: ControllerContext, topics: set[str] | None = None) -> None:
+        for topic, partition, replicas in list(context.partitions()):
+            if (topics is not None and topic not in topics) or (topic, partition) in context.states:
+                continue
+            state = leadership.initial_state(replicas, context.electable_brokers(), context.epoch)
+            if state is None:
+                log.warning("controller %d: no live replica for new partition %s-%d (replicas %s)",
+                            self.broker_id, topic, partition, list(replicas))
+                continue
+            self._write_state(context, topic, partition, state)
+
+    def _elect_offline_partitions(self, context: ControllerContext) -> None:
+        electable = context.electable_brokers()
+        for topic, partition, replicas in list(context.partitions()):
+            versioned = context.states.get((topic, partition))
+            if versioned is None or versioned.state.leader in electable:
+                continue
+            state = leadership.elect_offline_leader(
+                replicas, versioned.state, electable, context.epoch, self._unclean_leader_election
+            )
+            if state is not None:
+                self._write_state(context, topic, partition, state)
+
+    # --- brokers ----------------------------------------------------------------------------
+
+    def _on_brokers_changed(self) -> None:
+        context = self._context
+        if context is None:
+            return
+        current = read_live_brokers(self._zk)
+        previous = context.live_brokers
+        gone = {b for b, epoch in previous.items() if current.get(b) != epoch}  # dead or bounced
+        arrived = {b for b, epoch in current.items() if previous.get(b) != epoch}
+        if gone or arrived:
+            log.info("controller %d: brokers gone %s, arrived %s", self.broker_id, sorted(gone), sorted(arrived))
+        context.live_brokers = {b: e for b, e in previous.items() if b not in gone}
+        for broker_id in sorted(gone):
+            self._on_broker_failure(context, broker_id)
+        context.live_brokers = current
+        self._create_missing_states(context)
+        self._elect_offline_partitions(context)
+
+    def _on_broker_failure(self, context: ControllerContext, broker_id: int) -> None:
+        """Kafka's onBrokerFailure: its replicas go offline (out of ISRs; leader -1 where it
+        led), then offline partitions get a leader from the live ISR if they have one."""
+        context.shutting_down.discard(broker_id)
+        for topic, partition, _replicas in list(context.partitions()):
+            versioned = context.states.get((topic, partition))
+            if versioned is None:
+                continue
+            state = leadership.remove_replica_from_isr(versioned.state, broker_id, context.epoch)
+            if state is not None:
+                self._write_state(context, topic, partition, state)
+        self._elect_offline_partitions(context)
+
+    # --- topics -----------------------------------------------------------------------------
+
+    def _on_topics_changed(self) -> None:
+        context = self._context
+        if context is None:
+            return
+        names = set(self._zk.get_children(paths.TOPICS))
+        for topic in set(context.assignments) - names:
+            context.drop_topic(topic)
+        added = names - set(context.assignments)
+        if not added:
+            return
+        self._on_brokers_changed()  # brokers registered before the topic count as live
+        for topic in sorted(added):
+            read_topic(self._zk, context, topic)
+            self._watch_assignment(topic)
+        self._create_missing_states(context, added)
+
+    def _watch_assignment(self, topic: str) -> None:
+        """Kafka's PartitionModificationsHandler: partitions added to the assignment by anyone
+        get their states. One watch per topic, until the topic's znode goes."""
+        with self._lock:
+            if topic in self._watched_topics:
+                return
+            self._watched_topics.add(topic)
+
+        def on_assignment(data: bytes | None, _stat: Any) -> bool:
+            if data is None or self._stopping:
+                with self._lock:
+                    self._watched_topics.discard(topic)
+                return False
+            self._enqueue(f"partitions:{topic}", lambda: self._on_partitions_changed(topic))
+            return True
+
+        self._zk.DataWatch(paths.topic_path(topic), on_assignment)
+
+    def _on_partitions_changed(self, topic: str) -> None:
+        context = self._context
+        if context is None or topic not in context.assignments:
+            return
+        known = set(context.assignments[topic].partitions)
+        read_topic(self._zk, context, topic)
+        if topic in context.assignments and set(context.assignments[topic].partitions) != known:
+            self._create_missing_states(context, {topic})
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int,
+                     configs: dict[str, str], manual_assignment=None) -> dict[int, records.PartitionState]:
+        """CreateTopics on the controller (event thread): assignment and config as
+        AdminZkClient writes them, then the partition states; the states written."""
+        context = self._active_context()
+        self._on_brokers_changed()  # the assignment is made over brokers live now
+        topic_admin.create_topic_assignment(self._zk, name, partitions, replication_factor,
+                                            configs, manual_assignment=manual_assignment)
+        read_topic(self._zk, context, name)
+        self._watch_assignment(name)
+        self._create_missing_states(context, {name})
+        return self._topic_states(context, name)
+
+    def create_partitions(self, topic: str, partition_count: int, manual_assignment=None):
+        """CreatePartitions on the controller (event thread); the states of the new partitions."""
+        context = self._active_context()
+        self._on_brokers_changed()
+        added = topic_admin.add_partitions(self._zk, topic, partition_count, manual_assignment)
+        read_topic(self._zk, context, topic)
+        self._create_missing_states(context, {topic})
+        states = self._topic_states(context, topic)
+        return {partition: states.get(partition) for partition in added}
+
+    @staticmethod
+    def _topic_states(context: ControllerContext, topic: str) -> dict[int, records.PartitionState]:
+        assignment = context.assignments.get(topic)
+        return {
+            partition: context.states[(topic, partition)].state
+            for partition in (assignment.partitions if assignment else ())
+            if (topic, partition) in context.states
+        }
+
+    # --- reads for the admin handlers (event thread) ---------------------------------------
+
+    def topic_names(self) -> list[str]:
+        self._on_topics_changed()
+        return sorted(self._active_context().assignments)
+
+    def assignment(self, topic: str) -> records.TopicAssignment:
+        context = self._active_context()
+        if topic not in context.assignments:
+            read_topic(self._zk, context, topic)
+        if topic not in context.assignments:
+            raise UnknownTopicOrPartition(f"The topic '{topic}' does not exist.")
+        return context.assignments[topic]
+
+    def topic_name_for_id(self, topic_id: bytes) -> str:
+        self._on_topics_changed()
+        for name, assignment in self._active_context().assignments.items():
+            if assignment.topic_id == topic_id:
+                return name
+        raise UnknownTopicId(f"Topic id {uuid.UUID(bytes=topic_id)} does not exist.")
+
+    def live_broker_ids(self) -> list[int]:
+        self._on_brokers_changed()
+        return sorted(self._active_context().live_brokers)
+
+    # --- deletion ---------------------------------------------------------------------------
+
+    def delete_topic(self, topic: str) -> None:
+        """DeleteTopics on the controller (event thread): mark, then delete at once."""
+        self._active_context()
+        topic_admin.request_topic_deletion(self._zk, topic)
+        self._on_deletions_requested()
+
+    def _on_deletions_requested(self) -> None:
+        context = self._context
+        if context is None:
+            return
+        for topic in sorted(self._zk.get_children(paths.DELETE_TOPICS)):
+            self._delete_topic_znodes(context, topic)
+
+    def _delete_topic_znodes(self, context: ControllerContext, topic: str) -> None:
+        doomed = self._topic_tree(topic)
+        if self._zk.exists(paths.topic_config_path(topic)) is not None:
+            doomed.append(paths.topic_config_path(topic))
+        doomed.append(paths.delete_topic_path(topic))
+
+        def build(transaction) -> None:
+            for path in doomed:
+                transaction.delete(path)
+
+        results = self._commit_fenced(build)
+        if any(isinstance(result, Exception) for result in results):
+            log.warning("controller %d: deleting topic %s raced with a change (%r); retried",
+                        self.broker_id, topic, results)
+            self._enqueue("deletions", self._on_deletions_requested)
+            return
+        context.drop_topic(topic)
+        log.info("controller %d: deleted topic %s", self.broker_id, topic)
+
+    def _topic_tree(self, topic: str) -> list[str]:
+        """Znodes of the topic, children first; empty when the topic does not exist."""
+        if self._zk.exists(paths.topic_path(topic)) is None:
+            return []
+        tree: list[str] = []
+        partitions_path = paths.topic_partitions_path(topic)
+        if self._zk.exists(partitions_path) is not None:
+            for partition in self._zk.get_children(partitions_path):
+                partition_path = f"{partitions_path}/{partition}"
+                tree += [f"{partition_path}/{child}" for child in self._zk.get_children(partition_path)]
+                tree.append(partition_path)
+            tree.append(partitions_path)
+        tree.append(paths.topic_path(topic))
+        return tree
+
+    # --- controlled shutdown ----------------------------------------------------------------
+
+    def _on_shutdowns_requested(self) -> None:
+        context = self._context
+        if context is None:
+            return
+        for child in sorted(self._zk.get_children(topic_admin.CONTROLLED_SHUTDOWN)):
+            if child.isdigit() and int(child) in context.live_brokers:
+                self._serve_controlled_shutdown(context, int(child))
+
+    def _serve_controlled_shutdown(self, context: ControllerContext, broker_id: int) -> None:
+        path = topic_admin.controlled_shutdown_path(broker_id)
+        try:
+            data, stat = self._zk.get(path)
+        except NoNodeError:
+            return
+        broker_epoch, answered = topic_admin.decode_controlled_shutdown(data)
+        if answered is not None:
+            return
+        context.shutting_down.add(broker_id)
+        remaining = self._move_leadership_away(context, broker_id)
+        answer = topic_admin.encode_controlled_shutdown_answer(broker_epoch, remaining)
+        self._commit_fenced(lambda transaction: transaction.set_data(path, answer, version=stat.version))
+        log.info("controller %d: controlled shutdown of broker %d, %d partition(s) still led",
+                 self.broker_id, broker_id, len(remaining))
+
+    def _move_leadership_away(self, context: ControllerContext, broker_id: int) -> list[tuple[str, int]]:
+        """Kafka's doControlledShutdown: partitions with other replicas get a new leader and
+        lose the broker from their ISR; single-replica partitions stay until it stops."""
+        electable = context.electable_brokers()
+        for topic, partition, replicas in list(context.partitions()):
+            versioned = context.states.get((topic, partition))
+            if versioned is None or len(replicas) < 2 or broker_id not in versioned.state.isr:
+                continue
+            state = leadership.elect_for_controlled_shutdown(
+                replicas, versioned.state, electable, context.shutting_down, context.epoch
+            ) if versioned.state.leader == broker_id else leadership.remove_replica_from_isr(
+                versioned.state, broker_id, context.epoch)
+            if state is not None:
+                self._write_state(context, topic, partition, state)
+        return [
+            (topic, partition) for topic, partition, replicas in context.partitions()
+            if len(replicas) > 1 and (topic, partition) in context.states
+            and context.states[(topic, partition)].state.leader == broker_id
+        ]
+
+    # --- ElectLeaders -----------------------------------------------------------------------
+
+    def elect_leaders(self, election_type: int, partitions: list[tuple[str, int]] | None
+                      ) -> dict[tuple[str, int], KafkaError | None]:
+        """ElectLeaders on the controller (event thread): per partition None (elected) or the
+        error Kafka answers. ``partitions`` None means every partition; those needing no
+        election are then left out, as Kafka does."""
+        context = self._active_context()
+        every = partitions is None
+        targets = [(t, p) for t, p, _ in context.partitions()] if every else partitions
+        results = {}
+        for topic, partition in targets:
+            outcome = self._elect_one(context, election_type, topic, partition)
+            if not (every and isinstance(outcome, ElectionNotNeeded)):
+                results[(topic, partition)] = outcome
+        return results
+
+    def _elect_one(self, context: ControllerContext, election_type: int, topic: str, partition: int):
+        versioned = context.states.get((topic, partition))
+        if versioned is None or topic not in context.assignments:
+            return UnknownTopicOrPartition(f"The partition {topic}-{partition} does not exist.")
+        replicas, electable = context.replicas(topic, partition), context.electable_brokers()
+        if election_type == ELECTION_TYPE_PREFERRED:
+            if versioned.state.leader == replicas[0]:
+                return ElectionNotNeeded("Leader election not needed for topic partition.")
+            state = leadership.elect_preferred_leader(replicas, versioned.state, electable, context.epoch)
+            failure = PreferredLeaderNotAvailable(
+                f"Failed to elect leader for partition {topic}-{partition} under strategy "
+                "PreferredReplicaPartitionLeaderElectionStrategy")
+        else:
+            if versioned.state.leader in electable:
+                return ElectionNotNeeded("Leader election not needed for topic partition.")
+            state = leadership.elect_offline_leader(replicas, versioned.state, electable,
+                                                    context.epoch, unclean_leader_election=True)
+            failure = EligibleLeadersNotAvailable(
+                f"Failed to elect leader for partition {topic}-{partition} under strategy "
+                "OfflinePartitionLeaderElectionStrategy")
+        if state is None or not self._write_state(context, topic, partition, state):
+            return failure
+        return None

@@ -1,0 +1,148 @@
+"""Local logs in step with the cluster: which partitions this broker serves.
+
+Owns ``ReplicaManager``: on every metadata snapshot (``metadata_cache``) it
+
+* deletes, through the log manager's delete path, the local logs of topics the cluster no
+  longer has (deleted in ZooKeeper) or has under another topic id (deleted and re-created
+  while this broker was away) -- at start-up these are the strays of topics deleted while it
+  was down, each logged;
+* creates the local logs of partitions whose state names this broker leader
+  (``LogManager.create_local_partitions``, with the topic's id and config from ZooKeeper) and
+  then serves them: ``served`` is the set of partitions this broker leads and holds a log for;
+* applies changed topic configs (``/config/topics/<t>``) to the local logs;
+* tells its listeners ``(gained, lost)`` partitions after each change of ``served`` (the group
+  coordinator loads and unloads its ``__consumer_offsets`` partitions on it).
+
+Replication is a later issue: every partition has one replica (RF=1), so a partition's log
+lives on its one replica and leadership only moves between that broker and none (-1). A
+partition this broker no longer leads keeps its log (it is still its replica) but is not
+served: requests for it answer NOT_LEADER_OR_FOLLOWER (``served_logs.ServedLogs``).
+
+Thread-safety: event loop thread; one applier task applies the latest snapshot at a time,
+its log creations and deletions run on the broker's append thread (``run_append``).
+``served`` is replaced, never mutated, so other threads (the append thread) may read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache
+from headrace.errors import KafkaError
+from headrace.storage.config import validate_topic_overrides
+
+log = logging.getLogger(__name__)
+
+Partitions = frozenset[tuple[str, int]]
+LeadershipListener = Callable[[Partitions, Partitions], None]
+
+
+class ReplicaManager:
+    def __init__(self, broker_id: int, log_manager, cache: MetadataCache,
+                 run_append: Callable[..., Awaitable]) -> None:
+        self.broker_id = broker_id
+        self._manager = log_manager
+        self._cache = cache
+        self._run_append = run_append
+        self.served: Partitions = frozenset()
+        self.listeners: list[LeadershipListener] = []
+        self._applied_configs: dict[str, dict[str, str]] = {}
+        self._snapshot_waiting = asyncio.Event()
+        self._applied: ClusterMetadata | None = None
+        self.applied_once = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._cache.listeners.append(self._on_snapshot)
+        self._task = asyncio.get_running_loop().create_task(self._apply_loop())
+        if self._cache.loaded:
+            self._snapshot_waiting.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def _on_snapshot(self, _snapshot: ClusterMetadata) -> None:
+        self._snapshot_waiting.set()
+
+    async def _apply_loop(self) -> None:
+        while True:
+            await self._snapshot_waiting.wait()
+            self._snapshot_waiting.clear()
+            snapshot = self._cache.current
+            try:
+                await self._apply(snapshot)
+            except Exception:  # the next snapshot tries again
+                log.exception("applying cluster metadata failed")
+            self.applied_once.set()
+
+    async def _apply(self, snapshot: ClusterMetadata) -> None:
+        await self._delete_topics_not_in(snapshot)
+        wanted = {key for key in snapshot.partitions_led_by(self.broker_id)
+                  if key[0] in snapshot.topics}
+        await self._create_missing_logs(snapshot, wanted)
+        await self._apply_configs(snapshot)
+        offline = self._manager.offline_partitions()
+        local = {key for key in wanted if self._has_log(key) or key in offline}
+        self._set_served(frozenset(local))
+
+    def _has_log(self, key: tuple[str, int]) -> bool:
+        try:
+            self._manager.get_log(*key)
+            return True
+        except KafkaError:
+            return False
+
+    def _set_served(self, served: Partitions) -> None:
+        gained, lost = served - self.served, self.served - served
+        self.served = served
+        if gained or lost:
+            log.info("broker %d now leads %d partitions (gained %d, lost %d)", self.broker_id,
+                     len(served), len(gained), len(lost))
+            for listener in self.listeners:
+                listener(frozenset(gained), frozenset(lost))
+
+    async def _delete_topics_not_in(self, snapshot: ClusterMetadata) -> None:
+        for name, info in self._manager.topics().items():
+            cluster_topic = snapshot.topics.get(name)
+            if cluster_topic is not None and cluster_topic.topic_id == info.topic_id:
+                continue
+            why = ("it is not in the cluster's metadata (deleted, or a stray)"
+                   if cluster_topic is None else
+                   f"its id {info.topic_id} is not the cluster's {cluster_topic.topic_id}")
+            log.warning("deleting the local logs of topic %s: %s", name, why)
+            self._set_served(frozenset(key for key in self.served if key[0] != name))
+            self._applied_configs.pop(name, None)
+            await self._run_append(self._manager.delete_topic, name)
+
+    async def _create_missing_logs(self, snapshot: ClusterMetadata, wanted: set) -> None:
+        missing: dict[str, list[int]] = {}
+        offline = self._manager.offline_partitions()
+        for key in sorted(wanted):
+            if not self._has_log(key) and key not in offline:
+                missing.setdefault(key[0], []).append(key[1])
+        for name, partitions in missing.items():
+            topic = snapshot.topics[name]
+            try:
+                await self._run_append(self._manager.create_local_partitions, name,
+                                       topic.topic_id, partitions, topic.partition_count,
+                                       dict(topic.configs))
+                self._applied_configs[name] = dict(topic.configs)
+            except KafkaError as error:
+                log.error("cannot create the logs of %s partitions %s: %s", name, partitions,
+                          error)
+
+    async def _apply_configs(self, snapshot: ClusterMetadata) -> None:
+        local_topics = self._manager.topics()
+        for name, topic in snapshot.topics.items():
+            configs = dict(topic.configs)
+            if name not in local_topics or self._applied_configs.get(name) == configs:
+                continue
+            try:
+                if validate_topic_overrides(dict(configs)) != local_topics[name].overrides:
+                    await asyncio.to_thread(self._manager.alter_topic_config, name, configs)
+                self._applied_configs[name] = configs
+            except KafkaError as error:
+                log.error("cannot apply the config of topic %s from ZooKeeper: %s", name, error)
