@@ -6,7 +6,8 @@ headrace is installed as a wheel built from this checkout; the drivers are ``hea
 an example and ``spark-submit``, each a subprocess with a shell's environment (no checkout on
 PYTHONPATH), PYSPARK_PYTHON naming the executors' interpreter and SPARK_CONF_DIR holding the
 cluster's ``spark-defaults.conf``. Output is checked row by row against the topic itself, read
-with confluent-kafka.
+with confluent-kafka. The jobs read the session's broker, and the load also a topic spread over
+three brokers in cluster mode (a three-node ZooKeeper ensemble and tests/cluster's ``Cluster``).
 """
 
 from __future__ import annotations
@@ -300,3 +301,43 @@ def test_load_sigkilled_worker_mid_job_then_rerun_matches_the_topic_row_by_row(
 
     assert [run.run_id for run in committed_runs(output_dir)] == [1, 2]
     assert loaded_records(output_dir) == topic_records(bootstrap, topic, 2)
+
+
+@pytest.fixture(scope="module")
+def three_brokers(tmp_path_factory):
+    """Three headrace brokers in cluster mode over a three-node ZooKeeper ensemble (the
+    cluster tests' ``Cluster``)."""
+    from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble
+    from tests.cluster.test_cluster_clients import Cluster as BrokerCluster
+
+    ensemble = ZooKeeperEnsemble(tmp_path_factory.mktemp("zookeeper"), size=3)
+    ensemble.start()
+    try:
+        brokers = BrokerCluster(tmp_path_factory.mktemp("brokers"),
+                                f"{ensemble.connect_string}/spark-cluster")
+        try:
+            brokers.start()
+            yield brokers
+        finally:
+            brokers.stop()
+    finally:
+        ensemble.stop()
+
+
+def test_load_reads_a_topic_spread_over_three_brokers_on_the_cluster(
+        cluster, headrace_python, conf_dir, three_brokers, tmp_path):
+    from tests.cluster.test_cluster_clients import create_topic
+
+    topic, leaders = create_topic(three_brokers, 3)
+    assert sorted(set(leaders.values())) == [1, 2, 3]
+    bootstrap = three_brokers.bootstrap
+    for partition in range(3):
+        append(bootstrap, topic, partition,
+               [f"spread-{partition}-{index}".encode() for index in range(30)])
+    output_dir = tmp_path / "load"
+
+    run_driver(headrace_spark(headrace_python, "load", topic, "--output-dir", str(output_dir),
+                              "--bootstrap-server", bootstrap, "--master", cluster.master_url),
+               driver_environment(conf_dir, str(headrace_python)), tmp_path)
+
+    assert loaded_records(output_dir) == topic_records(bootstrap, topic, 3)
