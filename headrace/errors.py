@@ -106,8 +106,11 @@ ElectionNotNeeded = _define("ElectionNotNeeded", 84)
 GroupSubscribedToTopic = _define("GroupSubscribedToTopic", 86)
 InvalidRecord = _define("InvalidRecord", 87)
 UnstableOffsetCommit = _define("UnstableOffsetCommit", 88, True)
+ProducerFenced = _define("ProducerFenced", 90)
 UnknownTopicId = _define("UnknownTopicId", 100, True)
 InconsistentTopicId = _define("InconsistentTopicId", 103, True)
+TransactionalIdNotFound = _define("TransactionalIdNotFound", 105)
+TransactionAbortable = _define("TransactionAbortable", 120)
 
 
 def error_for_code(code: int, message: str = "") -> KafkaError:

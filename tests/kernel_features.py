@@ -2,10 +2,11 @@
 mount a tmpfs (to make a full disk), for the ``required_where`` marker.
 
 A test that skips because a feature is missing (cachestat on kernels before 6.5, O_DIRECT on
-tmpfs, a CRC-32C variant the CPU lacks) is marked ``@pytest.mark.required_where("feature",
-...)``; the conftest hook turns its skip into a failure when every named feature's probe here
-finds the feature present, so a skip never hides a broken test on a machine meant to run it.
-Probes run once per process (cached); each is a system call or a look at the kernel module.
+tmpfs, a CRC-32C variant the CPU lacks, root with ip and iptables for network namespaces,
+libfaketime) is marked ``@pytest.mark.required_where("feature", ...)``; the conftest hook
+turns its skip into a failure when every named feature's probe here finds the feature present,
+so a skip never hides a broken test on a machine meant to run it. Probes run once per process
+(cached); each is a system call or a look at the kernel module.
 Thread-safety: the cache is functools.cache; probes touch only their own temporary files.
 """
 
@@ -89,7 +90,22 @@ def _crc32c_variant_present(variant: str) -> bool:
     return variant in kernel.CRC32C_VARIANTS_SUPPORTED
 
 
+def _netns_present() -> bool:
+    """Root, iproute2 and iptables: what the fault harness needs for namespaces and cuts."""
+    from headrace.faults.namespace import missing_tools
+
+    return not missing_tools()
+
+
+def _faketime_present() -> bool:
+    from headrace.faults.node import libfaketime_path
+
+    return libfaketime_path() is not None
+
+
 FEATURE_PROBES = {
+    "netns": _netns_present,
+    "faketime": _faketime_present,
     "cachestat": _cachestat_present,
     "o_direct": _o_direct_present,
     "tmpfs_mount": _tmpfs_mount_present,

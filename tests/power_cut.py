@@ -1,9 +1,9 @@
 """Power-cut simulation for a real broker process on its production write path.
 
-Owns ``PowerCutBroker`` (a ``BrokerProcess`` run under the LD_PRELOAD shim
-``tests/power_cut_shim.c``, built here with gcc), ``rebuild_after_power_cut`` (the data
-directory as a power cut would leave it) and the produce/consume/check helpers the power-cut
-tests and ``bench/power_cuts.py`` share.
+Owns ``PowerCutBroker`` (a ``BrokerProcess`` run under the LD_PRELOAD shim that
+``headrace/faults/power_cut.py`` builds; that module also models the data directory a power
+cut leaves, its shadow directory format and its limitations) and the produce/consume/check
+helpers the power-cut tests and ``bench/power_cuts.py`` share.
 
 Why a preload shim that records at sync points: a SIGKILL leaves the page cache, so it cannot
 show a missing fsync, and the fault-injecting file system (``tests/storage/faulty_fs.py``) takes
@@ -19,20 +19,6 @@ a binding not among the pinned dependencies; the shim needs only gcc. A sync cal
 (sync_file_range, msync, syncfs, O_SYNC writes: headrace uses none) counts as no sync, so an
 unknown call can only make the model stricter, never hide a loss.
 
-Shadow directory format: ``files/<inode>`` the content of a file as of its last sync,
-``dirs/<inode>`` its entries as of its last sync (lines ``f|d <inode> <name>``), ``root`` the
-data directory's inode. ``record_baseline`` seeds it with the data directory as it is before
-the broker starts (all of it durable: there was no power cut before the broker started).
-
-The model after a cut: the data directory holds the entries of each directory's last sync
-(an entry created or removed since is undone), each file the content of its last sync (a file
-never synced is empty); with a ``random.Random``, each file whose current content extends its
-durable content gets a seeded prefix of the unsynced extension (a torn tail). Limitations:
-torn tails are prefixes (no later page persisted before an earlier one, no garbage); a file
-copied at its sync may include writes another thread made after the sync (which a disk may
-also have kept); a file never synced whose inode number reuses a deleted file's shows that
-file's last synced content.
-
 Thread-safety: none; one test drives one broker.
 """
 
@@ -40,8 +26,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -49,12 +33,19 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, Producer
 
-from headrace.protocol import records as record_codec
+from headrace.faults.power_cut import (  # noqa: F401 -- build_shim re-exported for tests
+    CutOutcome,
+    build_shim,
+    rebuild_after_power_cut,
+    record_baseline,
+    shadow_dir_of,
+    shim_environment,
+)
 from tests.broker.raw_client import RawClient
 from tests.broker.test_protocol import _create, _fetch
 from tests.conftest import BrokerProcess
+from tests.record_reading import iter_records
 
-SHIM_SOURCE = Path(__file__).with_name("power_cut_shim.c")
 TOPIC = "power-cut"
 ACK_WAIT_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 30.0
@@ -64,113 +55,15 @@ RECORDS_PER_CUT = 300
 MAX_POLLS_BEFORE_CUT = 5_000
 
 
-def build_shim(build_dir: Path) -> Path:
-    """Compile the shim (once per source version) into ``build_dir``; returns the .so path."""
-    build_dir.mkdir(parents=True, exist_ok=True)
-    library = build_dir / f"power_cut_shim-{SHIM_SOURCE.stat().st_mtime_ns}.so"
-    if not library.exists():
-        partial = library.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror",
-                        "-pthread", "-o", str(partial), str(SHIM_SOURCE), "-ldl"], check=True)
-        partial.rename(library)
-    return library
-
-
-def record_baseline(data_dir: Path, shadow_dir: Path) -> None:
-    """Reset ``shadow_dir`` to hold all of ``data_dir`` as durable."""
-    shutil.rmtree(shadow_dir, ignore_errors=True)
-    (shadow_dir / "files").mkdir(parents=True)
-    (shadow_dir / "dirs").mkdir()
-    (shadow_dir / "root").write_text(str(data_dir.stat().st_ino))
-    for directory, subdirectories, files in os.walk(data_dir):
-        lines = []
-        for name in subdirectories:
-            lines.append(f"d {(Path(directory) / name).stat().st_ino} {name}\n")
-        for name in files:
-            path = Path(directory) / name
-            inode = path.stat().st_ino
-            shutil.copyfile(path, shadow_dir / "files" / str(inode))
-            lines.append(f"f {inode} {name}\n")
-        inode = Path(directory).stat().st_ino
-        (shadow_dir / "dirs" / str(inode)).write_text("".join(lines))
-
-
-def _listing(shadow_dir: Path, inode: str) -> list[tuple[str, str, str]]:
-    path = shadow_dir / "dirs" / inode
-    if not path.exists():
-        return []
-    return [tuple(line.split(" ", 2)) for line in path.read_text().splitlines()]
-
-
-def _current_files_by_inode(data_dir: Path) -> dict[str, Path]:
-    found = {}
-    for directory, _, files in os.walk(data_dir):
-        for name in files:
-            path = Path(directory) / name
-            found[str(path.stat().st_ino)] = path
-    return found
-
-
-@dataclass
-class CutOutcome:
-    """What a cut did to unsynced bytes: how many it dropped, how many it kept as torn
-    tails."""
-
-    dropped_bytes: int = 0
-    torn_tail_bytes: int = 0
-
-
-def _durable_content(shadow_dir: Path, inode: str, current: bytes | None,
-                     rng: random.Random | None, outcome: CutOutcome) -> bytes:
-    synced_path = shadow_dir / "files" / inode
-    durable = synced_path.read_bytes() if synced_path.exists() else b""
-    if current is None:
-        return durable
-    if rng is not None and len(current) > len(durable) and current.startswith(durable):
-        kept = rng.randint(0, len(current) - len(durable))
-        outcome.torn_tail_bytes += kept
-        durable = current[:len(durable) + kept]
-    outcome.dropped_bytes += max(0, len(current) - len(durable))
-    return durable
-
-
-def _materialise(shadow_dir: Path, inode: str, target: Path, current: dict[str, Path],
-                 rng: random.Random | None, outcome: CutOutcome) -> None:
-    target.mkdir()
-    for kind, entry_inode, name in _listing(shadow_dir, inode):
-        if kind == "d":
-            _materialise(shadow_dir, entry_inode, target / name, current, rng, outcome)
-            continue
-        source = current.get(entry_inode)
-        current_content = source.read_bytes() if source is not None else None
-        (target / name).write_bytes(
-            _durable_content(shadow_dir, entry_inode, current_content, rng, outcome))
-
-
-def rebuild_after_power_cut(data_dir: Path, shadow_dir: Path,
-                            rng: random.Random | None = None) -> CutOutcome:
-    """Replace ``data_dir`` (its writer dead) by what a power cut would have left of it."""
-    outcome = CutOutcome()
-    staging = data_dir.with_name(data_dir.name + ".after-power-cut")
-    shutil.rmtree(staging, ignore_errors=True)
-    root_inode = (shadow_dir / "root").read_text()
-    _materialise(shadow_dir, root_inode, staging, _current_files_by_inode(data_dir), rng,
-                 outcome)
-    shutil.rmtree(data_dir)
-    staging.rename(data_dir)
-    return outcome
-
-
 class PowerCutBroker(BrokerProcess):
     """A broker whose ``power_cut`` SIGKILLs it and leaves only what it had synced."""
 
     def __init__(self, data_dir: Path, shim: Path, overrides: dict[str, str] | None = None,
                  drop_fsync_suffix: str = "") -> None:
         data_dir = data_dir.resolve()
-        self.shadow_dir = data_dir.with_name(data_dir.name + ".synced")
-        env = {**os.environ, "LD_PRELOAD": str(shim), "POWER_CUT_DATA_DIR": str(data_dir),
-               "POWER_CUT_SHADOW_DIR": str(self.shadow_dir),
-               "POWER_CUT_DROP_FSYNC_SUFFIX": drop_fsync_suffix}
+        self.shadow_dir = shadow_dir_of(data_dir)
+        env = {**os.environ, "LD_PRELOAD": str(shim),
+               **shim_environment(data_dir, self.shadow_dir, drop_fsync_suffix)}
         super().__init__(data_dir, overrides, env)
 
     def start(self) -> None:
@@ -284,7 +177,7 @@ def read_back(bootstrap: str) -> list[tuple[int, bytes]]:
         for _ in range(READ_BACK_MAX_FETCHES):
             answer = _fetch(client, TOPIC, offset)
             assert answer.error_code == 0, answer
-            fresh = [r for r in record_codec.iter_records(answer.records) if r.offset >= offset]
+            fresh = [r for r in iter_records(answer.records) if r.offset >= offset]
             if not fresh:
                 return stored
             stored.extend((r.offset, r.value) for r in fresh)

@@ -55,6 +55,7 @@ from headrace.broker.acceptor import parse_per_ip_overrides
 from headrace.broker.dynamic_broker_configs import DYNAMIC_BROKER_CONFIGS, THREAD_POOL_CONFIGS
 from headrace.cluster.zookeeper_connect import parse_zookeeper_connect
 from headrace.coordinator.config import COORDINATOR_CONFIGS
+from headrace.coordinator.transaction_config import TRANSACTION_CONFIGS
 from headrace.errors import InvalidConfig, InvalidRequest
 from headrace.protocol.wire import DEFAULT_MAX_FRAME_BYTES
 from headrace.storage.config import (
@@ -229,7 +230,8 @@ def _log_defs() -> tuple[BrokerConfigDef, ...]:
 
 
 def _coordinator_defs() -> tuple[BrokerConfigDef, ...]:
-    return tuple(_static(d.name, d.type, str(d.default)) for d in COORDINATOR_CONFIGS.values())
+    return tuple(_static(d.name, d.type, str(d.default))
+                 for d in (*COORDINATOR_CONFIGS.values(), *TRANSACTION_CONFIGS.values()))
 
 
 def _other_dynamic_defs() -> tuple[BrokerConfigDef, ...]:

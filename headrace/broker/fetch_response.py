@@ -42,8 +42,12 @@ _V0_PARTITION_HEAD = struct.Struct(">ihqi")
 _V4_PARTITION_HEAD = struct.Struct(">ihqqii")
 _V5_PARTITION_HEAD = struct.Struct(">ihqqqii")
 _V11_PARTITION_HEAD = struct.Struct(">ihqqqiii")
-_FLEXIBLE_PARTITION_HEAD = struct.Struct(">ihqqqBi")
-_EMPTY_COMPACT_ARRAY = 1
+_FLEXIBLE_PARTITION_HEAD = struct.Struct(">ihqqq")
+_PREFERRED_READ_REPLICA = struct.Struct(">i")
+_V4_FIXED_HEAD = struct.Struct(">ihqq")  # index, error, high watermark, last stable offset
+_INT64 = struct.Struct(">q")
+_ABORTED_TXN = struct.Struct(">qq")
+_FLEXIBLE_ABORTED_TXN_END = b"\x00"  # each aborted transaction's empty tagged fields
 
 
 @dataclass(slots=True)
@@ -55,6 +59,8 @@ class PartitionData:
     log_start_offset: int = -1
     slices: tuple[Any, ...] = ()  # storage FileSlices of whole batches, or bytes
     size_bytes: int = 0
+    # (producer_id, first_offset) of each aborted transaction (read_committed, v4+)
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -78,10 +84,19 @@ def _partition_head(partition: PartitionData, version: int) -> bytes:
     fields = (partition.partition_index, partition.error_code, partition.high_watermark,
               partition.last_stable_offset)
     size = partition.size_bytes
+    aborted = partition.aborted_transactions
     if version >= FIRST_FLEXIBLE_VERSION:
-        return _FLEXIBLE_PARTITION_HEAD.pack(
-            *fields, partition.log_start_offset, _EMPTY_COMPACT_ARRAY,
-            NO_PREFERRED_READ_REPLICA) + encode_unsigned(size + 1)
+        return b"".join((
+            _FLEXIBLE_PARTITION_HEAD.pack(*fields, partition.log_start_offset),
+            _aborted_transactions(aborted, flexible=True),
+            _PREFERRED_READ_REPLICA.pack(NO_PREFERRED_READ_REPLICA), encode_unsigned(size + 1)))
+    if aborted and version >= 4:  # the rare case: the fixed-layout structs do not fit
+        return b"".join((
+            _V4_FIXED_HEAD.pack(*fields),
+            _INT64.pack(partition.log_start_offset) if version >= 5 else b"",
+            _aborted_transactions(aborted, flexible=False),
+            _PREFERRED_READ_REPLICA.pack(NO_PREFERRED_READ_REPLICA) if version >= 11 else b"",
+            _INT32.pack(size)))
     if version >= 11:
         return _V11_PARTITION_HEAD.pack(*fields, partition.log_start_offset,
                                         NO_ABORTED_TRANSACTIONS, NO_PREFERRED_READ_REPLICA, size)
@@ -91,6 +106,15 @@ def _partition_head(partition: PartitionData, version: int) -> bytes:
     if version >= 4:
         return _V4_PARTITION_HEAD.pack(*fields, NO_ABORTED_TRANSACTIONS, size)
     return _V0_PARTITION_HEAD.pack(*fields[:3], size)
+
+
+def _aborted_transactions(aborted: tuple[tuple[int, int], ...], flexible: bool) -> bytes:
+    """The aborted_transactions array: its length, then producer_id and first_offset of
+    each (flexible versions: compact length and a tagged-field byte per entry)."""
+    end = _FLEXIBLE_ABORTED_TXN_END if flexible else b""
+    return _array_length(len(aborted), flexible) + b"".join(
+        _ABORTED_TXN.pack(producer_id, first_offset) + end
+        for producer_id, first_offset in aborted)
 
 
 def encode_fetch_body(

@@ -23,7 +23,8 @@ Owns ``GroupService``:
   lead (COORDINATOR_LOAD_IN_PROGRESS meanwhile) and unloads those it stops leading (their
   groups leave memory, parked requests answer NOT_COORDINATOR); groups of partitions led
   elsewhere answer NOT_COORDINATOR. A load overtaken by an unload (a newer load number) stops;
-* a timer calls ``tick(now_ms)`` at ``next_deadline_ms()`` (session and rebalance timeouts,
+* a timer (``coordinator_runtime.CoordinatorRuntime``, with the parked requests) calls
+  ``tick(now_ms)`` at ``next_deadline_ms()`` (session and rebalance timeouts,
   the initial rebalance delay, offset retention).
 
 Records on disk are the coordinator's ``__consumer_offsets`` formats
@@ -39,26 +40,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from headrace import errors
+from headrace.broker.coordinator_runtime import CoordinatorRuntime
 from headrace.coordinator.config import CoordinatorConfig
 from headrace.coordinator.coordinator import GroupCoordinator
 from headrace.coordinator.messages import (
     AppendResult,
     AppendToOffsetsTopic,
     Completed,
-    Pending,
 )
 from headrace.coordinator.records import OFFSETS_TOPIC_NAME
 from headrace.protocol import kernel
 from headrace.protocol.batch import BATCH_HEADER_BYTES, parse_header
+from headrace.protocol.control_records import marker_of_batch
 from headrace.protocol.records import build_batch
 
 log = logging.getLogger(__name__)
 
-MAX_TIMER_SLEEP_MS = 1000  # re-check deadlines at least this often
 
 
 def coordinator_config_from(broker_config) -> CoordinatorConfig:
@@ -75,7 +77,10 @@ def _append_all(manager, appends: list[AppendToOffsetsTopic], now_ms: int) -> li
     results: list[AppendResult] = []
     for effect in appends:
         try:
-            batch = build_batch([(key, value, (), now_ms) for key, value in effect.records])
+            batch = build_batch([(key, value, (), now_ms) for key, value in effect.records],
+                                producer_id=effect.producer_id,
+                                producer_epoch=effect.producer_epoch,
+                                transactional=effect.producer_id >= 0)
             manager.get_log(OFFSETS_TOPIC_NAME, effect.partition).append(bytearray(batch), now_ms)
             results.append(AppendResult(effect.append_id))
         except Exception as error:  # every failure is reported to the coordinator
@@ -84,54 +89,102 @@ def _append_all(manager, appends: list[AppendToOffsetsTopic], now_ms: int) -> li
     return results
 
 
-def read_partition_records(log_, start_offset: int, max_bytes: int):
-    """Worker thread: the (key, value) records of whole batches from ``start_offset``, and the
-    offset to continue from (== start when the log has nothing more). Records are decoded
-    by the compiled kernel into columns, then sliced: no per-record decoding in Python."""
+@dataclass(frozen=True, slots=True)
+class LoadRun:
+    """Consecutive batches of one kind, as the offsets loader replays them: plain records
+    (``producer_id`` -1), a producer's transactional records, or its end-transaction marker
+    (``marker_commit`` True/False, no records)."""
+
+    producer_id: int
+    records: list
+    marker_commit: bool | None = None
+
+
+def _read_whole_batches(log_, start_offset: int, max_bytes: int):
+    """The bytes of whole batches from ``start_offset``, (position, header) of each, and the
+    offset to continue from (== start when the log has nothing more)."""
     result = log_.read(start_offset, max_bytes)
     data = b"".join(piece.read_bytes() for piece in result.slices)
-    position, next_offset = 0, start_offset
+    batches, position, next_offset = [], 0, start_offset
     while position + BATCH_HEADER_BYTES <= len(data):
         header = parse_header(data, position)
         if position + header.size_bytes > len(data):
             break
+        batches.append((position, header))
         position += header.size_bytes
         next_offset = header.next_offset
-    if position == 0:
-        return [], next_offset
-    columns = kernel.decode_columns(memoryview(data)[:position])
+    return memoryview(data)[:position], batches, next_offset
+
+
+def _decoded_records(data, start_offset: int):
+    """(offsets, records) of the records at or after ``start_offset``: decoded by the compiled
+    kernel into columns, then sliced, no per-record decoding in Python."""
+    columns = kernel.decode_columns(data)
     first = int(np.searchsorted(columns.offsets, start_offset))
     key_data, value_data = columns.key_data.tobytes(), columns.value_data.tobytes()
     key_offsets, value_offsets = columns.key_offsets.tolist(), columns.value_offsets.tolist()
     key_valid, value_valid = columns.key_valid.tolist(), columns.value_valid.tolist()
+    offsets = columns.offsets.tolist()
     records = [
-        (key_data[key_offsets[i]:key_offsets[i + 1]],
+        (offsets[i], key_data[key_offsets[i]:key_offsets[i + 1]],
          value_data[value_offsets[i]:value_offsets[i + 1]] if value_valid[i] else None)
         for i in range(first, columns.count) if key_valid[i]
     ]
-    return records, next_offset
+    return records
 
 
-class GroupService:
+def read_partition_records(log_, start_offset: int, max_bytes: int):
+    """Worker thread: the (key, value) records of whole batches from ``start_offset``, and the
+    offset to continue from (== start when the log has nothing more)."""
+    data, batches, next_offset = _read_whole_batches(log_, start_offset, max_bytes)
+    if not batches:
+        return [], next_offset
+    return [(key, value) for _, key, value in _decoded_records(data, start_offset)], next_offset
+
+
+def read_partition_runs(log_, start_offset: int, max_bytes: int):
+    """Worker thread: ``read_partition_records`` split into ``LoadRun``s, for a topic with
+    transactional batches and markers (``__consumer_offsets`` after TxnOffsetCommit)."""
+    data, batches, next_offset = _read_whole_batches(log_, start_offset, max_bytes)
+    if not batches:
+        return [], next_offset
+    records = _decoded_records(data, start_offset)
+    runs: list[LoadRun] = []
+    index = 0
+    for position, header in batches:
+        batch_records = []
+        while index < len(records) and records[index][0] < header.next_offset:
+            batch_records.append(records[index][1:])
+            index += 1
+        if header.next_offset <= start_offset:
+            continue
+        if header.is_control:
+            marker = marker_of_batch(data, position)
+            if marker is not None:
+                runs.append(LoadRun(header.producer_id, [], marker.commit))
+            continue
+        producer_id = header.producer_id if header.is_transactional else -1
+        if runs and runs[-1].producer_id == producer_id and runs[-1].marker_commit is None:
+            runs[-1].records.extend(batch_records)
+        else:
+            runs.append(LoadRun(producer_id, batch_records))
+    return runs, next_offset
+
+
+class GroupService(CoordinatorRuntime):
     def __init__(self, broker_state, in_cluster: bool = False) -> None:
         """``in_cluster``: the offsets topic is the cluster's; this broker coordinates the
         groups of the offsets partitions it leads (``leadership_changed``), no others."""
-        self._state = broker_state
+        super().__init__(broker_state)
         self._config = coordinator_config_from(broker_state.config)
         self._in_cluster = in_cluster
         self.coordinator = GroupCoordinator(self._config, owns_every_partition=not in_cluster)
-        self._parked: dict[int, asyncio.Future] = {}
-        self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task] = set()
         self._load_generations: dict[int, int] = {}  # partition -> its latest load's number
         self.loaded = asyncio.Event()
 
     @property
     def num_partitions(self) -> int:
         return self._config.offsets_topic_num_partitions
-
-    def _now_ms(self) -> int:
-        return self._state.clock.now_ms()
 
     # --- start-up and shutdown --------------------------------------------------------------
 
@@ -155,21 +208,6 @@ class GroupService:
         segment_bytes = self._state.config.get("offsets.topic.segment.bytes")
         manager.create_topic(OFFSETS_TOPIC_NAME, self.num_partitions,
                              {"cleanup.policy": "compact", "segment.bytes": segment_bytes})
-
-    async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        for future in self._parked.values():
-            if not future.done():
-                future.cancel()
-        self._parked.clear()
-
-    def _spawn(self, coroutine) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _load_all(self) -> None:
         buffer_bytes = self._state.config.get_int("offsets.load.buffer.size")
@@ -235,34 +273,22 @@ class GroupService:
         log_ = self._state.log_manager.get_log(OFFSETS_TOPIC_NAME, partition)
         offset, end_offset = log_.log_start_offset, log_.log_end_offset
         while offset < end_offset:
-            records, next_offset = await asyncio.to_thread(
-                read_partition_records, log_, offset, buffer_bytes)
+            runs, next_offset = await asyncio.to_thread(
+                read_partition_runs, log_, offset, buffer_bytes)
             if next_offset <= offset:
                 break
             if generation is not None and self._load_generations.get(partition) != generation:
                 return  # this partition was unloaded meanwhile
-            self.coordinator.load_partition(partition, records)
+            for run in runs:
+                if run.marker_commit is not None:
+                    self.coordinator.load_marker(partition, run.producer_id, run.marker_commit)
+                elif run.producer_id >= 0:
+                    self.coordinator.load_transactional(partition, run.producer_id, run.records)
+                else:
+                    self.coordinator.load_partition(partition, run.records)
             offset = next_offset
 
     # --- requests ---------------------------------------------------------------------------
-
-    async def call(self, request) -> object:
-        """Run one coordinator request; waits for parked requests and for the appends the
-        response depends on."""
-        outcome = self.coordinator.handle(request, self._now_ms())
-        response = outcome.response
-        future = None
-        if isinstance(response, Pending):
-            future = asyncio.get_running_loop().create_future()
-            self._parked[response.token] = future
-        await self._carry_out(outcome.effects)
-        self._reschedule()
-        if future is None:
-            return response
-        try:
-            return await future
-        finally:
-            self._parked.pop(response.token, None)
 
     async def _carry_out(self, effects) -> None:
         """Answer completions, run the appends (one job on the append thread, so records keep
@@ -280,26 +306,3 @@ class GroupService:
         for result in results:
             outcome = self.coordinator.handle(result, self._now_ms())
             await self._carry_out(outcome.effects)
-
-    def _complete(self, token: int, response: object) -> None:
-        future = self._parked.get(token)
-        if future is not None and not future.done():
-            future.set_result(response)
-
-    # --- timers -----------------------------------------------------------------------------
-
-    def _reschedule(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        deadline_ms = self.coordinator.next_deadline_ms()
-        delay_ms = MAX_TIMER_SLEEP_MS
-        if deadline_ms is not None:
-            delay_ms = min(max(deadline_ms - self._now_ms(), 0), MAX_TIMER_SLEEP_MS)
-        self._timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        effects = self.coordinator.tick(self._now_ms())
-        if effects:
-            self._spawn(self._carry_out(effects))
-        self._reschedule()

@@ -81,6 +81,7 @@ from headrace.broker.state import (
     ProducerIdAllocator,
     load_or_create_cluster_id,
 )
+from headrace.broker.transaction_service import TransactionService
 from headrace.errors import InvalidConfig
 from headrace.storage.clock import SystemClock
 from headrace.storage.manager import LogManager
@@ -143,6 +144,9 @@ class Broker:
         await self.state.groups.start()
         if self.state.cluster is not None:
             self.state.cluster.follow_offsets_leadership(self.state.groups)
+        self.state.transactions = TransactionService(self.state,
+                                                     in_cluster=membership is not None)
+        await self.state.transactions.start()
         self.state.cleaner = CleanerService(config, log_manager, self.clock)
         await asyncio.get_running_loop().run_in_executor(None, self.state.cleaner.start)
         self.state.scrub = ScrubService(config, log_manager, self.clock)
@@ -259,6 +263,8 @@ class Broker:
                 await state.cluster.stop()
             if state.groups is not None:
                 await state.groups.stop()
+            if state.transactions is not None:
+                await state.transactions.stop()
             if state.cleaner is not None:
                 await asyncio.get_running_loop().run_in_executor(None, state.cleaner.stop)
             if state.scrub is not None:

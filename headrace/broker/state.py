@@ -182,6 +182,7 @@ class BrokerState:
     producer_ids: ProducerIdAllocator
     appended: AppendHub
     groups: Any = None  # headrace.broker.group_service.GroupService, set by the server
+    transactions: Any = None  # headrace.broker.transaction_service.TransactionService, ditto
     cleaner: Any = None  # headrace.broker.cleaner_service.CleanerService, set by the server
     scrub: Any = None  # headrace.broker.scrub_service.ScrubService, set by the server
     # headrace.broker.cluster_membership.ClusterMembership in cluster mode (zookeeper.connect

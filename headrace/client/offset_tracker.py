@@ -61,11 +61,6 @@ def encode_done_ranges(committed_offset: int, done_ranges: Iterable[OffsetRange]
     return METADATA_PREFIX + base64.b64encode(zlib.compress(raw)).decode("ascii")
 
 
-def encode_done_offsets(committed_offset: int, done_offsets: Iterable[int]) -> str:
-    """``encode_done_ranges`` for single offsets."""
-    return encode_done_ranges(committed_offset, ((offset, offset + 1) for offset in done_offsets))
-
-
 def decode_done_ranges(committed_offset: int, metadata: str | None) -> list[OffsetRange]:
     """The done ranges recorded by ``encode_done_ranges``, sorted and maximal; empty for foreign
     or corrupt metadata. Runs of whole 0x00/0xFF bytes are skipped bytewise."""
@@ -94,12 +89,6 @@ def decode_done_ranges(committed_offset: int, metadata: str | None) -> list[Offs
     if run_start is not None:
         ranges.append((run_start, base + len(raw) * 8))
     return ranges
-
-
-def decode_done_offsets(committed_offset: int, metadata: str | None) -> set[int]:
-    """``decode_done_ranges`` as a set of offsets (for small ranges: tests, tools)."""
-    return {offset for start, end in decode_done_ranges(committed_offset, metadata)
-            for offset in range(start, end)}
 
 
 class SkipRanges:

@@ -78,6 +78,9 @@ from headrace.coordinator.messages import (
     SyncGroupRequest,
     SyncGroupResponse,
     TopicPartition,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
+    TxnOffsetsCompleted,
 )
 from headrace.coordinator.records import partition_for_group
 
@@ -170,7 +173,20 @@ class _StaticRejoinAwaitingAppend:
     supports_skip_assignment: bool
 
 
-_AwaitingAppend = _CommitAwaitingAppend | _AssignmentAwaitingAppend | _StaticRejoinAwaitingAppend
+@dataclass(slots=True)
+class _TxnCommitAwaitingAppend:
+    group: Group
+    token: int
+    partition_errors: dict[TopicPartition, int]
+    producer_id: int
+    offsets: dict[TopicPartition, CommittedOffset]
+
+
+_AwaitingAppend = (_CommitAwaitingAppend | _AssignmentAwaitingAppend
+                   | _StaticRejoinAwaitingAppend | _TxnCommitAwaitingAppend)
+# errors of a transactional append the producer must see as they are (fenced, no transaction)
+_TXN_APPEND_CODES_PASSED_ON = frozenset({
+    errors.InvalidProducerEpoch.code, errors.ProducerFenced.code, errors.InvalidTxnState.code})
 
 
 def random_member_id(client_id: str) -> str:
@@ -756,17 +772,7 @@ class GroupCoordinator:
             group = self._group_for_commit(request, now_ms)
         except errors.KafkaError as error:
             return Outcome(OffsetCommitResponse({tp: error.code for tp in request.offsets}))
-        partition_errors: dict[TopicPartition, int] = {}
-        pending: dict[TopicPartition, CommittedOffset] = {}
-        for tp, offset in request.offsets.items():
-            if len(offset.metadata.encode("utf-8")) > self._config.offset_metadata_max_bytes:
-                partition_errors[tp] = errors.OffsetMetadataTooLarge.code
-                continue
-            timestamp_ms = offset.commit_timestamp_ms if offset.commit_timestamp_ms >= 0 else now_ms
-            pending[tp] = CommittedOffset(
-                offset.offset, offset.leader_epoch, offset.metadata, timestamp_ms
-            )
-            partition_errors[tp] = NO_ERROR
+        partition_errors, pending = self._offsets_to_store(request.offsets, now_ms)
         if not pending:
             return Outcome(OffsetCommitResponse(partition_errors))
         self._groups.setdefault(group.group_id, group)
@@ -780,6 +786,22 @@ class GroupCoordinator:
         append_id = self._append(group.group_id, records, effects, follow_up)
         group.pending_offset_commits[append_id] = pending
         return Outcome(Pending(token), tuple(effects))
+
+    def _offsets_to_store(self, requested, now_ms: int):
+        """Each requested offset's error code (OFFSET_METADATA_TOO_LARGE or none) and the
+        offsets to store, stamped ``now_ms`` unless the request carries a timestamp."""
+        partition_errors: dict[TopicPartition, int] = {}
+        offsets: dict[TopicPartition, CommittedOffset] = {}
+        for tp, offset in requested.items():
+            if len(offset.metadata.encode("utf-8")) > self._config.offset_metadata_max_bytes:
+                partition_errors[tp] = errors.OffsetMetadataTooLarge.code
+                continue
+            timestamp_ms = offset.commit_timestamp_ms if offset.commit_timestamp_ms >= 0 else now_ms
+            offsets[tp] = CommittedOffset(
+                offset.offset, offset.leader_epoch, offset.metadata, timestamp_ms
+            )
+            partition_errors[tp] = NO_ERROR
+        return partition_errors, offsets
 
     def _on_commit_appended(
         self, append_id: int, waiting: _CommitAwaitingAppend, error_code: int, now_ms: int,
@@ -798,6 +820,80 @@ class GroupCoordinator:
                     partition_errors[tp] = client_error_code
             self._drop_if_unused(group, now_ms)
         effects.append(Completed(waiting.token, OffsetCommitResponse(partition_errors)))
+
+    # --- transactional offsets (TxnOffsetCommit) -----------------------------------------------
+
+    def commit_txn_offsets(self, request: TxnOffsetCommitRequest, now_ms: int) -> Outcome:
+        """Kafka's doTxnCommitOffsets: the offsets are appended in a transactional batch of the
+        producer and held pending until its transaction's marker (``TxnOffsetsCompleted``)."""
+        try:
+            group = self._group_for_txn_commit(request, now_ms)
+        except errors.KafkaError as error:
+            return Outcome(TxnOffsetCommitResponse({tp: error.code for tp in request.offsets}))
+        partition_errors, offsets = self._offsets_to_store(request.offsets, now_ms)
+        if not offsets:
+            return Outcome(TxnOffsetCommitResponse(partition_errors))
+        self._groups.setdefault(group.group_id, group)
+        group.pending_txn_offsets.setdefault(request.producer_id, {}).update(offsets)
+        records = tuple(store.offset_commit_record(group.group_id, tp, committed)
+                        for tp, committed in offsets.items())
+        token = next(self._tokens)
+        append_id = next(self._append_ids)
+        self._awaiting_append[append_id] = _TxnCommitAwaitingAppend(
+            group, token, partition_errors, request.producer_id, offsets)
+        effect = AppendToOffsetsTopic(self.partition_for(group.group_id), records, append_id,
+                                      request.producer_id, request.producer_epoch)
+        return Outcome(Pending(token), (effect,))
+
+    def _group_for_txn_commit(self, request: TxnOffsetCommitRequest, now_ms: int) -> Group:
+        self._check_available(request.group_id)
+        group = self._groups.get(request.group_id)
+        if group is None:
+            return Group(request.group_id, GroupState.EMPTY, state_timestamp_ms=now_ms)
+        if request.group_instance_id is not None:
+            known_member_id = group.static_members.get(request.group_instance_id)
+            if known_member_id is not None and known_member_id != request.member_id:
+                raise errors.FencedInstanceId(f"{request.member_id!r} fenced")
+        if request.member_id != UNKNOWN_MEMBER_ID and request.member_id not in group.members:
+            raise errors.UnknownMemberId(f"unknown member {request.member_id!r}")
+        if request.generation_id >= 0 and request.generation_id != group.generation_id:
+            raise errors.IllegalGeneration(
+                f"generation {request.generation_id} != {group.generation_id}")
+        return group
+
+    def _on_txn_commit_appended(self, waiting: _TxnCommitAwaitingAppend, error_code: int,
+                                now_ms: int, effects: list[Effect]) -> None:
+        partition_errors = dict(waiting.partition_errors)
+        if error_code != NO_ERROR:
+            group = waiting.group
+            pending = group.pending_txn_offsets.get(waiting.producer_id, {})
+            for tp, committed in waiting.offsets.items():
+                if pending.get(tp) is committed:
+                    del pending[tp]
+            if not pending:
+                group.pending_txn_offsets.pop(waiting.producer_id, None)
+            client_error_code = (error_code if error_code in _TXN_APPEND_CODES_PASSED_ON
+                                 else commit_append_error_code(error_code))
+            for tp, code in partition_errors.items():
+                if code == NO_ERROR:
+                    partition_errors[tp] = client_error_code
+            self._drop_if_unused(group, now_ms)
+        effects.append(Completed(waiting.token, TxnOffsetCommitResponse(partition_errors)))
+
+    def complete_txn_offsets(self, request: TxnOffsetsCompleted, now_ms: int) -> Outcome:
+        """A marker reached offsets partition ``request.partition``: the producer's pending
+        offsets in its groups become committed (commit) or are dropped (abort). Unlike
+        Kafka, which keeps whichever of a transactional and a plain commit was appended
+        later, a committed transaction's offset always replaces the cached one."""
+        for group in list(self._groups.values()):
+            if self.partition_for(group.group_id) != request.partition:
+                continue
+            offsets = group.pending_txn_offsets.pop(request.producer_id, None)
+            if offsets and request.commit:
+                group.offsets.update(offsets)
+            elif offsets is not None:
+                self._drop_if_unused(group, now_ms)
+        return Outcome(None)
 
     def _drop_if_unused(self, group: Group, now_ms: int) -> None:
         """A group that only a failed commit created leaves the cache, nothing having been
@@ -824,6 +920,8 @@ class GroupCoordinator:
             self._on_assignment_appended(waiting, result.error_code, now_ms, effects)
         elif isinstance(waiting, _StaticRejoinAwaitingAppend):
             self._on_static_rejoin_appended(waiting, result.error_code, now_ms, effects)
+        elif isinstance(waiting, _TxnCommitAwaitingAppend):
+            self._on_txn_commit_appended(waiting, result.error_code, now_ms, effects)
         return Outcome(None, tuple(effects))
 
     def _group_for_commit(self, request: OffsetCommitRequest, now_ms: int) -> Group:
@@ -855,7 +953,10 @@ class GroupCoordinator:
         offsets = {}
         for tp in wanted:
             found = committed.get(tp)
-            if found is None:
+            if request.require_stable and group is not None and group.has_pending_commit(tp):
+                offsets[tp] = FetchedOffset(NO_OFFSET, NO_LEADER_EPOCH, "",
+                                            errors.UnstableOffsetCommit.code)
+            elif found is None:
                 offsets[tp] = FetchedOffset(NO_OFFSET, NO_LEADER_EPOCH, "")
             else:
                 offsets[tp] = FetchedOffset(found.offset, found.leader_epoch, found.metadata)
@@ -1025,6 +1126,17 @@ class GroupCoordinator:
         self.begin_loading(partition)
         self._loading[partition].apply(records)
 
+    def load_transactional(self, partition: int, producer_id: int,
+                           records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Replay a producer's transactional records (TxnOffsetCommit): held until its marker."""
+        self.begin_loading(partition)
+        self._loading[partition].apply_transactional(producer_id, records)
+
+    def load_marker(self, partition: int, producer_id: int, commit: bool) -> None:
+        """Replay an end-transaction marker: the producer's held records apply or vanish."""
+        self.begin_loading(partition)
+        self._loading[partition].apply_marker(producer_id, commit)
+
     def finish_loading(self, partition: int, now_ms: int) -> int:
         """Make the loaded groups live; members' session timers start at ``now_ms``. Returns
         the number of records the partition's load replayed (also added to
@@ -1069,6 +1181,8 @@ _HANDLERS: dict[type, Callable[[GroupCoordinator, object, int], Outcome]] = {
     HeartbeatRequest: GroupCoordinator.heartbeat,
     LeaveGroupRequest: GroupCoordinator.leave_group,
     OffsetCommitRequest: GroupCoordinator.commit_offsets,
+    TxnOffsetCommitRequest: GroupCoordinator.commit_txn_offsets,
+    TxnOffsetsCompleted: GroupCoordinator.complete_txn_offsets,
     OffsetFetchRequest: GroupCoordinator.fetch_offsets,
     OffsetDeleteRequest: GroupCoordinator.delete_offsets,
     ListGroupsRequest: GroupCoordinator.list_groups,

@@ -98,6 +98,11 @@ class Group:
     pending_offset_commits: dict[int, dict[TopicPartition, CommittedOffset]] = field(
         default_factory=dict
     )
+    # TxnOffsetCommit offsets by producer id, until its transaction's marker commits (moves
+    # them to ``offsets``) or aborts them (Kafka's pendingTransactionalOffsetCommits).
+    pending_txn_offsets: dict[int, dict[TopicPartition, CommittedOffset]] = field(
+        default_factory=dict
+    )
     join_deadline_ms: int | None = None
     initial_delay_remaining_ms: int | None = None  # set while in the initial join delay
     new_member_added: bool = False
@@ -115,12 +120,20 @@ class Group:
 
     def has_offsets(self) -> bool:
         """Committed or pending offsets (Kafka's GroupMetadata.hasOffsets)."""
-        return bool(self.offsets) or any(self.pending_offset_commits.values())
+        return (bool(self.offsets) or any(self.pending_offset_commits.values())
+                or any(self.pending_txn_offsets.values()))
+
+    def has_pending_commit(self, tp: TopicPartition) -> bool:
+        """A commit of ``tp`` not yet visible, plain or transactional (Kafka's
+        hasPendingOffsetCommitsForTopicPartition): OffsetFetch require_stable refuses it."""
+        return any(tp in pending for pending in self.pending_offset_commits.values()) or any(
+            tp in pending for pending in self.pending_txn_offsets.values())
 
     def remove_offset(self, tp: TopicPartition) -> CommittedOffset | None:
         """Forget a committed offset and any pending commit of it, so a commit still in flight
         cannot resurrect what a later tombstone deleted."""
-        for pending in self.pending_offset_commits.values():
+        for pending in (*self.pending_offset_commits.values(),
+                        *self.pending_txn_offsets.values()):
             pending.pop(tp, None)
         return self.offsets.pop(tp, None)
 

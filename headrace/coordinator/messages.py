@@ -44,6 +44,8 @@ class AppendToOffsetsTopic:
     partition: int
     records: tuple[tuple[bytes, bytes | None], ...]
     append_id: int  # reported back in AppendResult
+    producer_id: int = -1  # >= 0: a transactional batch of this producer (TxnOffsetCommit)
+    producer_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +206,36 @@ class OffsetCommitResponse:
 class OffsetFetchRequest:
     group_id: str
     partitions: tuple[TopicPartition, ...] | None = None  # None: every committed partition
+    require_stable: bool = False  # v7+: UNSTABLE_OFFSET_COMMIT for a partition with a pending commit
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOffsetCommitRequest:
+    """Offsets committed in a producer's transaction; generation and member checked as
+    KIP-447 (-1 and "": not checked)."""
+
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    offsets: Mapping[TopicPartition, OffsetAndMetadata]
+    generation_id: int = NO_GENERATION
+    member_id: str = UNKNOWN_MEMBER_ID
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOffsetCommitResponse:
+    partition_errors: Mapping[TopicPartition, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOffsetsCompleted:
+    """Input: the transaction coordinator wrote a marker for ``producer_id`` to offsets
+    partition ``partition``; its groups' pending transactional offsets commit or abort."""
+
+    partition: int
+    producer_id: int
+    commit: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,9 @@
 Owns: the records a group's state and committed offsets become (via ``records``), the offset
 expiration rule (Kafka's GroupMetadata.removeExpiredOffsets), and ``PartitionLoader``, which
 replays one offsets-topic partition (later records win, tombstones delete) and rebuilds the
-groups it holds. A loaded group with members comes back Stable, one without members Empty.
+groups it holds. Transactional records (TxnOffsetCommit) are held per producer until its
+marker: a commit applies them in the marker's place, an abort drops them, and those still
+held at the end come back as the groups' pending transactional offsets. A loaded group with members comes back Stable, one without members Empty.
 
 Not thread-safe: ``PartitionLoader`` accumulates state; use one per loading partition.
 """
@@ -142,12 +144,38 @@ class PartitionLoader:
 
     def __init__(self) -> None:
         self._latest: dict[bytes, bytes | None] = {}
+        # producer id -> its transactional records not yet ended by a marker
+        self._transactional: dict[int, dict[bytes, bytes | None]] = {}
         self.record_count = 0  # records replayed so far, tombstones included
 
     def apply(self, records: Iterable[Record]) -> None:
         records = list(records)
         self._latest.update(records)
         self.record_count += len(records)
+
+    def apply_transactional(self, producer_id: int, records: Iterable[Record]) -> None:
+        records = list(records)
+        self._transactional.setdefault(producer_id, {}).update(records)
+        self.record_count += len(records)
+
+    def apply_marker(self, producer_id: int, commit: bool) -> None:
+        records = self._transactional.pop(producer_id, {})
+        if commit:
+            self._latest.update(records)
+
+    def pending_transactional_offsets(self) -> dict[str, dict[int, dict]]:
+        """group id -> producer id -> offsets of transactions without a marker yet."""
+        pending: dict[str, dict[int, dict]] = {}
+        for producer_id, records in self._transactional.items():
+            for key_bytes, value_bytes in records.items():
+                key = decode_key(key_bytes)
+                if not isinstance(key, OffsetCommitKey) or value_bytes is None:
+                    continue
+                v = decode_offset_commit_value(value_bytes)
+                pending.setdefault(key.group_id, {}).setdefault(producer_id, {})[
+                    (key.topic, key.partition)] = CommittedOffset(
+                        v.offset, v.leader_epoch, v.metadata, v.commit_timestamp_ms)
+        return pending
 
     def _decoded(self):
         group_values: dict[str, GroupMetadataValue | None] = {}
@@ -165,20 +193,22 @@ class PartitionLoader:
     def build_groups(self, now_ms: int) -> list[Group]:
         """The groups replayed. Raises CorruptMessage for a record it cannot decode."""
         group_values, offset_values = self._decoded()
+        pending = self.pending_transactional_offsets()
         groups = []
-        for group_id in group_values.keys() | offset_values.keys():
+        for group_id in group_values.keys() | offset_values.keys() | pending.keys():
             offsets = {
                 tp: CommittedOffset(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp_ms)
                 for tp, v in offset_values.get(group_id, {}).items()
                 if v is not None
             }
             value = group_values.get(group_id)
-            if value is None and not offsets:
+            if value is None and not offsets and group_id not in pending:
                 continue
             if value is None:
                 group = Group(group_id, GroupState.EMPTY, state_timestamp_ms=-1)
             else:
                 group = group_from_record(group_id, value, now_ms)
             group.offsets = offsets
+            group.pending_txn_offsets = pending.get(group_id, {})
             groups.append(group)
         return groups

@@ -22,7 +22,6 @@ Pure functions over bytes-like objects; thread-safe.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from headrace.errors import CorruptMessage
@@ -131,25 +130,6 @@ def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size_bytes: int) 
 
 def crc_is_valid(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> bool:
     return compute_crc(buf, pos, header.size_bytes) == header.crc
-
-
-def iter_headers(
-    buf: bytes | bytearray | memoryview, verify_crc: bool = False
-) -> Iterator[tuple[int, BatchHeader]]:
-    """Yield ``(position, header)`` for each whole batch in ``buf``.
-
-    Raises CorruptMessage on a malformed or (with ``verify_crc``) damaged batch, and on a
-    trailing partial batch: a produce request must carry whole batches.
-    """
-    pos, end = 0, len(buf)
-    while pos < end:
-        header = parse_header(buf, pos)
-        if pos + header.size_bytes > end:
-            raise CorruptMessage(f"record batch at byte {pos} overruns the buffer")
-        if verify_crc and not crc_is_valid(buf, pos, header):
-            raise CorruptMessage(f"record batch at byte {pos} fails its CRC-32C check")
-        yield pos, header
-        pos += header.size_bytes
 
 
 def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:

@@ -38,6 +38,7 @@ SUBSCRIPTION_VERSION_LATEST = 3
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
+_INT8 = struct.Struct(">b")
 
 
 class FieldReader:
@@ -59,6 +60,9 @@ class FieldReader:
         chunk = self._data[self._position : self._position + size_bytes]
         self._position += size_bytes
         return chunk
+
+    def int8(self) -> int:
+        return _INT8.unpack(self._take(1))[0]
 
     def int16(self) -> int:
         return _INT16.unpack(self._take(2))[0]
@@ -111,6 +115,10 @@ class FieldWriter:
 
     def to_bytes(self) -> bytes:
         return b"".join(self._parts)
+
+    def int8(self, value: int) -> FieldWriter:
+        self._parts.append(_INT8.pack(value))
+        return self
 
     def int16(self, value: int) -> FieldWriter:
         self._parts.append(_INT16.pack(value))

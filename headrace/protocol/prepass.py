@@ -141,10 +141,12 @@ class _Compiler:
         names: list[str] = []
         tags: list[tuple[int, int]] = []
         table: list[int] = []
+        first_tag = 0  # each struct's tags sit together in the tag table, in struct order
         for compiled in self.structs:
-            table += (len(ops), len(compiled.ops), len(tags), len(compiled.tags))
+            table += (len(ops), len(compiled.ops), first_tag, len(compiled.tags))
             ops += compiled.ops
             names += compiled.names
+            first_tag += len(compiled.tags)
         for compiled in self.structs:  # tagged fields' ops follow every struct's own ops
             for tag, op, name in compiled.tags:
                 tags.append((tag, len(ops)))

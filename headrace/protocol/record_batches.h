@@ -36,7 +36,7 @@
 /* ------------------------------------------------------------------ batches */
 
 typedef struct {
-    int64_t base_offset, base_timestamp, max_timestamp;
+    int64_t base_offset, base_timestamp, max_timestamp, producer_id;
     int32_t last_offset_delta, records_count;
     uint32_t crc;
     int16_t attributes;
@@ -68,6 +68,7 @@ static int next_batch(const uint8_t *buf, size_t len, size_t *pos, Batch *b, Fai
     b->last_offset_delta = (int32_t)be32(p + 23);
     b->base_timestamp = (int64_t)be64(p + 27);
     b->max_timestamp = (int64_t)be64(p + 35);
+    b->producer_id = (int64_t)be64(p + 43);
     b->records_count = (int32_t)be32(p + 57);
     if (b->records_count < 0)
         return fail(f, FAIL_CORRUPT, "record batch at byte %lld has %d records",

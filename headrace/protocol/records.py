@@ -557,20 +557,8 @@ def _utf8(raw: bytes) -> str:
         raise CorruptMessage(f"record header key is not UTF-8: {exc}") from exc
 
 
-def iter_records(buf: bytes | bytearray | memoryview) -> Iterator[Record]:
-    """Every record, with absolute offsets, of a buffer of whole entries: v2 batches or
-    legacy (magic 0/1) messages. Raises CorruptMessage on a partial trailing entry."""
-    pos, end = 0, len(buf)
-    while pos < end:
-        size_bytes = _entry_size(buf, pos)
-        if peek_magic(buf, pos) == CURRENT_MAGIC:
-            yield from decode_batch(buf, pos).records
-        else:
-            yield from decode_legacy(memoryview(buf)[pos : pos + size_bytes])
-        pos += size_bytes
-
-
-def _entry_size(buf: bytes | bytearray | memoryview, pos: int) -> int:
+def entry_size_bytes(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    """The size of the v2 batch or legacy message at ``pos``, checked against ``buf``."""
     if len(buf) - pos < LOG_OVERHEAD_BYTES:
         raise CorruptMessage(f"entry at byte {pos} is truncated")
     (message_bytes,) = _INT32.unpack_from(buf, pos + 8)
@@ -613,7 +601,7 @@ def decode_legacy(buf: bytes | bytearray | memoryview) -> list[Record]:
 def _iter_legacy_messages(view: memoryview) -> Iterator[_LegacyMessage]:
     pos = 0
     while pos < len(view):
-        size_bytes = _entry_size(view, pos)
+        size_bytes = entry_size_bytes(view, pos)
         offset = _LEGACY_ENTRY.unpack_from(view, pos)[0]
         yield _parse_legacy_message(offset, view[pos + LOG_OVERHEAD_BYTES : pos + size_bytes])
         pos += size_bytes

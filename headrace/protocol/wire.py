@@ -956,12 +956,3 @@ def milliseconds(value: datetime.timedelta | int | None) -> int:
     if isinstance(value, int):
         return value
     return value // datetime.timedelta(milliseconds=1)
-
-
-def epoch_milliseconds(value: datetime.datetime | int | None) -> int:
-    """A kio timestamp as milliseconds since the epoch (-1 for None)."""
-    if value is None:
-        return -1
-    if isinstance(value, int):
-        return value
-    return (value - _EPOCH) // datetime.timedelta(milliseconds=1)

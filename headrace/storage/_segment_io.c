@@ -620,6 +620,7 @@ static PyObject *py_index_batches(PyObject *self, PyObject *args)
  * mapped one -- unless it is a tombstone whose batch's delete horizon has passed. */
 
 #define ATTR_DELETE_HORIZON 0x40
+#define ATTR_TRANSACTIONAL 0x10
 #define DECISION_KEEP 1
 #define DECISION_TOMBSTONE 2
 #define FILTER_OUT_SLACK_BYTES 4096 /* rebuilt batches may grow a little (rebased deltas) */
@@ -632,7 +633,33 @@ typedef struct {
     int64_t first_offset, end_offset; /* the dirty section */
     uint64_t range_low, range_high;   /* of h2 >> 32 */
     int64_t next_ordinal;             /* of the next dirty in-range record */
+    /* aborted transactions, (producer_id, first_offset, last_offset) triples sorted by
+     * producer id then first offset: their data batches below end_offset are removed
+     * (Kafka's CleanedTransactionMetadata), never mapped, never numbered */
+    const int64_t *aborted;
+    Py_ssize_t aborted_count;
 } PassScope;
+
+/* 1 if the batch is data of an aborted transaction: transactional, not control, and its
+ * base offset within [first_offset, last_offset] of one of its producer's aborts. */
+static int batch_is_aborted(const PassScope *s, const Batch *b)
+{
+    if (s->aborted_count == 0 || !(b->attributes & ATTR_TRANSACTIONAL) ||
+        (b->attributes & ATTR_CONTROL))
+        return 0;
+    Py_ssize_t low = 0, high = s->aborted_count;
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        if (s->aborted[3 * middle] < b->producer_id)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    for (Py_ssize_t i = low; i < s->aborted_count && s->aborted[3 * i] == b->producer_id; i++)
+        if (s->aborted[3 * i + 1] <= b->base_offset && b->base_offset <= s->aborted[3 * i + 2])
+            return 1;
+    return 0;
+}
 
 /* 1 if the key's h2 places it in this pass's hash range. */
 static int pass_in_range(const PassScope *s, const uint64_t hash[2])
@@ -723,7 +750,8 @@ static int visit_map_build(void *state, const Batch *b, const Record *r, Failure
     (void)f;
     MapBuild *m = state;
     m->records_read++;
-    if (r->key.len < 0 || !pass_is_dirty(&m->scope, record_offset(b, r)))
+    if (r->key.len < 0 || !pass_is_dirty(&m->scope, record_offset(b, r)) ||
+        batch_is_aborted(&m->scope, b))
         return 0;
     uint64_t hash[2];
     murmur3_x64_128(r->key.data, (size_t)r->key.len, 0, hash);
@@ -812,6 +840,8 @@ static int visit_decide(void *state, const Batch *b, const Record *r, Failure *f
         return fail_no_memory(f);
     if (r->key.len < 0)
         return 0;
+    if (record_offset(b, r) < bf->scope.end_offset && batch_is_aborted(&bf->scope, b))
+        return 0; /* aborted data: removed */
     uint64_t hash[2];
     murmur3_x64_128(r->key.data, (size_t)r->key.len, 0, hash);
     if (!pass_in_range(&bf->scope, hash)) {
@@ -1043,13 +1073,13 @@ static int filter_batches(const Input *in, BatchFilter *bf, Failure *f)
 
 typedef struct {
     Held held;
-    Py_buffer fps, words, protected_last_offsets;
+    Py_buffer fps, words, protected_last_offsets, aborted;
 } CleanerArgs;
 
 static void release_cleaner_args(CleanerArgs *a)
 {
-    Py_buffer *all[] = {&a->fps, &a->words, &a->protected_last_offsets};
-    for (int i = 0; i < 3; i++)
+    Py_buffer *all[] = {&a->fps, &a->words, &a->protected_last_offsets, &a->aborted};
+    for (int i = 0; i < 4; i++)
         if (all[i]->obj != NULL)
             PyBuffer_Release(all[i]);
     release_held(&a->held);
@@ -1077,6 +1107,20 @@ static int hold_map_tables(CleanerArgs *a, PyObject *fps, PyObject *words, PassS
     return 0;
 }
 
+/* Hold the aborted transactions' triples (int64, native order) and point the scope at them. */
+static int hold_aborted(CleanerArgs *a, PyObject *aborted, PassScope *scope)
+{
+    if (PyObject_GetBuffer(aborted, &a->aborted, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (a->aborted.len % (3 * (Py_ssize_t)sizeof(int64_t)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "cleaner pass: aborted transactions are not triples");
+        return -1;
+    }
+    scope->aborted = a->aborted.buf;
+    scope->aborted_count = a->aborted.len / (3 * (Py_ssize_t)sizeof(int64_t));
+    return 0;
+}
+
 /* Hold the record buffer, its sections and the map's writable tables; fill the scope. */
 static int hold_cleaner_args(CleanerArgs *a, PyObject *buf, PyObject *sections, PyObject *fps,
                              PyObject *words, PassScope *scope)
@@ -1089,7 +1133,7 @@ static int hold_cleaner_args(CleanerArgs *a, PyObject *buf, PyObject *sections, 
 static PyObject *py_map_batches(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *buf, *sections, *fps, *words;
+    PyObject *buf, *sections, *fps, *words, *aborted;
     long long room, first, end, ordinal;
     unsigned long long low, high;
     CleanerArgs held;
@@ -1097,12 +1141,13 @@ static PyObject *py_map_batches(PyObject *self, PyObject *args)
     Failure failure = {FAIL_NONE, ""};
     memset(&held, 0, sizeof held);
     memset(&build, 0, sizeof build);
-    if (!PyArg_ParseTuple(args, "OOOOLLLKKL", &buf, &sections, &fps, &words, &room, &first, &end,
-                          &low, &high, &ordinal))
+    if (!PyArg_ParseTuple(args, "OOOOLLLKKLO", &buf, &sections, &fps, &words, &room, &first,
+                          &end, &low, &high, &ordinal, &aborted))
         return NULL;
-    build.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
+    build.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal, NULL, 0};
     build.room = room;
-    if (hold_cleaner_args(&held, buf, sections, fps, words, &build.scope)) {
+    if (hold_cleaner_args(&held, buf, sections, fps, words, &build.scope) ||
+        hold_aborted(&held, aborted, &build.scope)) {
         release_cleaner_args(&held);
         return NULL;
     }
@@ -1123,7 +1168,7 @@ static PyObject *py_map_batches(PyObject *self, PyObject *args)
 static PyObject *py_filter_batches(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *buf, *sections, *fps, *words, *protected_offsets;
+    PyObject *buf, *sections, *fps, *words, *protected_offsets, *aborted;
     long long first, end, ordinal, now_ms, horizon_ms;
     unsigned long long low, high;
     CleanerArgs held;
@@ -1131,13 +1176,15 @@ static PyObject *py_filter_batches(PyObject *self, PyObject *args)
     Failure failure = {FAIL_NONE, ""};
     memset(&held, 0, sizeof held);
     memset(&bf, 0, sizeof bf);
-    if (!PyArg_ParseTuple(args, "OOOOLLKKLLLO", &buf, &sections, &fps, &words, &first, &end, &low,
-                          &high, &ordinal, &now_ms, &horizon_ms, &protected_offsets))
+    if (!PyArg_ParseTuple(args, "OOOOLLKKLLLOO", &buf, &sections, &fps, &words, &first, &end,
+                          &low, &high, &ordinal, &now_ms, &horizon_ms, &protected_offsets,
+                          &aborted))
         return NULL;
-    bf.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
+    bf.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal, NULL, 0};
     bf.now_ms = now_ms;
     bf.new_horizon_ms = horizon_ms;
     if (hold_cleaner_args(&held, buf, sections, fps, words, &bf.scope) ||
+        hold_aborted(&held, aborted, &bf.scope) ||
         PyObject_GetBuffer(protected_offsets, &held.protected_last_offsets,
                            PyBUF_C_CONTIGUOUS) < 0) {
         release_cleaner_args(&held);
@@ -1721,7 +1768,7 @@ static PyObject *py_read_chunk(PyObject *self, PyObject *args)
 static PyObject *py_map_span(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *buffer, *fps, *words;
+    PyObject *buffer, *fps, *words, *aborted;
     long long room, first, end, ordinal;
     unsigned long long low, high;
     CleanerArgs held;
@@ -1732,13 +1779,14 @@ static PyObject *py_map_span(PyObject *self, PyObject *args)
     memset(&build, 0, sizeof build);
     memset(&span, 0, sizeof span);
     int niceness;
-    if (!PyArg_ParseTuple(args, "iOLLLOOLLLKKLii", &span.fd, &buffer, &span.position,
+    if (!PyArg_ParseTuple(args, "iOLLLOOLLLKKLiiO", &span.fd, &buffer, &span.position,
                           &span.end_position, &span.span_bytes, &fps, &words, &room, &first,
-                          &end, &low, &high, &ordinal, &niceness, &span.direct_fd))
+                          &end, &low, &high, &ordinal, &niceness, &span.direct_fd, &aborted))
         return NULL;
-    build.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
+    build.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal, NULL, 0};
     build.room = room;
-    if (hold_span_args(&held, buffer, &span, &build.scope, fps, words)) {
+    if (hold_span_args(&held, buffer, &span, &build.scope, fps, words) ||
+        hold_aborted(&held, aborted, &build.scope)) {
         release_cleaner_args(&held);
         return NULL;
     }
@@ -1757,7 +1805,7 @@ static PyObject *py_map_span(PyObject *self, PyObject *args)
 static PyObject *py_filter_span(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *buffer, *fps, *words, *protected_offsets, *stage;
+    PyObject *buffer, *fps, *words, *protected_offsets, *stage, *aborted;
     long long first, end, ordinal, now_ms, horizon_ms;
     unsigned long long low, high;
     Py_ssize_t stage_fill;
@@ -1771,7 +1819,7 @@ static PyObject *py_filter_span(PyObject *self, PyObject *args)
     memset(&span, 0, sizeof span);
     IndexState *st = &sf.index.state;
     int niceness;
-    if (!PyArg_ParseTuple(args, "iiOLLLOOLLKKLLLOLLL(LLLLp)Onii", &span.fd, &sf.out_fd,
+    if (!PyArg_ParseTuple(args, "iiOLLLOOLLKKLLLOLLL(LLLLp)OniiO", &span.fd, &sf.out_fd,
                           &buffer, &span.position, &span.end_position, &span.span_bytes, &fps,
                           &words, &first, &end, &low, &high, &ordinal, &now_ms, &horizon_ms,
                           &protected_offsets, &sf.index_in.buffer_position,
@@ -1779,7 +1827,7 @@ static PyObject *py_filter_span(PyObject *self, PyObject *args)
                           &st->bytes_since_last_entry, &st->max_timestamp,
                           &st->offset_of_max_timestamp, &st->last_time_entry,
                           &st->has_time_entry, &stage, &stage_fill, &niceness,
-                          &span.direct_fd))
+                          &span.direct_fd, &aborted))
         return NULL;
     if (stage != Py_None) {
         if (PyObject_GetBuffer(stage, &stage_view, PyBUF_WRITABLE) < 0)
@@ -1795,10 +1843,11 @@ static PyObject *py_filter_span(PyObject *self, PyObject *args)
     }
     sf.index_in.file_size = INT64_MAX;
     sf.span = &span;
-    sf.bf.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal};
+    sf.bf.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal, NULL, 0};
     sf.bf.now_ms = now_ms;
     sf.bf.new_horizon_ms = horizon_ms;
     if (hold_span_args(&held, buffer, &span, &sf.bf.scope, fps, words) ||
+        hold_aborted(&held, aborted, &sf.bf.scope) ||
         PyObject_GetBuffer(protected_offsets, &held.protected_last_offsets,
                            PyBUF_C_CONTIGUOUS) < 0) {
         release_cleaner_args(&held);

@@ -39,9 +39,12 @@ producer id/epoch/sequence) so producer state survives, as Kafka does; any other
 rebuilt with the same header fields and codec and its kept records' bytes, timestamp deltas
 rebased. Tombstones (KIP-534): the first cleaning that sees a batch holding tombstones sets
 ``DELETE_HORIZON_BIT`` and puts clean time + ``delete.retention.ms`` in ``base_timestamp``
-(record timestamps unchanged); a cleaning at or after that horizon drops them. Control
-batches (transaction markers) and aborted transactional data are copied unchanged (not
-removed yet).
+(record timestamps unchanged); a cleaning at or after that horizon drops them. Aborted
+transactions (Kafka's ``CleanedTransactionMetadata``): the data batches of the transactions
+the aborted-transaction indexes list, below the cleanable end, are neither mapped in pass 1
+(so an aborted record never shadows a committed one) nor numbered, and are removed in pass 2
+(a producer's last batch stays, empty, as above). Control batches (transaction markers) are
+copied unchanged: Kafka's removal of markers after delete.retention.ms is not done.
 
 I/O: both passes read segments chunk by chunk into one reused, aligned buffer of
 ``io_chunk_bytes`` (no bytes object per chunk): a chunk in the page cache with ``pread``, one
@@ -117,6 +120,7 @@ from headrace.storage.segment_io import (
     MapSpan,
     OutputIndex,
     PassScope,
+    aborted_txn_triples,
     aligned_buffer,
     filter_batches,
     filter_span,
@@ -296,8 +300,13 @@ def cleanable_end_offset(log: Log, now_ms: int, first_dirty_offset: int) -> int:
     """First offset the cleaner may not touch (Kafka's ``firstUncleanableDirtyOffset``, never
     below ``first_dirty_offset``): the active segment's base, or the base of the first dirty
     closed segment whose largest timestamp -- its file's last-modified time when no batch
-    has a timestamp -- is newer than ``min.compaction.lag.ms``."""
+    has a timestamp -- is newer than ``min.compaction.lag.ms``, or the base of the segment
+    holding the last stable offset (Kafka never cleans past the LSO: an ongoing
+    transaction's records may yet be aborted; whole segments here, as the cleaner rewrites
+    whole segments)."""
     end = log.segments[-1].base_offset
+    bases = [segment.base_offset for segment in log.segments]
+    end = min(end, bases[max(0, bisect.bisect_right(bases, log.last_stable_offset) - 1)])
     lag_ms = max(0, log.config.min_compaction_lag_ms)
     if lag_ms > 0:
         for segment in dirty_closed_segments(log, first_dirty_offset):
@@ -396,9 +405,10 @@ class Cleaner:
             return stats
         ranges = [(0, HASH_RANGE_VALUES)]
         sized = False
+        aborted = _aborted_txns(log, end_offset)
         while ranges:
             low, high = ranges.pop(0)
-            scope = PassScope(first_dirty, end_offset, low, high)
+            scope = PassScope(first_dirty, end_offset, low, high, aborted)
             map_pass = self._build_map(log, scope, stats)
             if not map_pass.fits:
                 if high - low < 2:
@@ -526,7 +536,7 @@ class Cleaner:
                            / overflowed.scanned_fraction)
         sample_parts = min(width, max(2, math.ceil(SAMPLE_HEADROOM * extrapolated / capacity)))
         sample = PassScope(scope.first_offset, scope.end_offset, scope.range_low,
-                           scope.range_low + width // sample_parts)
+                           scope.range_low + width // sample_parts, scope.aborted_txns)
         sampled = self._build_map(log, sample, stats)
         if not sampled.fits:
             return sample_parts
@@ -678,6 +688,14 @@ def group_segments(log: Log, end_offset: int) -> list[list[LogSegment]]:
             index += 1
         groups.append(group)
     return groups
+
+
+def _aborted_txns(log: Log, end_offset: int) -> bytes:
+    """The aborted transactions with data below ``end_offset`` (Kafka's cleaner collects
+    them from the aborted-transaction indexes of the segments it cleans)."""
+    return aborted_txn_triples([
+        (txn.producer_id, txn.first_offset, txn.last_offset)
+        for txn in log.collect_aborted_transactions(log.log_start_offset, end_offset)])
 
 
 def _producers_last_offsets(log: Log) -> np.ndarray:

@@ -3,12 +3,14 @@ list and its published snapshot, reads, offsets by time, rolling, flushing, dele
 swapping segments.
 
 Files (formats: ``segment``, ``index``): ``<20-digit base>.log``, ``.index`` and
-``.timeindex`` per segment. A deleted segment's files are renamed with a ``.deleted`` suffix
+``.timeindex`` per segment, ``.txnindex`` where a transaction aborted. A deleted segment's files are renamed with a ``.deleted`` suffix
 and removed once ``file.delete.delay.ms`` has passed (``remove_deleted_files``), so a reader
 that took a snapshot before the deletion still reads them. A cleaning's output is swapped in
 by ``replace_segments``: ``<base>.log.cleaned`` renamed to ``<base>.log.swap`` (the commit
 point; ``log_loader`` completes an interrupted swap), the replaced segments retired as
-``.deleted``, the swap file renamed to ``<base>.log`` and its indexes written.
+``.deleted``, the swap file renamed to ``<base>.log`` and its indexes written, its
+aborted-transaction index holding the replaced segments' entries (written after the commit
+point: a crash right there loses them for that range, unless a replay covers it).
 
 Snapshot: after each change the writer publishes an immutable ``LogView`` (segment tuple, log
 end, active segment size, log start) with a single attribute store; readers take that
@@ -49,6 +51,7 @@ from headrace.storage.segment import (
     segment_file_name,
 )
 from headrace.storage.segment_io import IndexedBatches
+from headrace.storage.txn_index import AbortedTxn
 
 logger = logging.getLogger(__name__)
 
@@ -187,10 +190,15 @@ class LocalLog:
                     log_end_offset)
         return segment
 
-    def flush(self, now_ms: int | None, force: bool = False) -> None:
+    def flush(self, now_ms: int | None, log_end_offset: int | None = None,
+              force: bool = False) -> None:
         """fsync every segment from the one holding the recovery point; the recovery point
-        becomes the log end offset."""
-        log_end_offset = self.view.log_end_offset
+        becomes ``log_end_offset`` (default the published one). An append due for a flush
+        passes its own end before publishing it, so records become visible to fetches (and so
+        to consumers) only once synced, as Kafka raises the high watermark only after the
+        append and its flush return."""
+        if log_end_offset is None:
+            log_end_offset = self.view.log_end_offset
         if not force and log_end_offset <= self.recovery_point and not self.rolled_unflushed():
             return
         for segment in self.segments[self._first_unflushed_index():]:
@@ -215,19 +223,26 @@ class LocalLog:
 
     # ---- reading -------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, min_one_batch: bool = True) -> ReadResult:
+    def read(self, offset: int, max_bytes: int, min_one_batch: bool = True,
+             max_offset: int | None = None) -> ReadResult:
+        """Whole batches from the one holding ``offset``; with ``max_offset`` (a batch
+        boundary: the last stable offset) none at or after it."""
         view = self.view
         if offset < view.log_start_offset or offset > view.log_end_offset:
             raise OffsetOutOfRange(f"offset {offset} is outside [{view.log_start_offset}, "
                                    f"{view.log_end_offset}] of {self.topic}-{self.partition}")
         slices: list[FileSlice] = []
         remaining = max_bytes
+        end_offset = view.log_end_offset if max_offset is None else \
+            min(max_offset, view.log_end_offset)
         first_index = bisect.bisect_right(view.base_offsets, offset) - 1
         hint = self._next_batches.pop(offset, None)
         for index in range(first_index, len(view.segments)):
-            if offset >= view.log_end_offset:
+            if offset >= end_offset:
                 break
             segment, max_position = view.segments[index], view.max_position(index)
+            if end_offset < view.log_end_offset:
+                max_position = self._position_below(view, index, end_offset, max_position)
             if hint is not None and hint[0] is segment:
                 location = hint[1]
             else:
@@ -247,6 +262,32 @@ class LocalLog:
                 break
         size_bytes = sum(piece.length for piece in slices)
         return ReadResult(tuple(slices), size_bytes, view.log_end_offset, view.log_start_offset)
+
+    @staticmethod
+    def _position_below(view: LogView, index: int, end_offset: int, max_position: int) -> int:
+        """The position in segment ``index`` where the batch holding ``end_offset`` starts
+        (``max_position`` when the segment ends below it)."""
+        following = index + 1 < len(view.segments) and \
+            view.segments[index + 1].base_offset <= end_offset
+        if following:
+            return max_position
+        location = view.segments[index].find_batch(end_offset, max_position)
+        return max_position if location is None else location.position
+
+    def collect_aborted_transactions(self, start_offset: int, upper_bound_offset: int
+                                     ) -> list[AbortedTxn]:
+        """The aborted transactions overlapping [start_offset, upper_bound_offset), from
+        the segment holding ``start_offset`` on (Kafka's ``collectAbortedTransactions``)."""
+        view = self.view
+        found: list[AbortedTxn] = []
+        first_index = max(bisect.bisect_right(view.base_offsets, start_offset) - 1, 0)
+        for segment in view.segments[first_index:]:
+            entries, complete = segment.txn_index.collect_aborted(start_offset,
+                                                                  upper_bound_offset)
+            found.extend(entries)
+            if complete:
+                break
+        return found
 
     def _remember_next_batch(self, segment: LogSegment, location: BatchLocation) -> None:
         """Where the next read of a sequential reader starts (by the batch's base offset),
@@ -338,6 +379,7 @@ class LocalLog:
         # Kafka's cleaner keeps the replaced segments' last-modified time (the time-based
         # decisions for batches without timestamps read it); set before the commit point.
         self.fs.set_mtime_ms(cleaned_path, old[-1].last_modified_ms())
+        aborted = tuple(entry for segment in old for entry in segment.txn_index.entries)
         self.fs.rename(cleaned_path, swap_path)
         self.fs.fsync_dir(self.dir)
         for segment in old:
@@ -346,6 +388,8 @@ class LocalLog:
         self.fs.fsync_dir(self.dir)
         cleaned = open_segment(self.fs, self.dir, self.config, old[0].base_offset, now_ms)
         self._index_cleaned(cleaned, index)
+        if aborted:
+            cleaned.txn_index.replace(aborted)
         self.segments[first : first + len(old)] = [cleaned]
         self._publish_segments()
         return cleaned

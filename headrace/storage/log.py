@@ -35,6 +35,16 @@ the general way (``_append_general``), which raises the precise error. The one e
 codecs rebuilt in that codec (``validation.recompress_for_topic``; the caller's buffer is left
 unchanged). After each append the writer publishes a new ``LogView`` (see ``local_log``).
 
+Transactions (Kafka's log side): a transactional batch of a producer with no ongoing
+transaction here begins one (``producer_state``); ``append_transaction_marker`` -- the one
+storage function the transaction coordinator calls -- writes the end-transaction control batch
+and ends it, an abort adding Kafka's entry to the segment's ``.txnindex`` (``txn_index``).
+``last_stable_offset`` is the first offset of the earliest ongoing transaction, else the high
+watermark; ``read(max_offset=...)`` stops before it and ``collect_aborted_transactions`` lists
+what a read_committed fetch announces. KIP-890 part 1 is not checked here: the Produce handler
+asks the coordinator's ``verify(transactional_id, producer_id, producer_epoch, partitions)``
+before calling ``append``.
+
 Time-based decisions read a segment's largest timestamp as Kafka's ``largestTimestamp``: the
 largest valid (>= 0) batch timestamp, else the segment file's last-modified time (read through
 the injected file system), so records sent without a timestamp (-1) age from when they were
@@ -91,6 +101,7 @@ from headrace.protocol.batch import (
     set_log_append_time,
     set_max_timestamp,
 )
+from headrace.protocol.control_records import build_end_txn_marker_batch
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import FileSystem, RealFileSystem
 from headrace.storage.local_log import (
@@ -102,10 +113,15 @@ from headrace.storage.local_log import (
     ReadResult,
 )
 from headrace.storage.log_loader import LogLoader, rebuild_producer_state
-from headrace.storage.producer_state import SEQUENCE_MODULUS, ProducerStateManager
+from headrace.storage.producer_state import (
+    SEQUENCE_MODULUS,
+    CompletedTxn,
+    ProducerStateManager,
+)
 from headrace.storage.segment import MAX_RELATIVE_OFFSET, FileSlice, LogSegment
 from headrace.storage.segment_io import IndexedBatches, append_plain_batch, write_batch
 from headrace.storage.segment_roll import ROLL_NEVER, RollPolicy
+from headrace.storage.txn_index import AbortedTxn
 from headrace.storage.validation import (
     Summary,
     check_compressed_batch,
@@ -205,6 +221,18 @@ class Log:
         return self._local.view.log_end_offset
 
     @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: the first offset of the earliest ongoing transaction -- never below
+        the log start offset (Kafka's ``maybeIncrementFirstUnstableOffset``: DeleteRecords or
+        retention may remove a transaction's first records) -- else the high watermark. Safe
+        from any thread."""
+        first_unstable = self.producer_state.first_unstable_offset()
+        view = self._local.view
+        if first_unstable is None:
+            return view.log_end_offset
+        return min(max(first_unstable, view.log_start_offset), view.log_end_offset)
+
+    @property
     def recovery_point(self) -> int:
         return self._local.recovery_point
 
@@ -277,6 +305,41 @@ class Log:
                 listener(result.last_offset + 1)
         return result
 
+    def append_transaction_marker(self, producer_id: int, producer_epoch: int, commit: bool,
+                                  coordinator_epoch: int, now_ms: int) -> AppendResult:
+        """Write the end-transaction marker the transaction coordinator sends for this
+        partition (Kafka's append with ``AppendOrigin.COORDINATOR``): one control batch
+        (``control_records``) ending the producer's ongoing transaction here, if it has one.
+
+        The one storage function the coordinator side calls (WriteTxnMarkers). As Kafka's:
+        raises InvalidProducerEpoch for ``producer_epoch`` older than the producer's and
+        TransactionCoordinatorFenced for ``coordinator_epoch`` older than the last marker's;
+        otherwise the marker is always written -- also when the producer has no ongoing
+        transaction here (a retried marker), which then completes nothing -- so retrying is
+        safe. An aborted transaction is recorded in the aborted-transaction index."""
+        batch = build_end_txn_marker_batch(producer_id, producer_epoch, commit,
+                                           coordinator_epoch, now_ms)
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            result = self._append_general(batch, now_ms, from_client=False)
+            completed = self.producer_state.complete_txn(
+                producer_id, producer_epoch, coordinator_epoch, commit, result.base_offset,
+                now_ms)
+            if completed is not None:
+                self._record_completed_txn(completed)
+        for listener in self._listeners:
+            listener(result.last_offset + 1)
+        return result
+
+    def _record_completed_txn(self, completed: CompletedTxn) -> None:
+        """An aborted transaction goes into the aborted-transaction index of the segment
+        holding its marker (a committed one needs no entry)."""
+        if completed.aborted:
+            self._local.active_segment.txn_index.append(
+                self.producer_state.aborted_entry(completed))
+
     def _append_single_batch(self, records: bytes | bytearray | memoryview,
                              window: SingleBatchWindow, now_ms: int, from_client: bool
                              ) -> AppendResult | None:
@@ -299,10 +362,10 @@ class Log:
                 return duplicate
         if active.note_written_batch(len(records), last_offset, max_timestamp_ms, now_ms):
             self._single_batch_window = None  # an index is full: the next append rolls
+        if last_offset + 1 - local.recovery_point >= self._flush_messages:
+            local.flush(now_ms, last_offset + 1)  # before fetches can see the records
         view = local.view
         local.view = view.with_tail(last_offset + 1, active.size_bytes)
-        if last_offset + 1 - local.recovery_point >= self._flush_messages:
-            local.flush(now_ms)
         return _new_append_result((first_offset, last_offset, -1, view.log_start_offset, False))
 
     def _finish_single_batch(self, records: bytes | bytearray | memoryview,
@@ -362,10 +425,10 @@ class Log:
         next_offset, active = self._write(records, summaries, first_offset, now_ms)
         if producer_headers:
             self._record_producers(producer_headers, first_offset)
+        if next_offset - local.recovery_point >= config.flush_messages:
+            local.flush(now_ms, next_offset)  # before fetches can see the records
         view = local.view  # after _write: a roll publishes a new segment tuple
         local.view = view.with_tail(next_offset, active.size_bytes)
-        if next_offset - local.recovery_point >= config.flush_messages:
-            local.flush(now_ms)
         self._single_batch_window = self._single_batch_window_for(active)
         return _new_append_result((first_offset, next_offset - 1,
                                    now_ms if self._log_append_time else -1,
@@ -572,8 +635,17 @@ class Log:
 
     # ---- reading -------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, min_one_batch: bool = True) -> ReadResult:
-        return self._local.read(offset, max_bytes, min_one_batch)
+    def read(self, offset: int, max_bytes: int, min_one_batch: bool = True,
+             max_offset: int | None = None) -> ReadResult:
+        """Whole batches from ``offset``; with ``max_offset`` (read_committed: the last
+        stable offset) none at or after it."""
+        return self._local.read(offset, max_bytes, min_one_batch, max_offset)
+
+    def collect_aborted_transactions(self, start_offset: int, upper_bound_offset: int
+                                     ) -> list[AbortedTxn]:
+        """The aborted transactions a read_committed fetch of [start_offset,
+        upper_bound_offset) must announce (Kafka's ``collectAbortedTransactions``)."""
+        return self._local.collect_aborted_transactions(start_offset, upper_bound_offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         return self._local.offset_for_timestamp(timestamp_ms)

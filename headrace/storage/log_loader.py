@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headrace.errors import CorruptMessage, KafkaStorageError
-from headrace.protocol.batch import BATCH_HEADER_BYTES, parse_header
+from headrace.protocol.batch import BATCH_HEADER_BYTES, BatchHeader, parse_header
+from headrace.protocol.control_records import marker_of_batch
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import FileSystem, read_whole_file, write_file_atomically
 from headrace.storage.local_log import CLEANED_SUFFIX, SWAP_SUFFIX, open_segment
@@ -54,6 +55,7 @@ from headrace.storage.segment import (
     LogSegment,
     segment_file_name,
 )
+from headrace.storage.txn_index import TXN_INDEX_SUFFIX
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +171,7 @@ class LogLoader:
             elif name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
                 bases.add(int(name[: -len(LOG_SUFFIX)]))
         for name in names:
-            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
                 stem = name[: -len(suffix)]
                 if name.endswith(suffix) and stem.isdigit() and int(stem) not in bases:
                     self.fs.remove(self.dir / name)
@@ -189,7 +191,8 @@ class LogLoader:
             for other in names:
                 other_stem = other.split(".", 1)[0]
                 if other_stem.isdigit() and base <= int(other_stem) < next_offset and \
-                        other.endswith((LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)):
+                        other.endswith((LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX,
+                                        TXN_INDEX_SUFFIX)):
                     self.fs.remove(self.dir / other)
             self.fs.rename(swap_path, self.dir / segment_file_name(base, LOG_SUFFIX))
             self.fs.fsync_dir(self.dir)
@@ -331,16 +334,32 @@ class LogLoader:
 
 def rebuild_producer_state(state: ProducerStateManager, segments: list[LogSegment],
                            snapshot_limit: int, log_end_offset: int) -> None:
-    """Load the newest snapshot at or below ``snapshot_limit`` and replay the batch headers
-    after it, so deduplication survives restarts."""
+    """Load the newest snapshot at or below ``snapshot_limit`` and replay the batches after
+    it, markers included, so deduplication and ongoing transactions survive restarts. The
+    aborted-transaction index entries of the replayed range are rewritten from its markers
+    (Kafka rebuilds them in its segment recovery): dropped from the replay point on, then
+    appended again as the replay meets each abort marker."""
     replay_from = max(state.load_latest_snapshot(min(snapshot_limit, log_end_offset)), 0)
     for index, segment in enumerate(segments):
         if index + 1 < len(segments) and segments[index + 1].base_offset <= replay_from:
             continue
+        segment.txn_index.truncate_to(replay_from)
         location = segment.find_batch(replay_from, segment.size_bytes)
         if location is None:
             continue
-        for _, header in segment.iter_batches(location.position):
+        for position, header in segment.iter_batches(location.position):
             if header.base_offset >= replay_from:
-                state.replay(header)
+                _replay_batch(state, segment, position, header)
     state.remove_snapshots(above_offset=log_end_offset)
+
+
+def _replay_batch(state: ProducerStateManager, segment: LogSegment, position: int,
+                  header: BatchHeader) -> None:
+    marker = None
+    if header.is_control and header.producer_id >= 0:
+        raw = segment.fs.pread(segment.log_file().fd, header.size_bytes, position)
+        found = marker_of_batch(raw)
+        marker = None if found is None else (found.commit, found.coordinator_epoch)
+    completed = state.replay(header, marker)
+    if completed is not None and completed.aborted:
+        segment.txn_index.append(state.aborted_entry(completed))

@@ -1,4 +1,5 @@
-"""One log segment: ``<base>.log`` with its ``<base>.index`` and ``<base>.timeindex``.
+"""One log segment: ``<base>.log`` with its ``<base>.index`` and ``<base>.timeindex``, and
+``<base>.txnindex`` once a transaction aborts in it (see ``txn_index``).
 
 File names are the segment's base offset as 20 zero-padded digits, as in Kafka. The ``.log``
 file holds v2 record batches byte-for-byte as received (only the base offset rewritten,
@@ -60,6 +61,7 @@ from headrace.storage.fs import APPEND_CREATE_FLAGS, FileSystem
 from headrace.storage.index import IndexCorrupt, OffsetIndex, TimeIndex
 from headrace.storage.segment_files import SharedDescriptor, sealed_segment_files
 from headrace.storage.segment_io import IndexedBatches, IndexState, index_batches
+from headrace.storage.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +141,7 @@ class LogSegment:
                  "_log_file", "_active", "_deleted", "_files_lock", "_open_files",
                  "size_bytes", "offset_index", "time_index", "bytes_since_last_index_entry",
                  "max_timestamp_ms", "offset_of_max_timestamp", "first_batch_timestamp_ms",
-                 "created_ms", "closed")
+                 "created_ms", "closed", "txn_index")
 
     def __init__(self, fs: FileSystem, directory: Path, base_offset: int, index_max_bytes: int,
                  index_interval_bytes: int, created_ms: int, active: bool = False) -> None:
@@ -160,6 +162,8 @@ class LogSegment:
         self.time_index = TimeIndex(
             fs, directory / segment_file_name(base_offset, TIME_INDEX_SUFFIX), base_offset,
             index_max_bytes)
+        self.txn_index = TransactionIndex(
+            fs, directory / segment_file_name(base_offset, TXN_INDEX_SUFFIX))
         self.bytes_since_last_index_entry = 0
         self.max_timestamp_ms = -1
         self.offset_of_max_timestamp = base_offset
@@ -233,6 +237,7 @@ class LogSegment:
         self.fs.fsync(held.fd)
         self.offset_index.fsync()
         self.time_index.fsync()
+        self.txn_index.flush()
 
     def seal(self) -> None:
         """The segment stops being active (roll or close): record the final largest
@@ -601,7 +606,11 @@ class LogSegment:
     # ---- deletion ------------------------------------------------------------------------
 
     def file_paths(self) -> list[Path]:
-        return [self.log_path, self.offset_index.path, self.time_index.path]
+        """The segment's files; the aborted-transaction index only when it exists."""
+        paths = [self.log_path, self.offset_index.path, self.time_index.path]
+        if self.fs.exists(self.txn_index.path):
+            paths.append(self.txn_index.path)
+        return paths
 
     def rename_to_deleted(self) -> list[Path]:
         """Rename the three files to ``*.deleted``; open descriptors stay valid, and the log

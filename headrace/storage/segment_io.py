@@ -132,6 +132,15 @@ class PassScope:
     end_offset: int
     range_low: int
     range_high: int
+    # The aborted transactions whose data batches below ``end_offset`` the passes remove
+    # (neither mapped nor numbered): native int64 (producer_id, first_offset, last_offset)
+    # triples sorted by producer id, then first offset (``aborted_txn_triples``).
+    aborted_txns: bytes = b""
+
+
+def aborted_txn_triples(aborted: list[tuple[int, int, int]]) -> bytes:
+    """``PassScope.aborted_txns`` for (producer_id, first_offset, last_offset) triples."""
+    return np.array(sorted(aborted), np.int64).reshape(-1, 3).tobytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +177,8 @@ def map_batches(
         scan = scan_batches(view, True, verify_crc, decompress_sections=True)
         records_read, next_ordinal, new_keys, full = _segment_io.map_batches(
             view, scan.sections, fingerprints, words, room_keys, scope.first_offset,
-            scope.end_offset, scope.range_low, scope.range_high, first_ordinal)
+            scope.end_offset, scope.range_low, scope.range_high, first_ordinal,
+            scope.aborted_txns)
     return MapBuild(records_read, next_ordinal, new_keys, bool(full))
 
 
@@ -182,7 +192,9 @@ def filter_batches(
     outside the hash range, or its key is not in the map, or it is in the dirty section with
     the mapped ordinal -- except a tombstone whose batch's delete horizon is <= ``now_ms``.
 
-    Per batch: control batches and batches keeping every record (and needing no new delete
+    Data of ``scope.aborted_txns`` below ``end_offset`` is removed (Kafka's cleaner drops
+    aborted transactions' records; their markers stay). Per batch: control batches and
+    batches keeping every record (and needing no new delete
     horizon) are copied byte for byte; a batch keeping none disappears, unless its last
     offset is in the sorted ``protected_last_offsets`` (a producer's last batch), which stays
     as an empty batch; any other batch is rebuilt with the same base offset, last offset
@@ -196,7 +208,7 @@ def filter_batches(
         (out, pending, pending_batches), read, kept, next_ordinal = _segment_io.filter_batches(
             view, scan.sections, fingerprints, words, scope.first_offset, scope.end_offset,
             scope.range_low, scope.range_high, first_ordinal, now_ms, new_delete_horizon_ms,
-            protected)
+            protected, scope.aborted_txns)
     return FilteredBatches(_insert_compressed(out, pending, pending_batches), read, kept,
                            next_ordinal)
 
@@ -316,7 +328,7 @@ def map_span(
     return MapSpan(*_segment_io.map_span(
         fd, buffer, position, end_position, span_bytes, fingerprints, words, room_keys,
         scope.first_offset, scope.end_offset, scope.range_low, scope.range_high,
-        first_ordinal, niceness, direct_fd))
+        first_ordinal, niceness, direct_fd, scope.aborted_txns))
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +371,7 @@ def filter_span(
         output.next_offset, output.index_interval_bytes,
         (state.bytes_since_last_entry, state.max_timestamp_ms, state.offset_of_max_timestamp,
          state.last_time_entry_ms, state.has_time_entry), stage, stage_fill, niceness,
-        direct_fd)
+        direct_fd, scope.aborted_txns)
     indexed = IndexedBatches(
         counts[-2], next_offset, False, first_max_timestamp if has_first else None,
         IndexState(*raw_state[:4], bool(raw_state[4])),

@@ -14,9 +14,11 @@ SOCKET_TIMEOUT_S = 30.0
 
 
 class RawClient:
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, source_host: str | None = None) -> None:
         host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S)
+        source = (source_host, 0) if source_host else None
+        self.sock = socket.create_connection((host, int(port)), timeout=SOCKET_TIMEOUT_S,
+                                             source_address=source)
         self.correlation_id = 0
 
     def close(self) -> None:

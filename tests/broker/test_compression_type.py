@@ -12,9 +12,10 @@ import uuid
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from headrace.protocol.batch import COMPRESSION_MASK, iter_headers
+from headrace.protocol.batch import COMPRESSION_MASK
 from headrace.protocol.compression import ZSTD
 from headrace.protocol.records import decode_batch
+from tests.record_reading import iter_headers
 
 CLIENT_TIMEOUT_S = 30
 RECORD_COUNT = 200

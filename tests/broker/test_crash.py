@@ -8,11 +8,11 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from headrace.protocol import records as record_codec
 from headrace.storage.manager import encode_topic_id
 from tests.broker.raw_client import RawClient
 from tests.broker.test_protocol import METADATA, _batch, _create, _fetch, _produce
 from tests.conftest import BrokerProcess
+from tests.record_reading import iter_records
 
 ACKS_BEFORE_KILL = 150
 TOPIC = "crash-acks-all"
@@ -42,7 +42,7 @@ def _read_everything(client: RawClient) -> list[bytes]:
     while True:
         answer = _fetch(client, TOPIC, offset)
         assert answer.error_code == 0
-        batch_records = list(record_codec.iter_records(answer.records))
+        batch_records = list(iter_records(answer.records))
         fresh = [r for r in batch_records if r.offset >= offset]
         if not fresh:
             return values

@@ -11,6 +11,7 @@ import time
 from headrace.protocol import records as record_codec
 from headrace.protocol import wire
 from tests.broker.raw_client import SOCKET_TIMEOUT_S, RawClient
+from tests.record_reading import iter_records
 
 PRODUCE, FETCH, METADATA = 0, 1, 3
 SMALL_RECEIVE_BUFFER_BYTES = 8192
@@ -75,7 +76,7 @@ def _receive_fetch(sock: socket.socket, version: int) -> tuple[int, list[bytes]]
     correlation_id, body = wire.decode_response(FETCH, version, _receive_exactly(sock, size))
     partition = body.responses[0].partitions[0]
     assert partition.error_code == 0
-    return correlation_id, [r.value for r in record_codec.iter_records(partition.records)]
+    return correlation_id, [r.value for r in iter_records(partition.records)]
 
 
 def test_pipelined_fetches_larger_than_the_socket_buffers_arrive_whole_and_in_order(broker):

@@ -65,3 +65,18 @@ def test_a_session_error_answer_carries_the_code_and_no_topics(version):
     decoded = wire.read_entity(wire.response_class(FETCH, version), body, 0)[0]
     assert len(body) == size
     assert (decoded.error_code, decoded.session_id, decoded.responses) == (70, 0, ())
+
+
+@pytest.mark.parametrize("version", range(4, 17))
+def test_aborted_transactions_decode_with_kio_on_every_version(version, records_file):
+    aborted = ((4_000, 17), (4_001, 1_000_000_000_000))
+    partition = PartitionData(3, 0, 50, 12, 0, (records_file,), records_file.length, aborted)
+    parts, _ = encode_fetch_body(version, 0, 0, [TopicData("t", uuid.UUID(int=1), [partition])])
+    body = b"".join(part if isinstance(part, bytes) else part.read_bytes() for part in parts)
+    decoded = wire.read_entity(wire.response_class(FETCH, version), body, 0)[0]
+    [kio_partition] = decoded.responses[0].partitions
+    assert [(t.producer_id, t.first_offset) for t in kio_partition.aborted_transactions] == \
+        list(aborted)
+    assert (kio_partition.last_stable_offset, kio_partition.records) == (12, RECORDS)
+    if version >= 11:
+        assert kio_partition.preferred_read_replica == -1

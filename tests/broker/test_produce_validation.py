@@ -24,6 +24,7 @@ from headrace.protocol import compression as codecs
 from headrace.protocol import records as record_codec
 from headrace.protocol.batch import parse_header
 from tests.broker.raw_client import RawClient
+from tests.record_reading import iter_records
 
 CLIENT_TIMEOUT_S = 30
 PRODUCE_VERSION = 9  # flexible, with record_errors and error_message
@@ -92,7 +93,7 @@ def _assert_refused(client: RawClient, topic: str, batch: bytes, error_code: int
     assert _produce(client, topic, valid).error_code == 0
     answer = _produce(client, topic, batch)
     assert answer.error_code == error_code, answer
-    stored = record_codec.iter_records(_fetch_records(client, topic))
+    stored = iter_records(_fetch_records(client, topic))
     assert [(r.offset, r.key, r.value) for r in stored] == [(0, b"k", b"v")]  # the valid one
     return answer
 
@@ -252,7 +253,7 @@ def test_the_stored_max_timestamp_is_the_records_largest(broker, codec):
     first = parse_header(stored, 0)
     second = parse_header(stored, first.size_bytes)
     assert (first.max_timestamp, second.max_timestamp) == (-1 + 2, now_ms + 2)
-    assert [r.offset for r in record_codec.iter_records(stored)] == list(range(6))
+    assert [r.offset for r in iter_records(stored)] == list(range(6))
 
 
 def test_no_timestamp_records_keep_max_timestamp_minus_one(broker):
@@ -263,7 +264,7 @@ def test_no_timestamp_records_keep_max_timestamp_minus_one(broker):
         assert answer.error_code == 0, answer
         stored = _fetch_records(client, topic)
     assert parse_header(stored, 0).max_timestamp == -1
-    assert [r.timestamp_ms for r in record_codec.iter_records(stored)] == [-1, -1, -1]
+    assert [r.timestamp_ms for r in iter_records(stored)] == [-1, -1, -1]
 
 
 def _produce_with_reports(bootstrap: str, topic: str, keys_values: dict[int, tuple]) -> dict:

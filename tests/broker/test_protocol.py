@@ -22,6 +22,7 @@ from headrace.storage.checkpoint import RECOVERY_POINT_CHECKPOINT
 from headrace.storage.fs import RealFileSystem
 from tests.broker.raw_client import RawClient
 from tests.conftest import STARTUP_TIMEOUT_S, free_port
+from tests.record_reading import iter_records
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
 
@@ -135,7 +136,7 @@ def test_idempotent_retry_returns_the_original_offset(broker):
         gap = _batch([b"c"], producer_id=pid.producer_id, producer_epoch=0, base_sequence=5)
         assert _produce(client, "idem-raw", gap).error_code == 45
         fetched = _fetch(client, "idem-raw", 0)
-    values = [r.value for r in record_codec.iter_records(fetched.records)]
+    values = [r.value for r in iter_records(fetched.records)]
     assert values == [b"a", b"b"]
 
 
@@ -145,10 +146,10 @@ def test_fetch_limits_offsets_and_topic_ids(broker):
         for value in (b"1" * 3000, b"2" * 3000, b"3" * 3000):
             assert _produce(client, "fetch-limits", _batch([value])).error_code == 0
         small = _fetch(client, "fetch-limits", 0, max_bytes=10)
-        assert [r.value[:1] for r in record_codec.iter_records(small.records)] == [b"1"]
+        assert [r.value[:1] for r in iter_records(small.records)] == [b"1"]
         assert small.high_watermark == 3 and small.log_start_offset == 0
         by_id = _fetch(client, "fetch-limits", 1, version=13, topic_id=topic_id)
-        assert [r.offset for r in record_codec.iter_records(by_id.records)] == [1, 2]
+        assert [r.offset for r in iter_records(by_id.records)] == [1, 2]
         assert _fetch(client, "fetch-limits", 99).error_code == 1
         unknown = _fetch(client, "", 0, version=13, topic_id=uuid.uuid4())
         assert unknown.error_code == 100
@@ -162,7 +163,7 @@ def _large_fetch_round_trip(bootstrap: str) -> None:
         for start in range(0, len(values), 10):
             assert _produce(client, "large-fetch", _batch(values[start:start + 10])).error_code == 0
         fetched = _fetch(client, "large-fetch", 0)
-    assert [r.value for r in record_codec.iter_records(fetched.records)] == values
+    assert [r.value for r in iter_records(fetched.records)] == values
 
 
 def test_large_fetch_is_sent_whole(broker):
@@ -210,7 +211,7 @@ def test_fetch_long_poll_is_woken_by_an_append(tmp_path):
         assert not thread.is_alive(), "the parked fetch was not woken by the append"
     finally:
         broker.stop()
-    values = [r.value for r in record_codec.iter_records(answers[0].records)]
+    values = [r.value for r in iter_records(answers[0].records)]
     assert values == [b"wake"]
 
 
@@ -289,7 +290,7 @@ def test_logs_are_intact_after_malformed_frames(broker):
         for value in values:
             assert _produce(client, "after-fuzz", _batch([value])).error_code == 0
         fetched = _fetch(client, "after-fuzz", 0)
-    assert [r.value for r in record_codec.iter_records(fetched.records)] == values
+    assert [r.value for r in iter_records(fetched.records)] == values
     assert "Traceback" not in broker.log_text(since_byte=log_start)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from headrace.client.offset_tracker import decode_done_offsets
+from tests.client.done_offsets import decode_done_offsets
 
 from .conftest import (
     GROUP_SESSION_TIMEOUT_MS,

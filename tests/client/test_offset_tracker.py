@@ -6,11 +6,10 @@ from hypothesis import strategies as st
 from headrace.client.offset_tracker import (
     PartitionOffsets,
     SkipRanges,
-    decode_done_offsets,
     decode_done_ranges,
-    encode_done_offsets,
     encode_done_ranges,
 )
+from tests.client.done_offsets import decode_done_offsets, encode_done_offsets
 
 
 def test_seed_003_example():

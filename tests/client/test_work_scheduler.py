@@ -4,8 +4,8 @@
 import pytest
 from confluent_kafka import Message
 
-from headrace.client.offset_tracker import decode_done_offsets
 from headrace.client.work_scheduler import BufferLimits, WorkScheduler
+from tests.client.done_offsets import decode_done_offsets
 
 NO_WAIT_S = 0.0
 VALUE = b"v" * 10

@@ -16,7 +16,6 @@ from headrace.protocol.batch import (
     TIMESTAMP_TYPE_BIT,
     compute_crc,
     crc_is_valid,
-    iter_headers,
     parse_header,
     peek_magic,
     set_base_offset,
@@ -24,6 +23,7 @@ from headrace.protocol.batch import (
 )
 from headrace.protocol.compression import GZIP
 from headrace.protocol.records import build_batch, decode_batch
+from tests.record_reading import iter_headers
 
 
 def _batch(base_offset=0, count=3, **options):

@@ -7,6 +7,7 @@ allocation sized from an unchecked count fails the run instead of passing unnoti
 
 import resource
 import struct
+import uuid
 from contextlib import contextmanager
 from dataclasses import fields
 
@@ -227,3 +228,20 @@ def test_a_program_merges_fixed_width_fields_and_sizes_items_for_the_count_check
 def test_a_compact_count_cut_short_or_running_long_is_named_for_which(count_bytes, problem):
     metadata = wire.request_class(3, 12)
     assert prepass.problem_in(metadata, count_bytes, 0) == f"MetadataRequest.topics: {problem}"
+
+
+def test_a_nested_structs_tagged_field_is_walked_with_its_own_type():
+    """A Fetch v17 partition's tag 0 is replica_directory_id (a uuid) while the body's tag 0 is
+    cluster_id (a nullable string): each struct's tag table must be its own."""
+    fetch_v17 = wire.request_class(1, 17)
+    body = wire.build(fetch_v17, {
+        "cluster_id": None, "replica_state": {"replica_id": -1, "replica_epoch": -1},
+        "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1,
+        "topics": [{"topic_id": uuid.UUID(int=1), "partitions": [{
+            "partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
+            "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 0,
+            "replica_directory_id": uuid.UUID(int=2)}]}],
+        "forgotten_topics_data": [], "rack_id": ""})
+    frame = _frame(1, 17, body)
+    assert prepass.problem_in(fetch_v17, frame, _body_offset(frame, body)) is None

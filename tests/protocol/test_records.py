@@ -29,11 +29,11 @@ from headrace.protocol.records import (
     decode_batch,
     decode_legacy,
     is_legacy,
-    iter_records,
     recompress_batch,
     section_chunks,
     walk_records_section,
 )
+from tests.record_reading import iter_records
 
 ALL_CODECS = [NONE, GZIP, SNAPPY, LZ4, ZSTD]
 

@@ -17,11 +17,7 @@ rewrites the compiled extensions a running broker has loaded.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-import sysconfig
 import time
 import zipfile
 from pathlib import Path
@@ -29,19 +25,19 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from conftest import append, new_topic
+from environments import (
+    build_wheel,
+    copy_checkout,
+    new_environment,
+    pip_install,
+    user_environment,
+    without_java_frames,
+)
 
 pytestmark = pytest.mark.spark
 
-REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
-CHECKOUT_ENTRIES = ("pyproject.toml", "setup.py", "README.md", "headrace", "pyspark_headrace",
-                    "examples")
-INSTALL_TIMEOUT_S = 180
 SPARK_RUN_TIMEOUT_S = 240
 READ_BACK_TIMEOUT_S = 30
-# Variables that would let Spark or Python find the checkout or the test's interpreter
-# without the installation: a user's shell has none of them.
-SCRUBBED_VARIABLES = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV",
-                      "SPARK_HOME", "PYTHONHOME")
 
 USER_READ_SCRIPT = """
 import json, os, sys
@@ -61,60 +57,11 @@ spark.stop()
 """
 
 
-def _copy_checkout(destination: Path) -> Path:
-    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info")
-    destination.mkdir()
-    for entry in CHECKOUT_ENTRIES:
-        source = REPOSITORY_ROOT / entry
-        if source.is_dir():
-            shutil.copytree(source, destination / entry, ignore=ignore)
-        else:
-            shutil.copy2(source, destination / entry)
-    return destination
-
-
-def _new_environment(directory: Path) -> Path:
-    """A venv whose site-packages reaches this interpreter's dependencies; its python."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory)],
-                   check=True, timeout=INSTALL_TIMEOUT_S)
-    python = directory / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
-                              "print(sysconfig.get_path('purelib'))"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-    Path(purelib, "headrace-test-dependencies.pth").write_text(
-        sysconfig.get_path("purelib") + "\n")
-    return python
-
-
-def _pip(python: Path, *arguments: str) -> None:
-    command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-               "--no-index", "--no-build-isolation", *arguments]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def _user_environment() -> dict[str, str]:
-    """os.environ as in a shell with no virtual environment activated."""
-    environment = {key: value for key, value in os.environ.items()
-                   if key not in SCRUBBED_VARIABLES}
-    paths = environment.get("PATH", "").split(os.pathsep)
-    environment["PATH"] = os.pathsep.join(path for path in paths
-                                          if not Path(path, "pyvenv.cfg").exists()
-                                          and not Path(path, "..", "pyvenv.cfg").exists())
-    return environment
-
-
 def _run_spark(python: Path, arguments: list[str], cwd: Path) -> str:
-    result = subprocess.run([str(python), *arguments], cwd=cwd, env=_user_environment(),
+    result = subprocess.run([str(python), *arguments], cwd=cwd, env=user_environment(),
                             capture_output=True, text=True, timeout=SPARK_RUN_TIMEOUT_S)
-    assert result.returncode == 0, result.stdout + _without_java_frames(result.stderr)
+    assert result.returncode == 0, result.stdout + without_java_frames(result.stderr)
     return result.stdout
-
-
-def _without_java_frames(stderr: str, limit_chars: int = 6000) -> str:
-    lines = [line for line in stderr.splitlines()
-             if not line.lstrip().startswith(("at ", "... "))]
-    return "\n".join(lines)[-limit_chars:]
 
 
 def _read_values(bootstrap: str, topic: str, count: int) -> list[bytes]:
@@ -135,7 +82,7 @@ def _read_values(bootstrap: str, topic: str, count: int) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    return _copy_checkout(tmp_path_factory.mktemp("install") / "checkout")
+    return copy_checkout(tmp_path_factory.mktemp("install") / "checkout")
 
 
 @pytest.fixture
@@ -148,8 +95,8 @@ def elsewhere(tmp_path) -> Path:
 
 def test_example_runs_as_its_docstring_says_from_an_editable_install(
         checkout, elsewhere, bootstrap, tmp_path):
-    python = _new_environment(tmp_path / "editable-venv")
-    _pip(python, "-e", str(checkout))
+    python = new_environment(tmp_path / "editable-venv")
+    pip_install(python, "-e", str(checkout))
     source, target = new_topic(bootstrap, 1), new_topic(bootstrap, 1)
     values = [f"copied-{index}".encode() for index in range(5)]
     append(bootstrap, source, 0, values)
@@ -163,13 +110,7 @@ def test_example_runs_as_its_docstring_says_from_an_editable_install(
 
 def test_wheel_holds_the_data_source_module_and_the_extensions_and_its_short_name_reads(
         checkout, elsewhere, bootstrap, tmp_path):
-    wheel_dir = tmp_path / "wheels"
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index",
-                             "--no-build-isolation", "--wheel-dir", str(wheel_dir),
-                             str(checkout)],
-                            capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (wheel,) = wheel_dir.glob("headrace-*.whl")
+    wheel = build_wheel(checkout, tmp_path / "wheels")
     names = zipfile.ZipFile(wheel).namelist()
     assert "pyspark_headrace/__init__.py" in names
     for extension in ("protocol/_kernel", "protocol/_prepass", "protocol/_message_format",
@@ -177,8 +118,8 @@ def test_wheel_holds_the_data_source_module_and_the_extensions_and_its_short_nam
         assert any(name.startswith(f"headrace/{extension}.") and name.endswith(".so")
                    for name in names), extension
 
-    python = _new_environment(tmp_path / "wheel-venv")
-    _pip(python, str(wheel))
+    python = new_environment(tmp_path / "wheel-venv")
+    pip_install(python, str(wheel))
     topic = new_topic(bootstrap, 1)
     values = [f"from-wheel-{index}" for index in range(3)]
     append(bootstrap, topic, 0, [value.encode() for value in values])

@@ -61,3 +61,23 @@ def test_available_now_runs_read_every_record_exactly_once(spark, bootstrap, tmp
     _run_available_now(spark, bootstrap, pattern, output_dir, checkpoint_dir)
     assert _written(spark, output_dir) == sorted(expected)
 
+
+
+def test_real_time_mode_refuses_the_source_as_it_does_every_python_data_source(
+        spark, bootstrap, tmp_path):
+    """Spark 4's real-time trigger takes only sources whose stream implements
+    SupportsRealTimeMode; Python data sources' streams do not (README, Spark section). When a
+    PySpark release accepts them, this fails and the source should support the mode."""
+    topic = new_topic(bootstrap, 1)
+    append(bootstrap, topic, 0, [b"real-time"])
+    stream = (spark.readStream.format("headrace").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", topic).option("startingOffsets", "earliest").load())
+    with pytest.raises(Exception, match="STREAMING_REAL_TIME_MODE") as refused:
+        query = (stream.writeStream.format("console").outputMode("update")
+                 .option("checkpointLocation", str(tmp_path / "checkpoint"))
+                 .trigger(realTime="5 seconds").start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    assert "INPUT_STREAM_NOT_SUPPORTED" in str(refused.value)

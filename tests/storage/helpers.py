@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from headrace.protocol.batch import iter_headers
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
+from tests.record_reading import iter_headers
 
 NOW_MS = 1_700_000_000_000
 

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from headrace.protocol.batch import iter_headers
 from headrace.protocol.compression import GZIP, NONE
 from headrace.storage.cleaner import DEFAULT_SPAN_BYTES, Cleaner, span_bytes_for
 from headrace.storage.log import CleaningAborted
 from headrace.storage.offset_map import OffsetMap
+from tests.record_reading import iter_headers
 
 from .cleaner_workload import (
     NOW_MS,

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from headrace.errors import RecordListTooLarge
-from headrace.protocol.batch import iter_headers
 from headrace.storage.config import LogConfig
 from headrace.storage.log import MAX_TIMESTAMP, Log
+from tests.record_reading import iter_headers
 
 from .batches import build_batch
 from .conftest import SCRATCH_ROOT

@@ -11,13 +11,13 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headrace.protocol.batch import iter_headers
 from headrace.protocol.records import build_batch as records_build_batch
 from headrace.storage.cleaner import Cleaner
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log
 from headrace.storage.offset_map import OffsetMap
+from tests.record_reading import iter_headers
 
 from .batches import build_batch
 

@@ -37,6 +37,8 @@ from tests.protocol.test_kernel import (
 # ---------------------------------------------------------------- the cleaner's passes
 
 DELETE_HORIZON_BIT = 0x40
+TRANSACTIONAL_BIT = 0x10
+PRODUCERS = (7, 8)
 FULL_RANGE = (0, 1 << 32)
 cleaner_keys = st.sampled_from([None, b"", b"a", b"b", b"c", b"d" * 20])
 cleaner_values = st.one_of(st.none(), st.binary(max_size=12))
@@ -89,9 +91,16 @@ def reference_clean(buf, scope, now_ms, horizon_ms, protected=()):
         return scope.range_low <= value < scope.range_high, \
             scope.first_offset <= offset < scope.end_offset
 
+    aborted = np.frombuffer(scope.aborted_txns, np.int64).reshape(-1, 3).tolist()
+
+    def is_aborted(base_offset, fields):
+        attrs, pid = fields[0], fields[4]
+        return bool(attrs & TRANSACTIONAL_BIT) and not attrs & CONTROL_BIT and any(
+            p == pid and first <= base_offset <= last for p, first, last in aborted)
+
     latest, ordinal = {}, 0
-    for (_, fields), _, records in raw_batches(buf):
-        if fields[0] & CONTROL_BIT:
+    for (base_offset, fields), _, records in raw_batches(buf):
+        if fields[0] & CONTROL_BIT or is_aborted(base_offset, fields):
             continue
         for offset, _, key, _, _ in records:
             if key is not None and all(in_scope(offset, key)):
@@ -104,7 +113,7 @@ def reference_clean(buf, scope, now_ms, horizon_ms, protected=()):
             continue
         kept = []
         for offset, ts, key, value, headers in records:
-            if key is None:
+            if key is None or (offset < scope.end_offset and is_aborted(base_offset, fields)):
                 continue
             in_range, dirty = in_scope(offset, key)
             mine = ordinal if dirty and in_range else None
@@ -159,7 +168,39 @@ def test_cleaner_passes_match_the_reference(buf, hash_range, now_ms, data):
     offsets = [o for _, _, records in raw_batches(buf) for o, *_ in records] or [0]
     first = data.draw(st.integers(min(offsets), max(offsets) + 1))
     end = data.draw(st.integers(first, max(offsets) + 2))
-    scope = segment_io.PassScope(first, end, *hash_range)
+    _assert_kernel_matches_reference(buf, segment_io.PassScope(first, end, *hash_range), now_ms)
+
+
+@st.composite
+def transactional_cleaner_logs(draw) -> bytes:
+    """``cleaner_logs`` whose data batches are, some of them, transactional batches of one
+    of ``PRODUCERS``."""
+    out = bytearray()
+    for (_, fields), raw, _ in raw_batches(draw(cleaner_logs())):
+        if not fields[0] & CONTROL_BIT and draw(st.booleans()):
+            raw = bytearray(raw)
+            struct.pack_into(">h", raw, 21, fields[0] | TRANSACTIONAL_BIT)
+            raw = with_producer_id(bytes(raw), draw(st.sampled_from(PRODUCERS)))
+        out += raw
+    return bytes(out)
+
+
+@CLEANER_PROPERTY
+@given(transactional_cleaner_logs(), st.integers(0, 4000), st.data())
+def test_cleaner_passes_remove_aborted_data_as_the_reference(buf, now_ms, data):
+    """Kafka's cleaner: data of aborted transactions below the cleanable end is neither
+    mapped nor numbered, and removed (a producer's last batch would stay, empty)."""
+    offsets = [o for _, _, records in raw_batches(buf) for o, *_ in records] or [0]
+    first = data.draw(st.integers(min(offsets), max(offsets) + 1))
+    end = data.draw(st.integers(first, max(offsets) + 2))
+    around = st.integers(min(offsets) - 1, max(offsets) + 1)
+    aborted = data.draw(st.lists(st.tuples(st.sampled_from(PRODUCERS), around, around),
+                                 max_size=3))
+    scope = segment_io.PassScope(first, end, *FULL_RANGE, segment_io.aborted_txn_triples(aborted))
+    _assert_kernel_matches_reference(buf, scope, now_ms)
+
+
+def _assert_kernel_matches_reference(buf, scope, now_ms):
     latest, expected = reference_clean(buf, scope, now_ms, now_ms + 777)
     build, filtered = kernel_clean(buf, scope, now_ms, now_ms + 777)
     assert not build.full and build.new_keys == len(latest)

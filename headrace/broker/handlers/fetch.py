@@ -4,13 +4,16 @@ Limits: each partition returns at most ``partition_max_bytes`` and the response 
 ``max_bytes`` (v3+; none before), except that from v3 on the first partition with data
 returns at least one whole batch (KIP-74) so a consumer always progresses (v0-2 have a hard
 limit, as in Kafka: a first batch larger than it is not returned). Every partition carries
-the high watermark, the last stable offset (= high watermark: no transactions) and the log
-start offset; errors are per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
+the high watermark, the last stable offset (``Log.last_stable_offset``) and the log start
+offset; errors are per partition (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
 UNKNOWN_TOPIC_ID for v13+ requests by an unknown topic id or the zero id, echoing the id
 sent, in a cluster NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a
 ``current_leader_epoch`` older / newer than the leader's (v9+), KAFKA_STORAGE_ERROR when reading the log raises an ``OSError`` or the partition is
 offline -- NOT_LEADER_OR_FOLLOWER instead before v6, as Kafka answers).
-read_committed is accepted and behaves as read_uncommitted. v17 (KIP-853) only adds a
+read_committed (v4+) reads only below the last stable offset and lists the aborted
+transactions (producer id, first offset) overlapping [fetch offset, LSO) -- Kafka bounds the
+list by the end of the returned data or the next segment; the LSO bound may list a few more,
+which a consumer ignores past the records it got. v17 (KIP-853) only adds a
 follower's ``replica_directory_id`` tagged field, which a consumer does not send; its response
 is v16's.
 
@@ -72,6 +75,8 @@ LAST_MAGIC_V0_VERSION = 1  # v0-1 read magic 0, v2-3 magic 1 (down-converted)
 LAST_MAGIC_V1_VERSION = 3
 FIRST_ZSTD_VERSION = 10
 LAST_VERSION_WITHOUT_STORAGE_ERROR = 5
+FIRST_ISOLATION_VERSION = 4
+READ_COMMITTED = 1
 
 NO_SESSION_ID = 0
 ZERO_TOPIC_ID = uuid.UUID(int=0)
@@ -118,13 +123,15 @@ def _topic_ids(manager) -> _TopicIds:
 class _FetchPlan:
     """The partitions of one request, resolved to logs, and how to read them."""
 
-    __slots__ = ("max_bytes", "min_one_batch", "topics", "logs")
+    __slots__ = ("max_bytes", "min_one_batch", "read_committed", "topics", "logs")
 
     def __init__(self, ctx, request) -> None:
         manager = ctx.broker.log_manager
         has_max_bytes = ctx.api_version >= FIRST_MAX_BYTES_VERSION
         self.max_bytes = request.max_bytes if has_max_bytes else NO_RESPONSE_MAX_BYTES
         self.min_one_batch = has_max_bytes
+        self.read_committed = ctx.api_version >= FIRST_ISOLATION_VERSION and \
+            request.isolation_level == READ_COMMITTED
         topic_ids = _topic_ids(manager) if ctx.api_version >= FIRST_TOPIC_ID_VERSION else None
         self.topics: list[tuple[str | None, uuid.UUID, list]] = []
         self.logs: list = []
@@ -165,7 +172,8 @@ class _FetchPlan:
             answer = TopicData(name, topic_id)
             for partition, log, error in entries:
                 data = _read_partition(partition, log, error, remaining_bytes,
-                                       first_data=self.min_one_batch and total_bytes == 0)
+                                       self.min_one_batch and total_bytes == 0,
+                                       self.read_committed)
                 any_error = any_error or data.error_code != 0
                 total_bytes += data.size_bytes
                 remaining_bytes -= data.size_bytes
@@ -174,16 +182,15 @@ class _FetchPlan:
         return topics, total_bytes, any_error
 
 
-def _read_partition(partition, log, error, remaining_bytes: int, first_data: bool) -> PartitionData:
+def _read_partition(partition, log, error, remaining_bytes: int, first_data: bool,
+                    read_committed: bool) -> PartitionData:
     index = partition.partition
     if log is None:
         return PartitionData(index, error_code=error.code)
     try:
         limit_bytes = min(partition.partition_max_bytes, max(remaining_bytes, 0))
         if limit_bytes > 0 or first_data:
-            result = log.read(partition.fetch_offset, limit_bytes, min_one_batch=first_data)
-            return PartitionData(index, 0, result.high_watermark, result.high_watermark,
-                                 result.log_start_offset, result.slices, result.size_bytes)
+            return _read_records(partition, log, limit_bytes, first_data, read_committed)
         error_code = 0
     except KafkaError as caught:
         error_code = caught.code
@@ -191,8 +198,24 @@ def _read_partition(partition, log, error, remaining_bytes: int, first_data: boo
         _storage_errors.event(logging.ERROR, "storage error reading %s-%d: %s", log.topic,
                               log.partition, caught)
         error_code = KafkaStorageError.code
-    high_watermark = log.high_watermark
-    return PartitionData(index, error_code, high_watermark, high_watermark, log.log_start_offset)
+    return PartitionData(index, error_code, log.high_watermark, log.last_stable_offset,
+                         log.log_start_offset)
+
+
+def _read_records(partition, log, limit_bytes: int, first_data: bool,
+                  read_committed: bool) -> PartitionData:
+    """The partition's records from its fetch offset: under read_committed only below the
+    last stable offset, with the aborted transactions that overlap [fetch offset, LSO)."""
+    last_stable_offset = log.last_stable_offset  # before the read: never past its data
+    fetch_offset = partition.fetch_offset
+    result = log.read(fetch_offset, limit_bytes, min_one_batch=first_data,
+                      max_offset=last_stable_offset if read_committed else None)
+    aborted = ()
+    if read_committed and result.size_bytes:
+        aborted = tuple((txn.producer_id, txn.first_offset) for txn in
+                        log.collect_aborted_transactions(fetch_offset, last_stable_offset))
+    return PartitionData(partition.partition, 0, result.high_watermark, last_stable_offset,
+                         result.log_start_offset, result.slices, result.size_bytes, aborted)
 
 
 async def _long_poll(ctx, plan: _FetchPlan, min_bytes: int, max_wait_ms: int):

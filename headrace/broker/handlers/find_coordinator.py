@@ -1,11 +1,12 @@
-"""FindCoordinator (key 10), versions 0-6: a group's coordinator.
+"""FindCoordinator (key 10), versions 0-6: a group's or a transactional id's coordinator.
 
-On a single node every group's coordinator is this node; in a cluster it is the leader of the
-group's ``__consumer_offsets`` partition, COORDINATOR_NOT_AVAILABLE while it has none
-(``broker.cluster_service``).
+On a single node every group's and transactional id's coordinator is this node; in a cluster a
+group's is the leader of the group's ``__consumer_offsets`` partition, COORDINATOR_NOT_AVAILABLE
+while it has none (``broker.cluster_service``), and transactions are not coordinated yet
+(COORDINATOR_NOT_AVAILABLE).
 
-key_type 0 (group) is answered with this broker's advertised host and port; key_type 1
-(transaction) and 2 (share) are not served here: COORDINATOR_NOT_AVAILABLE, as Kafka answers
+key_type 0 (group) and 1 (transaction) are answered with this broker's advertised host and
+port; key_type 2 (share) is not served here: COORDINATOR_NOT_AVAILABLE, as Kafka answers
 while no coordinator exists for the key. v4+ batches keys (``coordinator_keys``) and answers
 one ``Coordinator`` per key; v0-3 carry one ``key`` and answer at the top level.
 An empty group id is INVALID_REQUEST (Kafka's check). Event loop thread.
@@ -20,14 +21,17 @@ MIN_VERSION = 0
 MAX_VERSION = 6
 
 GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
 BATCHED_KEYS_VERSION = 4
 
 
 def _coordinator(broker, key: str, key_type: int) -> dict:
-    if key_type != GROUP_KEY_TYPE:
+    if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):
         error = CoordinatorNotAvailable(f"key type {key_type} is not served by this broker")
-    elif not key:
+    elif not key and key_type == GROUP_KEY_TYPE:
         error = InvalidRequest("empty group id")
+    elif broker.cluster is not None and key_type == TRANSACTION_KEY_TYPE:
+        error = CoordinatorNotAvailable("transactions are not coordinated in a cluster yet")
     elif broker.cluster is not None:
         try:
             return {"key": key, **broker.cluster.group_coordinator(key), "error_code": 0,

@@ -1,7 +1,8 @@
 """ListOffsets (key 2), versions 0-9: offsets by time.
 
-Timestamps: -2 earliest (log start offset), -1 latest (log end offset = high watermark =
-last stable offset on one node, so read_committed sees the same), -3 the record with the
+Timestamps: -2 earliest (log start offset), -1 latest (log end offset = high watermark on one
+node; under read_committed, v2+, the last stable offset, and an offset found by time must lie
+below it, as Kafka's ``fetchOffsetForTimestamp``), -3 the record with the
 largest timestamp (v7+), -4 earliest local (v8+, KIP-405: without tiered storage the log
 start offset, as -2), -5 latest tiered (v9+, KIP-1005: without tiered storage offset -1,
 timestamp -1, leader epoch -1), or a time in ms: the first offset whose timestamp is >= it,
@@ -46,11 +47,13 @@ FIRST_VERSION_BY_SPECIAL_TIMESTAMP = {EARLIEST_TIMESTAMP: 1, LATEST_TIMESTAMP: 1
                                       MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8,
                                       LATEST_TIERED_TIMESTAMP: 9}
 CONSUMER_REPLICA_ID = -1
+FIRST_ISOLATION_VERSION = 2
+READ_COMMITTED = 1
 _INT16, _INT32, _INT64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 _PARTITION_HEAD = struct.Struct(">ihi")  # partition_index, error_code, offsets count
 
 
-def _partition(broker, topic: str, partition, version: int) -> dict:
+def _partition(broker, topic: str, partition, version: int, read_committed: bool) -> dict:
     index = partition.partition_index
     wanted = partition.timestamp
     try:
@@ -65,7 +68,7 @@ def _partition(broker, topic: str, partition, version: int) -> dict:
                     "leader_epoch": -1}
         if wanted == EARLIEST_LOCAL_TIMESTAMP:  # every segment is local
             wanted = EARLIEST_TIMESTAMP
-        found = log.offset_for_timestamp(wanted)
+        found = _offset_for(log, wanted, read_committed)
     except KafkaError as error:
         return {"partition_index": index, "error_code": error.code, "timestamp": -1,
                 "offset": -1, "leader_epoch": -1}
@@ -77,6 +80,21 @@ def _partition(broker, topic: str, partition, version: int) -> dict:
         timestamp = -1
     return {"partition_index": index, "error_code": 0, "timestamp": timestamp,
             "offset": offset, "leader_epoch": 0}
+
+
+def _offset_for(log, wanted: int, read_committed: bool) -> tuple[int, int] | None:
+    """As Kafka's ``fetchOffsetForTimestamp``: under read_committed the last fetchable
+    offset is the last stable offset -- latest answers it, and an offset found by time (or
+    the max timestamp's) must lie below it."""
+    if not read_committed:
+        return log.offset_for_timestamp(wanted)
+    last_stable_offset = log.last_stable_offset
+    if wanted == LATEST_TIMESTAMP:
+        return last_stable_offset, -1
+    found = log.offset_for_timestamp(wanted)
+    if wanted != EARLIEST_TIMESTAMP and found is not None and found[0] >= last_stable_offset:
+        return None
+    return found
 
 
 def legacy_offsets_before(log, timestamp: int, max_num_offsets: int, now_ms: int,
@@ -133,11 +151,14 @@ def _handle_v0(ctx, request) -> RawResponse:
 async def handle(ctx, request):
     if ctx.api_version == 0:
         return _handle_v0(ctx, request)
+    read_committed = ctx.api_version >= FIRST_ISOLATION_VERSION and \
+        request.isolation_level == READ_COMMITTED
     return ctx.respond({
         "throttle_time": 0,
         "topics": [
             {"name": topic.name,
-             "partitions": [_partition(ctx.broker, topic.name, p, ctx.api_version)
+             "partitions": [_partition(ctx.broker, topic.name, p, ctx.api_version,
+                                       read_committed)
                             for p in topic.partitions]}
             for topic in request.topics
         ],

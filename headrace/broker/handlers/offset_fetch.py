@@ -6,7 +6,8 @@ code); v8+ batch groups (``groups``), each with its own error code; v9+ carry a 
 id and epoch, which a classic group does not check; v10+ name topics by id: a requested id
 this broker does not know answers UNKNOWN_TOPIC_ID per partition, and committed offsets of
 topics that no longer exist are left out of an every-partition answer. ``require_stable``
-(v7+) only matters for transactional commits, which this coordinator does not hold pending.
+(v7+): a partition with a commit not yet visible -- a transactional one (TxnOffsetCommit)
+before its marker, or a plain one before its append -- answers UNSTABLE_OFFSET_COMMIT.
 A partition without a commit answers offset -1 and empty metadata. Errors such as
 COORDINATOR_LOAD_IN_PROGRESS go in the group error (v2+) and, for v1, on every partition.
 v0 (the same format as v1; kio lacks it) read offsets from ZooKeeper: a Kafka 3.9 broker
@@ -86,9 +87,10 @@ def _topics(response, wanted, naming: _TopicNaming, partition_error: int) -> lis
     return [naming.topic_entry(wire, partitions) for wire, partitions in by_topic.items()]
 
 
-async def _fetch_group(ctx, naming, group_id: str, topics, per_partition_errors: bool) -> dict:
+async def _fetch_group(ctx, naming, group_id: str, topics, per_partition_errors: bool,
+                       require_stable: bool) -> dict:
     wanted, named = naming.requested(topics)
-    response = await ctx.broker.groups.call(OffsetFetchRequest(group_id, named))
+    response = await ctx.broker.groups.call(OffsetFetchRequest(group_id, named, require_stable))
     if topics is None:
         wanted = _every_committed(response, naming)
     partition_error = response.error_code if per_partition_errors else 0
@@ -110,11 +112,12 @@ async def handle(ctx, request):
         return _every_partition_error(ctx, request, UnsupportedVersion.code)
     naming = _TopicNaming(ctx)
     if ctx.api_version >= BATCHED_GROUPS_VERSION:
-        groups = [await _fetch_group(ctx, naming, g.group_id, g.topics, False)
+        groups = [await _fetch_group(ctx, naming, g.group_id, g.topics, False,
+                                     request.require_stable)
                   for g in request.groups]
         return ctx.respond({"throttle_time": 0, "groups": groups})
     per_partition_errors = ctx.api_version < TOP_LEVEL_ERROR_VERSION
     group = await _fetch_group(ctx, naming, request.group_id, request.topics,
-                               per_partition_errors)
+                               per_partition_errors, getattr(request, "require_stable", False))
     return ctx.respond({"throttle_time": 0, "topics": group["topics"],
                         "error_code": group["error_code"]})

@@ -14,9 +14,13 @@ key on a compacted topic, timestamps, structure), producer sequences -- is the l
 KIP-467 ``record_errors`` (index in the batch, message) and ``error_message`` in v8+, and an
 I/O error from the log (``OSError``: disk full, EIO...) or an offline partition (its log failed
 to load) answers KAFKA_STORAGE_ERROR for that partition only -- NOT_LEADER_OR_FOLLOWER to v3
-requests, as Kafka down-converts it for producers that may not know the code. A request carrying a transactional batch is answered
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition, as Kafka answers one without a
-transactional id (and headrace supports no transactions).
+requests, as Kafka down-converts it for producers that may not know the code. A request carrying
+a transactional batch but no transactional id is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+for every partition, as Kafka's. With one, KIP-890 part 1 (while
+``transaction.partition.verification.enable``): each partition with a transactional batch is
+appended only if the transaction coordinator's ``verify`` finds it in the producer's ongoing
+transaction; the others answer the coordinator's error as Kafka translates it
+(``produce_verification_error_code``: INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH...).
 Unknown topics are not created here (Kafka creates them on Metadata): UNKNOWN_TOPIC_OR_PARTITION.
 
 Every partition of a request is appended in one job on the broker's single append thread, so
@@ -56,6 +60,7 @@ import struct
 
 from headrace.broker.context import RawResponse
 from headrace.broker.rate_limited_log import RateLimitedLog
+from headrace.coordinator.transaction import produce_verification_error_code
 from headrace.errors import (
     CorruptMessage,
     InvalidRecord,
@@ -66,10 +71,11 @@ from headrace.errors import (
     NotLeaderOrFollower,
     TransactionalIdAuthorizationFailed,
     UnknownServerError,
+    error_for_code,
 )
 from headrace.protocol import message_format
 from headrace.protocol import records as record_codec
-from headrace.protocol.batch import BATCH_HEADER_BYTES, TRANSACTIONAL_BIT
+from headrace.protocol.batch import BATCH_HEADER_BYTES, TRANSACTIONAL_BIT, parse_header
 from headrace.protocol.varint import encode_unsigned
 
 API_KEY = 0
@@ -98,17 +104,45 @@ def _partition_error(index: int, error: KafkaError) -> dict:
             "record_errors": error.record_errors}
 
 
-def _has_transactional_batch(records: memoryview | bytes | None) -> bool:
-    """Whether a v2 batch of ``records`` has the transactional bit (Kafka's
-    ``RequestUtils.hasTransactionalRecords``); headers only, stops at anything not whole."""
+def _transactional_batch_position(records: memoryview | bytes | None) -> int | None:
+    """Where the first v2 batch of ``records`` with the transactional bit starts (Kafka's
+    ``RequestUtils.hasTransactionalRecords``), or None; headers only, stops at anything not
+    whole."""
     if not records:
-        return False
+        return None
     position, end = 0, len(records)
     while end - position >= BATCH_HEADER_BYTES and records[position + 16] == 2:
         if records[position + 22] & TRANSACTIONAL_BIT:
-            return True
+            return position
         position += int.from_bytes(records[position + 8 : position + 12], "big") + 12
-    return False
+    return None
+
+
+def _has_transactional_batch(records: memoryview | bytes | None) -> bool:
+    return _transactional_batch_position(records) is not None
+
+
+def _unverified_partitions(ctx, request) -> dict[tuple[str, int], KafkaError]:
+    """KIP-890 part 1: the partitions whose transactional batch is not in its producer's
+    ongoing transaction, with the error each answers."""
+    if not ctx.broker.config.get_bool("transaction.partition.verification.enable"):
+        return {}
+    refused = {}
+    for topic in request.topic_data:
+        for partition in topic.partition_data:
+            position = _transactional_batch_position(partition.records)
+            if position is None:
+                continue
+            header = parse_header(partition.records, position)
+            tp = (topic.name, partition.index)
+            code = ctx.broker.transactions.coordinator.verify(
+                request.transactional_id, header.producer_id, header.producer_epoch, [tp])[tp]
+            if code:
+                refused[tp] = error_for_code(
+                    produce_verification_error_code(code, ctx.api_version),
+                    f"partition {topic.name}-{partition.index} is not in an ongoing "
+                    f"transaction of producer {header.producer_id}")
+    return refused
 
 
 def _prepare(records: memoryview | bytes | None, version: int) -> memoryview | bytes:
@@ -150,10 +184,15 @@ def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int
             "log_start_offset": result.log_start_offset}
 
 
-def _append_all(manager, topic_data, acks: int, now_ms: int, version: int) -> list[dict]:
+def _append_all(manager, topic_data, acks: int, now_ms: int, version: int,
+                refused: dict[tuple[str, int], KafkaError] | None = None) -> list[dict]:
+    """Append every partition but those ``refused`` (answered with their error)."""
+    refused = refused or {}
     return [
         {"name": topic.name,
          "partition_responses": [
+             _partition_error(partition.index, refused[(topic.name, partition.index)])
+             if (topic.name, partition.index) in refused else
              _append_one(manager, topic.name, partition.index, partition.records, acks, now_ms,
                          version)
              for partition in topic.partition_data]}
@@ -204,21 +243,24 @@ async def handle(ctx, request):
     acks = request.acks
     if acks not in VALID_ACKS:
         responses = _reject_all(request.topic_data, InvalidRequiredAcks(f"acks={acks}"))
-    elif any(_has_transactional_batch(partition.records) for topic in request.topic_data
-             for partition in topic.partition_data):
+    elif getattr(request, "transactional_id", None) is None and any(
+            _has_transactional_batch(partition.records) for topic in request.topic_data
+            for partition in topic.partition_data):
         responses = _reject_all(request.topic_data, TransactionalIdAuthorizationFailed(
-            "transactional records need a transactional id this broker authorizes "
-            "(transactions are not supported)"))
+            "transactional records need a transactional id"))
     else:
         broker = ctx.broker
         manager = broker.log_manager
+        refused = {} if getattr(request, "transactional_id", None) is None else (
+            _unverified_partitions(ctx, request))
         if broker.append_thread_idle and _appends_cannot_sync(manager, request.topic_data,
                                                               ctx.now_ms):
             responses = _append_all(manager, request.topic_data, acks, ctx.now_ms,
-                                    ctx.api_version)
+                                    ctx.api_version, refused)
         else:
             responses = await broker.run_append(
-                _append_all, manager, request.topic_data, acks, ctx.now_ms, ctx.api_version)
+                _append_all, manager, request.topic_data, acks, ctx.now_ms, ctx.api_version,
+                refused)
     if acks == 0:
         return None
     if ctx.api_version < FIRST_STORAGE_ERROR_VERSION:

@@ -9,18 +9,34 @@ Owns the two switches the crash tests use to stop a job at a chosen moment:
   first task to run creates the marker file (O_EXCL) and raises; every later attempt passes its
   rows through unchanged. The marker path must be visible to every executor (local
   mode, or a shared file system).
+- ``HEADRACE_JOB_TASK_PAUSE_DIR=<dir>`` with ``HEADRACE_JOB_TASK_PAUSE_OFFSET=<offset>``:
+  ``pause_first_attempts`` wraps a DataFrame so that the first attempt of every task, on
+  reaching the record at that offset, creates ``<dir>/paused-<partition>-<pid>`` (pid of the
+  executor's Python worker) and waits until ``<dir>/resume`` exists, at most
+  ``TASK_PAUSE_TIMEOUT_S``; retried attempts never pause. A test kills a worker while its task
+  is known to be in flight, then resumes the others. ``<dir>`` must be visible to every
+  executor.
 
-Both are read once per job; the hooks hold no state besides the marker file.
+The switches are read once per job, on the driver (executors get the values in the wrapped
+plan, not from their own environment); the hooks hold no state besides their files.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 CRASH_AT_ENV = "HEADRACE_JOB_CRASH_AT"
 TASK_FAULT_MARKER_ENV = "HEADRACE_JOB_TASK_FAULT_MARKER"
+TASK_PAUSE_DIR_ENV = "HEADRACE_JOB_TASK_PAUSE_DIR"
+TASK_PAUSE_OFFSET_ENV = "HEADRACE_JOB_TASK_PAUSE_OFFSET"
+PAUSED_FILE_PREFIX = "paused-"
+RESUME_FILE_NAME = "resume"
+TASK_PAUSE_TIMEOUT_S = 300
+TASK_PAUSE_POLL_S = 0.05
 
 CrashHook = Callable[[str], None]
 
@@ -77,7 +93,37 @@ def fail_first_task(frame, marker_path: str):
     return frame.where(keep_udf(F.lit(True)))
 
 
+def _pause_until_resumed(pause_dir: str, partition_id: int) -> None:
+    Path(pause_dir, f"{PAUSED_FILE_PREFIX}{partition_id}-{os.getpid()}").touch()
+    resume_path = Path(pause_dir, RESUME_FILE_NAME)
+    deadline = time.monotonic() + TASK_PAUSE_TIMEOUT_S
+    while not resume_path.exists() and time.monotonic() < deadline:
+        time.sleep(TASK_PAUSE_POLL_S)
+
+
+def pause_first_attempts(frame, pause_dir: str, pause_offset: int):
+    """``frame`` filtered by a row UDF on ``offset`` that pauses a task's first attempt at
+    ``pause_offset`` (see the module docstring); every row is kept."""
+    from pyspark import TaskContext
+    from pyspark.sql import functions as F
+
+    def keep(offset: int) -> bool:
+        context = TaskContext.get()
+        if offset == pause_offset and context.attemptNumber() == 0:
+            _pause_until_resumed(pause_dir, context.partitionId())
+        return True
+
+    keep_udf = F.udf(keep, "boolean", useArrow=False).asNondeterministic()
+    return frame.where(keep_udf(F.col("offset")))
+
+
 def task_fault_from_env(frame):
-    """``frame`` wrapped by ``fail_first_task`` when the marker variable is set."""
+    """``frame`` wrapped by ``fail_first_task`` when the marker variable is set, and by
+    ``pause_first_attempts`` when the pause directory is."""
     marker_path = os.environ.get(TASK_FAULT_MARKER_ENV)
-    return fail_first_task(frame, marker_path) if marker_path else frame
+    if marker_path:
+        frame = fail_first_task(frame, marker_path)
+    pause_dir = os.environ.get(TASK_PAUSE_DIR_ENV)
+    if pause_dir:
+        frame = pause_first_attempts(frame, pause_dir, int(os.environ[TASK_PAUSE_OFFSET_ENV]))
+    return frame

@@ -1,4 +1,4 @@
-/* LD_PRELOAD shim for power-cut simulation (see tests/power_cut.py, which builds and uses it).
+/* LD_PRELOAD shim for power-cut simulation (see headrace/faults/power_cut.py, which builds it).
  *
  * It interposes fsync and fdatasync. After the real call succeeds on a descriptor whose path
  * lies under $POWER_CUT_DATA_DIR, it records what that call made durable in
