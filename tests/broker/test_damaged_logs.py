@@ -288,12 +288,13 @@ def test_more_partitions_than_the_soft_open_file_limit_load(tmp_path):
         broker.stop()
 
 
-# Segment files a broker may not hold open at once: __consumer_offsets' 50 partitions and
-# LOW_LIMIT_PARTITIONS more keep their active segments open (3 files each); every other
-# partition's 3+ sealed segments must open only when read.
+# Segment files a broker may not hold open at once: __consumer_offsets' 50 partitions,
+# __transaction_state's (one here) and LOW_LIMIT_PARTITIONS more keep their active segments
+# open (3 files each); every other partition's 3+ sealed segments must open only when read.
 LOW_OPEN_FILE_LIMIT = 512
 LOW_LIMIT_PARTITIONS = 40
 OFFSETS_TOPIC_PARTITIONS = 50
+TRANSACTION_STATE_PARTITIONS = 1
 
 
 def _limit_soft_open_files_to(limit: int):
@@ -341,13 +342,16 @@ def test_more_segment_files_than_even_the_hard_open_file_limit_load_and_serve(tm
     files than the broker's hard RLIMIT_NOFILE (so raising the soft limit cannot help)
     loads every partition and serves every record of each."""
     topic = "many-segments"
-    broker = _start(tmp_path)
+    broker = _start(tmp_path, {
+        "transaction.state.log.num.partitions": str(TRANSACTION_STATE_PARTITIONS)})
     try:
         _create_topic(broker.bootstrap, topic, LOW_LIMIT_PARTITIONS)
         written = _fill_partitions(broker, topic, LOW_LIMIT_PARTITIONS)
         assert broker.stop() == 0
         assert _segment_file_count(broker.data_dir) > LOW_OPEN_FILE_LIMIT
-        assert 3 * (OFFSETS_TOPIC_PARTITIONS + LOW_LIMIT_PARTITIONS) < LOW_OPEN_FILE_LIMIT * 3 // 4
+        active_partitions = (OFFSETS_TOPIC_PARTITIONS + TRANSACTION_STATE_PARTITIONS
+                             + LOW_LIMIT_PARTITIONS)
+        assert 3 * active_partitions < LOW_OPEN_FILE_LIMIT * 3 // 4
         broker.preexec_fn = _limit_open_files_to(LOW_OPEN_FILE_LIMIT)
         broker.start()
         assert " ERROR " not in broker.log_text()
