@@ -10,7 +10,9 @@ produce phase divided by the bytes produced is the figure to compare on a shared
 MB/s also holds the client's share of the two cores.
 
     PYTHONPATH=. nice -n 5 .venv/bin/python bench/produce_codec_cost.py \\
-        --tree base=/work/wt/lz4base --tree new=. --codecs lz4,zstd,gzip --megabytes 300
+        --tree base=../headrace-1f413ac --tree new=. --codecs lz4,zstd,gzip --megabytes 300
+
+(``../headrace-1f413ac``: a checkout of 1f413ac beside the repository, built in place.)
 
 ``--profile-dir DIR`` runs each broker under ``bench/sampling_profiler.py`` and leaves one
 profile per run in DIR.
