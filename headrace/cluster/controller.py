@@ -69,6 +69,7 @@ from kazoo.protocol.states import KazooState
 from kazoo.retry import RetryFailedError
 
 from headrace.cluster import partition_leadership as leadership
+from headrace.cluster import partition_reassignment as reassignment
 from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
@@ -85,6 +86,7 @@ from headrace.errors import (
     ElectionNotNeeded,
     EligibleLeadersNotAvailable,
     KafkaError,
+    NoReassignmentInProgress,
     NotController,
     PreferredLeaderNotAvailable,
     UnknownTopicId,
@@ -120,6 +122,7 @@ class Controller:
         self._events: queue.Queue = queue.Queue()
         self._queued_keys: set[str] = set()
         self._watched_topics: set[str] = set()  # topics whose assignment is watched
+        self._reassignment_watches: set[tuple[str, int]] = set()  # states watched while reassigning
         self._lock = threading.Lock()
         self._context: ControllerContext | None = None
         self._session_lost = False
@@ -418,6 +421,7 @@ class Controller:
         self._elect_offline_partitions(context)
         self._on_deletions_requested()
         self._on_shutdowns_requested()
+        self._resume_reassignments(context)
 
     @staticmethod
     def _brokers_in_isrs(context: ControllerContext) -> set[int]:
@@ -747,3 +751,159 @@ class Controller:
         if self._update_state(context, topic, partition, elect) is None:
             return failure
         return None
+
+    # --- partition reassignment (KIP-455 in ZooKeeper mode) ---------------------------------
+
+    def alter_partition_reassignments(
+        self, targets: dict[tuple[str, int], tuple[int, ...] | None],
+        allow_replication_factor_change: bool = True,
+    ) -> dict[tuple[str, int], KafkaError | None]:
+        """AlterPartitionReassignments on the controller (event thread): per partition None
+        (started, or completed at once) or Kafka's error. A target of None cancels."""
+        context = self._active_context()
+        self._on_brokers_changed()
+        return {
+            (topic, partition): self._reassign(context, topic, partition, target,
+                                               allow_replication_factor_change)
+            for (topic, partition), target in targets.items()
+        }
+
+    def _reassign(self, context: ControllerContext, topic: str, partition: int,
+                  target: tuple[int, ...] | None, allow_replication_factor_change: bool) -> KafkaError | None:
+        if topic not in context.assignments:
+            read_topic(self._zk, context, topic)
+        if (topic not in context.assignments or partition not in context.assignments[topic].partitions
+                or self._zk.exists(paths.delete_topic_path(topic)) is not None):
+            return UnknownTopicOrPartition("The partition does not exist.")
+        current = reassignment.of(context.assignments[topic], partition)
+        if target is None:
+            if not current.is_being_reassigned:
+                return NoReassignmentInProgress("No partition reassignment is in progress.")
+            target = current.origin
+        else:
+            error = reassignment.check_target(current, target, context.live_brokers,
+                                              allow_replication_factor_change)
+            if error is not None:
+                return error
+        self._on_partition_reassignment(context, topic, partition, current.reassign_to(target))
+        return None
+
+    def _on_partition_reassignment(self, context: ControllerContext, topic: str, partition: int,
+                                   wanted: reassignment.ReplicaAssignment) -> None:
+        """Kafka's ``onPartitionReassignment``: write RS/AR/RR (replicas no longer wanted by a
+        replaced reassignment leave the ISR), then either bump the leader epoch and wait for
+        TRS to join the ISR, or complete at once."""
+        current = reassignment.of(context.assignments[topic], partition)
+        if current != wanted:
+            if not self._write_replica_assignment(context, topic, partition, wanted):
+                return
+            unneeded = [r for r in current.replicas if r not in wanted.replicas]
+            if unneeded:
+                self._update_state(context, topic, partition, lambda state: leadership.remove_replicas_from_isr(
+                    state, unneeded, context.epoch) if state is not None else None)
+        self._refresh_state(context, topic, partition)
+        versioned = context.states.get((topic, partition))
+        if versioned is not None and reassignment.is_complete(wanted, versioned.state.isr):
+            self._complete_reassignment(context, topic, partition, wanted)
+            return
+        self._update_state(context, topic, partition, lambda state: leadership.bump_leader_epoch(
+            state, context.epoch) if state is not None else None)
+        self._watch_reassignment(topic, partition)
+
+    def _complete_reassignment(self, context: ControllerContext, topic: str, partition: int,
+                               done: reassignment.ReplicaAssignment) -> None:
+        """TRS is in the ISR: leadership into TRS, RR out of the ISR, then RS = TRS."""
+        final = done.completed()
+        electable = context.electable_brokers()
+        led = self._update_state(context, topic, partition, lambda state: leadership.elect_reassigned_leader(
+            final.replicas, state, electable, context.epoch) if state is not None else None)
+        if led is None:
+            log.warning("controller %d: no live leader in %s for reassigned %s-%d; completed later",
+                        self.broker_id, list(final.replicas), topic, partition)
+            return
+        if done.removing:
+            self._update_state(context, topic, partition, lambda state: leadership.remove_replicas_from_isr(
+                state, done.removing, context.epoch) if state is not None else None)
+        if self._write_replica_assignment(context, topic, partition, final):
+            log.info("controller %d: reassignment of %s-%d to %s completed", self.broker_id, topic,
+                     partition, list(final.replicas))
+
+    def _write_replica_assignment(self, context: ControllerContext, topic: str, partition: int,
+                                  wanted: reassignment.ReplicaAssignment) -> bool:
+        """The partition's RS/AR/RR into ``/brokers/topics/<t>``, a read-modify-write
+        conditional on the assignment's zkVersion (partitions may be added meanwhile)."""
+        path = paths.topic_path(topic)
+        for _attempt in range(MAX_STATE_WRITE_ATTEMPTS):
+            try:
+                data, stat = self._zk.get(path)
+            except NoNodeError:
+                return False
+            assignment = reassignment.put(records.decode_topic_assignment(topic, data), partition, wanted)
+            encoded = records.encode_topic_assignment(assignment)
+            results = self._commit_fenced(
+                lambda transaction, e=encoded, v=stat.version: transaction.set_data(path, e, version=v))
+            if not any(isinstance(result, Exception) for result in results):
+                context.assignments[topic] = assignment
+                return True
+        log.warning("controller %d: the assignment of %s kept changing; reassignment of "
+                    "partition %d not written", self.broker_id, topic, partition)
+        return False
+
+    def _watch_reassignment(self, topic: str, partition: int) -> None:
+        """Kafka's ``PartitionReassignmentIsrChangeHandler``: each change of the state of a
+        partition being reassigned checks whether TRS joined the ISR."""
+        key = (topic, partition)
+        with self._lock:
+            if key in self._reassignment_watches:
+                return
+            self._reassignment_watches.add(key)
+
+        def on_state(data: bytes | None, _stat: Any) -> bool:
+            with self._lock:
+                watching = key in self._reassignment_watches and not self._stopping
+            if data is None or not watching:
+                with self._lock:
+                    self._reassignment_watches.discard(key)
+                return False
+            self._enqueue(f"reassign:{topic}:{partition}",
+                          lambda: self._maybe_complete_reassignment(topic, partition))
+            return True
+
+        self._zk.DataWatch(paths.partition_state_path(topic, partition), on_state)
+
+    def _maybe_complete_reassignment(self, topic: str, partition: int) -> None:
+        context = self._context
+        ongoing = context is not None and topic in context.assignments and reassignment.of(
+            context.assignments[topic], partition).is_being_reassigned
+        if ongoing:
+            wanted = reassignment.of(context.assignments[topic], partition)
+            self._refresh_state(context, topic, partition)
+            versioned = context.states.get((topic, partition))
+            if versioned is not None and reassignment.is_complete(wanted, versioned.state.isr):
+                self._complete_reassignment(context, topic, partition, wanted)
+            ongoing = reassignment.of(context.assignments[topic], partition).is_being_reassigned
+        if not ongoing:
+            with self._lock:
+                self._reassignment_watches.discard((topic, partition))
+
+    def _resume_reassignments(self, context: ControllerContext) -> None:
+        """A new controller takes over the reassignments in the assignments' AR/RR."""
+        for topic, partition, _replicas in list(context.partitions()):
+            if reassignment.of(context.assignments[topic], partition).is_being_reassigned:
+                self._watch_reassignment(topic, partition)
+                self._maybe_complete_reassignment(topic, partition)
+
+    def list_partition_reassignments(self, partitions: list[tuple[str, int]] | None
+                                     ) -> dict[tuple[str, int], reassignment.ReplicaAssignment]:
+        """ListPartitionReassignments on the controller (event thread): the ongoing ones among
+        ``partitions`` (None: all); unknown partitions are left out, as Kafka does."""
+        context = self._active_context()
+        keys = [(t, p) for t, p, _ in context.partitions()] if partitions is None else partitions
+        ongoing = {}
+        for topic, partition in keys:
+            assignment = context.assignments.get(topic)
+            if assignment is not None and partition in assignment.partitions:
+                replica_assignment = reassignment.of(assignment, partition)
+                if replica_assignment.is_being_reassigned:
+                    ongoing[(topic, partition)] = replica_assignment
+        return ongoing
