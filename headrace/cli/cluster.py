@@ -4,7 +4,10 @@
 confluent-kafka's AdminClient plus one Metadata request for the topic count.
 
 ``describe``: the brokers, the controller, and per broker how many partitions it holds
-(replicas) and leads, from DescribeCluster and Metadata.
+(replicas) and leads, from DescribeCluster and Metadata; and the partition health counts
+Kafka's brokers report as metrics: under-replicated (ISR smaller than the replicas), offline
+(no leader) and under-min-ISR (ISR smaller than the topic's ``min.insync.replicas``, read with
+DescribeConfigs) partitions.
 
 ``elect-leaders (--topic T [--partition P] | --all-topic-partitions) [--election-type
 preferred|unclean]``: ElectLeaders through the controller (confluent-kafka's AdminClient), one
@@ -57,9 +60,10 @@ from headrace.cli.common import (
 app = typer.Typer(no_args_is_help=True, help="Inspect the cluster.")
 
 
-def describe_cluster(connection: Connection):
+def describe_cluster(connection: Connection, admin=None, metadata=None):
     """(DescribeCluster's answer, the Metadata of every topic) through one AdminClient."""
-    admin, metadata = connection.admin()
+    if admin is None:
+        admin, metadata = connection.admin()
     description = admin.describe_cluster(
         request_timeout=connection.request_timeout_s
     ).result(timeout=connection.request_timeout_s)
@@ -100,9 +104,11 @@ def describe(
     connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
-    """Brokers, the controller, and per broker how many partitions it holds and leads."""
+    """Brokers, the controller, per broker how many partitions it holds and leads, and how many
+    partitions are offline, under-replicated and under their min.insync.replicas."""
     with user_errors():
-        description, metadata = describe_cluster(connection)
+        admin, metadata = connection.admin()
+        description, metadata = describe_cluster(connection, admin, metadata)
         controller = description.controller.id if description.controller else None
         replicas, leaders = partition_counts_by_broker(metadata)
         brokers = [
@@ -111,17 +117,49 @@ def describe(
              "leaders": leaders.get(node.id, 0)}
             for node in sorted(description.nodes, key=lambda node: node.id)
         ]
-        offline = leaders.get(-1, 0)
+        health = partition_health_counts(
+            metadata, topic_min_insync_replicas(connection, admin, metadata))
         data = {"cluster_id": description.cluster_id, "controller_id": controller,
-                "brokers": brokers, "offline_partitions": offline}
-        summary = make_table(None, ["cluster id", "controller", "brokers", "offline partitions"],
-                             [(description.cluster_id, controller, len(brokers), offline)])
+                "brokers": brokers, **health}
+        summary = make_table(None, ["cluster id", "controller", "brokers", "offline partitions",
+                                    "under-replicated", "under min ISR"],
+                             [(description.cluster_id, controller, len(brokers),
+                               health["offline_partitions"], health["under_replicated_partitions"],
+                               health["under_min_isr_partitions"])])
         columns = ["id", "host", "port", "rack", "controller", "partitions", "leaders"]
         broker_table = make_table("brokers", columns, [
             tuple("*" if column == "controller" and broker[column] else
                   "" if column == "controller" else broker[column] for column in columns)
             for broker in brokers])
         emit(output, data, summary, broker_table)
+
+
+def topic_min_insync_replicas(connection: Connection, admin, metadata) -> dict[str, int]:
+    """topic -> its effective ``min.insync.replicas`` (one DescribeConfigs for every topic)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    from headrace.cli.common import wait_all
+
+    names = sorted(metadata.topics)
+    if not names:
+        return {}
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name) for name in names],
+                                     request_timeout=connection.request_timeout_s)
+    described = wait_all(futures, connection.request_timeout_ms)
+    return {resource.name: int(entries["min.insync.replicas"].value)
+            for resource, entries in described.items() if "min.insync.replicas" in entries}
+
+
+def partition_health_counts(metadata, min_insync_replicas: dict[str, int]) -> dict[str, int]:
+    """Kafka's UnderReplicatedPartitions, OfflinePartitionsCount and UnderMinIsrPartitionCount
+    over every partition of confluent-kafka's ClusterMetadata."""
+    counts = {"offline_partitions": 0, "under_replicated_partitions": 0, "under_min_isr_partitions": 0}
+    for name, topic in metadata.topics.items():
+        for partition in topic.partitions.values():
+            counts["offline_partitions"] += partition.leader < 0
+            counts["under_replicated_partitions"] += len(partition.isrs) < len(partition.replicas)
+            counts["under_min_isr_partitions"] += len(partition.isrs) < min_insync_replicas.get(name, 1)
+    return counts
 
 
 def partition_counts_by_broker(metadata) -> tuple[dict[int, int], dict[int, int]]:
