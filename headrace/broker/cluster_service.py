@@ -170,6 +170,12 @@ class ClusterService:
             raise UnknownLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is "
                                      f"newer than the leader's {leader_epoch}")
 
+    def hosts_replica(self, topic: str, partition: int) -> bool:
+        """Whether this broker is one of the partition's assigned replicas."""
+        cluster_topic = self.metadata.topics.get(topic)
+        return (cluster_topic is not None and 0 <= partition < cluster_topic.partition_count
+                and self.broker_id in cluster_topic.replicas[partition])
+
     # --- FindCoordinator --------------------------------------------------------------------
 
     def group_coordinator(self, group_id: str) -> dict:
