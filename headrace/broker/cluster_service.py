@@ -37,6 +37,7 @@ import logging
 
 from kazoo.exceptions import KazooException
 
+from headrace.broker.replica_fetcher import ReplicaFetcherManager
 from headrace.cluster.controlled_shutdown import ControlledShutdownPolicy, shut_down_controlled
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache, MetadataWatcher
 from headrace.cluster.replica_manager import ReplicaManager
@@ -71,6 +72,8 @@ class ClusterService:
         self.local_logs = state.log_manager
         self.replicas = ReplicaManager(self.broker_id, self.local_logs, self.cache,
                                        state.run_append)
+        self.fetchers = ReplicaFetcherManager(state, self.cache, self.local_logs)
+        self.replicas.fetchers = self.fetchers
         self._creating: dict[str, asyncio.Task] = {}
 
     async def start(self) -> None:
@@ -121,6 +124,7 @@ class ClusterService:
 
     async def stop(self) -> None:
         await self.replicas.stop()
+        await self.fetchers.stop()
         self._watcher.stop()
 
     @property
