@@ -202,6 +202,8 @@ _SERVER_DEFS = (
     _static("replica.fetch.min.bytes", "int", "1"),
     _static("replica.fetch.backoff.ms", "int", "1000"),
     _static("replica.socket.timeout.ms", "int", "30000"),
+    _static("replication.quota.window.num", "int", "11"),
+    _static("replication.quota.window.size.seconds", "int", "1"),
     # Controlled shutdown of a broker in a cluster (headrace.cluster.controlled_shutdown).
     _static("controlled.shutdown.enable", "boolean", "true"),
     _static("controlled.shutdown.max.retries", "int", "3"),

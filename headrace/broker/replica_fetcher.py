@@ -35,9 +35,11 @@ Per partition, as Kafka's fetcher thread:
 * **Errors** (FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, a lost
   connection, ...): the partition (all of them, for a lost connection) waits
   ``replica.fetch.backoff.ms``; a new epoch arrives through the state watch and ``follow``.
-* **Throttling**: a throttled replica (``follower.replication.throttled.replicas``) not in
-  the ISR is left out of the fetch while the follower quota is exceeded; the bytes fetched for
-  throttled replicas are recorded in it (``replication_quota``).
+* **Throttling**: a throttled replica (``follower.replication.throttled.replicas``) that is
+  not in sync (Kafka's ``isReplicaInSync``: it had not caught up with the leader's high
+  watermark at its last fetch) is left out of the fetch while the follower quota is
+  exceeded; the bytes fetched for throttled replicas are recorded in it
+  (``replication_quota``). A throttled partition catching up logs the quota's accounting.
 
 Configs, Kafka's names and defaults: ``replica.fetch.max.bytes`` 1048576,
 ``replica.fetch.response.max.bytes`` 10485760, ``replica.fetch.wait.max.ms`` 500,
@@ -134,7 +136,7 @@ class _PartitionFetch:
     """One followed partition's fetch state (Kafka's ``PartitionFetchState``)."""
 
     __slots__ = ("topic", "partition", "log", "leader_epoch", "truncating", "fetch_offset",
-                 "delayed_until_ms")
+                 "delayed_until_ms", "lag", "was_throttled")
 
     def __init__(self, topic: str, partition: int, log, leader_epoch: int) -> None:
         self.topic, self.partition, self.log = topic, partition, log
@@ -142,6 +144,13 @@ class _PartitionFetch:
         self.truncating = True
         self.fetch_offset = log.log_end_offset
         self.delayed_until_ms = 0
+        self.lag: int | None = None  # the leader's HW - fetch offset, at the last fetch
+        self.was_throttled = False
+
+    @property
+    def in_sync(self) -> bool:
+        """Kafka's ``PartitionFetchState.isReplicaInSync``: caught up at the last fetch."""
+        return self.lag is not None and self.lag <= 0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -313,7 +322,13 @@ class ReplicaFetcher:
         quota = self._manager.follower_quota
         if not quota.is_exceeded(now_ms):
             return states
-        return [s for s in states if not self._manager.throttled(s.topic, s.partition)]
+        unthrottled = []
+        for state in states:
+            if state.in_sync or not self._manager.throttled(state.topic, state.partition):
+                unthrottled.append(state)
+            else:
+                state.was_throttled = True
+        return unthrottled
 
     async def _fetch(self, states: list[_PartitionFetch]) -> None:
         config = self._manager.config
@@ -366,6 +381,19 @@ class ReplicaFetcher:
             return
         if size and manager.throttled(state.topic, state.partition):
             manager.follower_quota.record(size, manager.now_ms())
+        was_in_sync = state.in_sync
+        state.lag = max(0, data.high_watermark - state.fetch_offset)
+        if state.in_sync and not was_in_sync and state.was_throttled:
+            state.was_throttled = False
+            self._log_throttled_catch_up(state)
+
+    def _log_throttled_catch_up(self, state: _PartitionFetch) -> None:
+        quota, now_ms = self._manager.follower_quota, self._manager.now_ms()
+        log.info("broker %d caught up with %s-%d under the follower replication quota: "
+                 "window rate %d bytes/s (bound %d), %d bytes recorded, throttled %d ms",
+                 self._manager.broker_id, state.topic, state.partition,
+                 quota.rate_bytes_per_second(now_ms), quota.bound_bytes_per_second,
+                 quota.recorded_bytes, quota.throttled_ms_at(now_ms))
 
     async def _handle_out_of_range(self, state: _PartitionFetch) -> None:
         """Kafka's ``fetchOffsetAndTruncate``."""
@@ -425,7 +453,10 @@ class ReplicaFetcherManager:
         self._logs = local_logs
         self.broker_id: int = state.node_id
         self.config = ReplicaFetcherConfig.from_broker_config(state.config)
-        self.follower_quota = ReplicationQuota(state.config.get_int(FOLLOWER_THROTTLED_RATE))
+        self.follower_quota = ReplicationQuota(
+            state.config.get_int(FOLLOWER_THROTTLED_RATE),
+            state.config.get_int("replication.quota.window.num"),
+            state.config.get_int("replication.quota.window.size.seconds") * 1000)
         self._fetchers: dict[int, ReplicaFetcher] = {}
         self._followed: dict[tuple[str, int], tuple[int, int]] = {}
 
@@ -440,15 +471,10 @@ class ReplicaFetcherManager:
         return None if broker is None else (broker.host, broker.port)
 
     def throttled(self, topic: str, partition: int) -> bool:
-        """A throttled replica on this follower that is not in the ISR."""
-        metadata = self._cache.current
-        cluster_topic = metadata.topics.get(topic)
-        if cluster_topic is None or not is_throttled(
-                cluster_topic.configs.get(FOLLOWER_THROTTLED_REPLICAS), self.broker_id,
-                partition):
-            return False
-        partition_state = metadata.states.get((topic, partition))
-        return partition_state is None or self.broker_id not in partition_state.isr
+        """Whether ``follower.replication.throttled.replicas`` names this replica."""
+        cluster_topic = self._cache.current.topics.get(topic)
+        return cluster_topic is not None and is_throttled(
+            cluster_topic.configs.get(FOLLOWER_THROTTLED_REPLICAS), self.broker_id, partition)
 
     @property
     def fetchers(self) -> dict[int, ReplicaFetcher]:
@@ -466,11 +492,10 @@ class ReplicaFetcherManager:
                 continue
             try:
                 log_ = self._logs.get_log(*key)
-            except KafkaError as error:
-                log.error("broker %d cannot follow %s-%d: %s", self.broker_id, key[0], key[1],
-                          error)
+                await self.run_append(log_.manage_high_watermark, log_.high_watermark)
+            except Exception:  # this partition only; the next metadata change retries it
+                log.exception("broker %d cannot follow %s-%d", self.broker_id, *key)
                 continue
-            await self.run_append(log_.manage_high_watermark, log_.high_watermark)
             self._fetcher_for(leader_id).add(_PartitionFetch(key[0], key[1], log_, leader_epoch))
             self._followed[key] = (leader_id, leader_epoch)
         for key in changed - set(followed):

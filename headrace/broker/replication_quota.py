@@ -95,6 +95,11 @@ class ReplicationQuota:
             self._exceeded_since_ms = None
         return exceeded
 
+    def throttled_ms_at(self, now_ms: int) -> int:
+        """The time ``is_exceeded`` has answered true, up to ``now_ms``."""
+        ongoing_ms = 0 if self._exceeded_since_ms is None else now_ms - self._exceeded_since_ms
+        return self.throttled_ms + ongoing_ms
+
     def _expire(self, now_ms: int) -> None:
         horizon_ms = now_ms - self._window_count * self._window_size_ms
         while self._samples and self._samples[0][0] + self._window_size_ms <= horizon_ms:
