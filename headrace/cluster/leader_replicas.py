@@ -43,7 +43,7 @@ from headrace.cluster import zookeeper_records as records
 from headrace.cluster.metadata_cache import ClusterMetadata
 from headrace.cluster.partition_leader import PartitionLeader
 from headrace.cluster.zookeeper_records import PartitionState
-from headrace.errors import NotLeaderOrFollower
+from headrace.errors import NotLeaderOrFollower, RequestTimedOut
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,20 @@ class LeaderReplicas:
         leader = self.leaders.get((topic, partition))
         if leader is not None:
             leader.maybe_advance_high_watermark(self._clock.now_ms())
+
+    async def wait_replicated(self, topic: str, partition: int, required_offset: int,
+                              timeout_ms: int) -> int:
+        """After an acks=-1 append of this broker's own (the group coordinator's): the error
+        code once the high watermark passed ``required_offset`` (``PartitionLeader.wait_for``),
+        REQUEST_TIMED_OUT past ``timeout_ms``, NOT_LEADER_OR_FOLLOWER when not leading."""
+        leader = self.leaders.get((topic, partition))
+        if leader is None:
+            return NotLeaderOrFollower.code
+        leader.maybe_advance_high_watermark(self._clock.now_ms())
+        try:
+            return await asyncio.wait_for(leader.wait_for(required_offset), timeout_ms / 1000)
+        except TimeoutError:
+            return RequestTimedOut.code
 
     # --- ISR changes ---------------------------------------------------------------------------
 
