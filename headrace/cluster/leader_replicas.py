@@ -3,9 +3,9 @@
 Owns ``LeaderReplicas``: one ``partition_leader.PartitionLeader`` per partition this broker
 leads and holds a log for (``leaders``, replaced, never mutated), and the work around them:
 
-* becoming leader (a state naming this broker leader in a new leader epoch): the log's leader
-  epoch cache gets ``(epoch, log end offset)`` as Kafka's ``makeLeader`` assigns it, a
-  replicated log's high watermark is managed (``Log.manage_high_watermark`` from its current
+* becoming leader (a state naming this broker leader in a new leader epoch): appends are
+  stamped with the epoch (the log's epoch cache records where it starts at its first
+  append), a replicated log's high watermark is managed (``Log.manage_high_watermark`` from its current
   value: the replication-offset-checkpoint's at load, the follower's when it followed), a
   single-replica log's follows its log end offset; acks=all waits of the previous epoch carry
   over to the new one when this broker stays leader;
@@ -137,7 +137,6 @@ class LeaderReplicas:
                        previous: PartitionLeader | None, now_ms: int) -> PartitionLeader:
         leader = PartitionLeader(self.broker_id, log_, state, version, tuple(replicas),
                                  now_ms, self.lag_time_max_ms)
-        log_.leader_epoch_cache.assign(state.leader_epoch, log_.log_end_offset)
         if leader.replicated:
             log_.manage_high_watermark(log_.high_watermark)
         else:
@@ -173,6 +172,12 @@ class LeaderReplicas:
             raise NotLeaderOrFollower(f"broker {self.broker_id} does not lead "
                                       f"{topic}-{partition}")
         return leader
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The epoch this broker's appends to a partition it leads are stamped with (0 for
+        one it does not lead: those appends are refused by the log's routing anyway)."""
+        leader = self.leaders.get((topic, partition))
+        return leader.leader_epoch if leader is not None else 0
 
     def record_follower_fetch(self, topic: str, partition: int, replica_id: int,
                               fetch_offset: int, log_start_offset: int,
