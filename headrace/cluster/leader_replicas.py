@@ -84,6 +84,17 @@ def write_isr_change(zk, topic: str, partition: int, broker_id: int, state: Part
     return None
 
 
+def _apply_high_watermark_rule(leader: PartitionLeader) -> None:
+    """A replicated partition's high watermark is managed (from its current value: the
+    replication-offset-checkpoint's after a load, the follower's after following), a single
+    replica's follows the log end offset."""
+    log_ = leader.log
+    if leader.replicated and not log_.high_watermark_managed:
+        log_.manage_high_watermark(log_.high_watermark)
+    elif not leader.replicated and log_.high_watermark_managed:
+        log_.follow_log_end_offset()
+
+
 class LeaderReplicas:
     def __init__(self, broker_id: int, zk, clock, lag_time_max_ms: int,
                  run_append: Callable[..., Awaitable],
@@ -129,6 +140,7 @@ class LeaderReplicas:
                 continue
             if tuple(replicas) != current.replicas:
                 current.update_replicas(tuple(replicas), now_ms)
+                _apply_high_watermark_rule(current)
             if current.update_state(state, version):
                 self._after_isr_change(current)
         self.leaders = MappingProxyType(leaders)
@@ -137,10 +149,7 @@ class LeaderReplicas:
                        previous: PartitionLeader | None, now_ms: int) -> PartitionLeader:
         leader = PartitionLeader(self.broker_id, log_, state, version, tuple(replicas),
                                  now_ms, self.lag_time_max_ms)
-        if leader.replicated:
-            log_.manage_high_watermark(log_.high_watermark)
-        else:
-            log_.follow_log_end_offset()
+        _apply_high_watermark_rule(leader)
         key = (leader.topic, leader.partition)
         leader.high_watermark_listeners.append(lambda: self._notify_fetches(key))
         if previous is not None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct
 
 from headrace.broker.context import RawResponse
-from headrace.errors import KafkaError, UnsupportedVersion
+from headrace.errors import KafkaError, OffsetNotAvailable, UnsupportedVersion
 
 API_KEY = 2
 MIN_VERSION = 0
@@ -48,6 +48,7 @@ FIRST_VERSION_BY_SPECIAL_TIMESTAMP = {EARLIEST_TIMESTAMP: 1, LATEST_TIMESTAMP: 1
                                       MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8,
                                       LATEST_TIERED_TIMESTAMP: 9}
 CONSUMER_REPLICA_ID = -1
+NO_LEADER_EPOCH = -1
 FIRST_ISOLATION_VERSION = 2
 READ_COMMITTED = 1
 _INT16, _INT32, _INT64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
@@ -70,8 +71,11 @@ def _partition(broker, topic: str, partition, version: int, read_committed: bool
                     "leader_epoch": -1}
         if wanted == EARLIEST_LOCAL_TIMESTAMP:  # every segment is local
             wanted = EARLIEST_TIMESTAMP
-        found = _offset_for(log, wanted, _last_fetchable_offset(log, read_committed,
-                                                                from_replica))
+        last_fetchable_offset = _last_fetchable_offset(log, read_committed, from_replica)
+        found = _offset_for(log, wanted, last_fetchable_offset)
+        leader_epoch = 0
+        if broker.cluster is not None:
+            leader_epoch = _leader_epoch_of(broker.cluster, log, wanted, found, from_replica)
     except KafkaError as error:
         return {"partition_index": index, "error_code": error.code, "timestamp": -1,
                 "offset": -1, "leader_epoch": -1}
@@ -82,7 +86,34 @@ def _partition(broker, topic: str, partition, version: int, read_committed: bool
     if wanted in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
         timestamp = -1
     return {"partition_index": index, "error_code": 0, "timestamp": timestamp,
-            "offset": offset, "leader_epoch": 0}
+            "offset": offset, "leader_epoch": leader_epoch}
+
+
+def _leader_epoch_of(cluster, log, wanted: int, found, from_replica: bool) -> int:
+    """The leader epoch answered with ``found`` in a cluster, as Kafka's: the leader's for
+    latest, else the epoch of the batch holding the offset (the log's epoch cache; -1 when
+    unknown). A new leader whose high watermark has not reached the start of its epoch
+    answers a client OFFSET_NOT_AVAILABLE for latest (KIP-207,
+    ``Partition.fetchOffsetForTimestamp``)."""
+    leader = cluster.leader_replicas.leaders.get((log.topic, log.partition))
+    if leader is None:
+        return NO_LEADER_EPOCH
+    lagging = not from_replica and leader.epoch_start_offset > log.high_watermark
+    if wanted == LATEST_TIMESTAMP:
+        if lagging:
+            raise OffsetNotAvailable(
+                f"{log.topic}-{log.partition}: the high watermark {log.high_watermark} is "
+                f"behind the start offset {leader.epoch_start_offset} of leader epoch "
+                f"{leader.leader_epoch}")
+        return leader.leader_epoch
+    if found is None:
+        return NO_LEADER_EPOCH
+    epoch = NO_LEADER_EPOCH
+    for entry in log.leader_epoch_cache.entries():
+        if entry.start_offset > found[0]:
+            break
+        epoch = entry.epoch
+    return epoch
 
 
 def _last_fetchable_offset(log, read_committed: bool, from_replica: bool) -> int:
