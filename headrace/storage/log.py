@@ -89,10 +89,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from headrace.errors import (
+    CorruptMessage,
     FencedLeaderEpoch,
     KafkaStorageError,
     OffsetOutOfRange,
     OutOfOrderSequenceNumber,
+    UnknownServerError,
 )
 from headrace.protocol.batch import (
     ATTRIBUTES_OFFSET,
@@ -103,11 +105,13 @@ from headrace.protocol.batch import (
     MAX_TIMESTAMP_OFFSET,
     TIMESTAMP_TYPE_BIT,
     BatchHeader,
+    crc_is_valid,
     parse_header,
     set_log_append_time,
     set_max_timestamp,
 )
-from headrace.protocol.control_records import build_end_txn_marker_batch
+from headrace.protocol.control_records import build_end_txn_marker_batch, marker_of_batch
+from headrace.protocol.kernel import whole_batches_bytes
 from headrace.storage.checkpoint import CheckpointCorrupt
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import FileSystem, RealFileSystem
@@ -146,6 +150,17 @@ __all__ = [
     "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "AppendResult", "CleaningAborted",
     "FileSlice", "Log", "ReadResult",
 ]
+
+
+class UnexpectedAppendOffset(UnknownServerError):
+    """A follower's batches do not start at its log end offset (Kafka's
+    ``UnexpectedAppendOffsetException``): the fetch raced a truncation, or the leader's log
+    diverged. Nothing was written."""
+
+    def __init__(self, message: str, first_offset: int, log_end_offset: int) -> None:
+        super().__init__(message)
+        self.first_offset = first_offset
+        self.log_end_offset = log_end_offset
 
 
 class AppendResult(NamedTuple):
@@ -399,6 +414,141 @@ class Log:
         for listener in self._listeners:
             listener(result.last_offset + 1)
         return result
+
+    # ---- a follower's appends and truncations ---------------------------------------------
+
+    def append_as_follower(self, records: bytes | bytearray | memoryview, now_ms: int
+                           ) -> AppendResult:
+        """Append whole v2 batches copied from the leader with their offsets, epochs and
+        timestamps as they are (Kafka's ``appendAsFollower``): CRC and structure checked, no
+        client rules, no recompression; a trailing partial batch (a fetch cut short) is
+        ignored. The first batch must start at the log end offset (UnexpectedAppendOffset,
+        nothing written; on a compacted log it may start later: the cleaner removed the
+        offsets between), and each next batch after the one before. The leader-epoch cache
+        takes each batch's partitionLeaderEpoch (before the write) and producer state
+        replays the batches exactly as recovery does, so a follower that becomes leader
+        keeps idempotence and transactions (aborted ones enter the txn index)."""
+        view = memoryview(records).toreadonly()
+        whole_bytes = whole_batches_bytes(view)
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            local = self._local
+            log_end_offset = local.view.log_end_offset
+            if whole_bytes == 0:
+                return _new_append_result((log_end_offset, log_end_offset - 1, -1,
+                                           local.view.log_start_offset, False))
+            data = view[:whole_bytes]
+            headers = self._follower_batches(data, log_end_offset)
+            for _, header in headers:
+                if header.partition_leader_epoch >= 0:
+                    self.leader_epoch_cache.assign(header.partition_leader_epoch,
+                                                   header.base_offset)
+            self._append_epoch = self.leader_epoch_cache.latest_epoch()
+            entries = [(h.size_bytes, h.last_offset, h.max_timestamp, p) for p, h in headers]
+            last_offset = headers[-1][1].last_offset
+            active = self._active_segment_for(whole_bytes, last_offset,
+                                              max(entry[2] for entry in entries), now_ms)
+            active.append(data, entries, now_ms)
+            self._replay_follower_batches(data, headers)
+            if last_offset + 1 - local.recovery_point >= self.config.flush_messages:
+                local.flush(now_ms, last_offset + 1)
+            local.view = local.view.with_tail(last_offset + 1, active.size_bytes)
+            self._single_batch_window = None
+            result = _new_append_result((headers[0][1].base_offset, last_offset, -1,
+                                         local.view.log_start_offset, False))
+        for listener in self._listeners:
+            listener(last_offset + 1)
+        return result
+
+    def _follower_batches(self, data: memoryview, log_end_offset: int
+                          ) -> list[tuple[int, BatchHeader]]:
+        """(position, header) of each whole batch of ``data``, checked: magic 2, CRC-32C,
+        offsets starting at ``log_end_offset`` (later on a compacted log) and increasing."""
+        headers, position, expected = [], 0, log_end_offset
+        while position < len(data):
+            header = parse_header(data, position)
+            end = position + header.size_bytes
+            if not crc_is_valid(data, position, header):
+                raise CorruptMessage(f"{self.topic}-{self.partition}: replicated batch at "
+                                     f"offset {header.base_offset} fails its CRC")
+            gap_allowed = self.config.compact_enabled
+            if header.base_offset < expected or (header.base_offset > expected
+                                                 and not gap_allowed):
+                raise UnexpectedAppendOffset(
+                    f"{self.topic}-{self.partition}: replicated batch starts at offset "
+                    f"{header.base_offset}, expected {expected}", header.base_offset,
+                    log_end_offset)
+            headers.append((position, header))
+            expected, position = header.next_offset, end
+        return headers
+
+    def _replay_follower_batches(self, data: memoryview, headers: list[tuple[int, BatchHeader]]
+                                 ) -> None:
+        """Producer state from copied batches, as recovery replays them."""
+        state = self.producer_state
+        for position, header in headers:
+            if header.producer_id < 0:
+                continue
+            marker = None
+            if header.is_control:
+                found = marker_of_batch(data[position : position + header.size_bytes])
+                marker = None if found is None else (found.commit, found.coordinator_epoch)
+            completed = state.replay(header, marker)
+            if completed is not None:
+                self._record_completed_txn(completed)
+
+    def truncate_to(self, offset: int, now_ms: int = 0) -> bool:
+        """Drop every record at or above ``offset`` (a follower truncating to where its
+        log and the leader's agree; Kafka's ``UnifiedLog.truncateTo``): segments, indexes,
+        aborted-transaction entries; producer state rebuilt from the newest snapshot at or
+        below the new end (later snapshots deleted); leader-epoch entries from the new end
+        removed; a managed high watermark lowered to it. No-op (False) when ``offset`` >=
+        the log end; below the log start, the log is emptied and restarts at ``offset``.
+        ``now_ms`` dates the retired segments' deletion."""
+        if offset < 0:
+            raise ValueError(f"cannot truncate {self.topic}-{self.partition} to {offset}")
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            local = self._local
+            if offset >= local.view.log_end_offset:
+                return False
+            if offset < local.view.log_start_offset:
+                self._truncate_fully_locked(offset, now_ms)
+                return True
+            self._single_batch_window = None
+            log_end_offset = local.truncate_to(offset, now_ms)
+            self.producer_state.remove_snapshots(above_offset=log_end_offset)
+            rebuild_producer_state(self.producer_state, local.segments, log_end_offset,
+                                   log_end_offset)
+            self.leader_epoch_cache.truncate_from_end(log_end_offset)
+            self._append_epoch = self.leader_epoch_cache.latest_epoch()
+            self._lower_high_watermark_locked(log_end_offset)
+        return True
+
+    def truncate_fully_and_start_at(self, offset: int, now_ms: int = 0) -> None:
+        """Empty the log and restart it at ``offset`` (a follower whose fetch offset fell
+        below the leader's log start; Kafka's ``truncateFullyAndStartAt``): every segment
+        retired, producer state and its snapshots cleared, the leader-epoch cache emptied,
+        log start = log end = ``offset``, a managed high watermark set to it."""
+        if offset < 0:
+            raise ValueError(f"cannot restart {self.topic}-{self.partition} at {offset}")
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            self._truncate_fully_locked(offset, now_ms)
+
+    def _truncate_fully_locked(self, offset: int, now_ms: int) -> None:
+        self._single_batch_window = None
+        self._local.truncate_fully_and_start_at(offset, now_ms)
+        self.producer_state.remove_snapshots(above_offset=-1)
+        self.producer_state.load_latest_snapshot(-1)  # no snapshot left: empty state
+        self.leader_epoch_cache.clear()
+        self._append_epoch = None
+        with self._hw_lock:
+            if self._managed_high_watermark is not None:
+                self._managed_high_watermark = offset
 
     def _record_completed_txn(self, completed: CompletedTxn) -> None:
         """An aborted transaction goes into the aborted-transaction index of the segment
@@ -708,9 +858,55 @@ class Log:
 
     def read(self, offset: int, max_bytes: int, min_one_batch: bool = True,
              max_offset: int | None = None) -> ReadResult:
-        """Whole batches from ``offset``; with ``max_offset`` (read_committed: the last
-        stable offset) none at or after it."""
-        return self._local.read(offset, max_bytes, min_one_batch, max_offset)
+        """Whole batches from ``offset``; with ``max_offset`` none whose base offset is at
+        or after it, nor the batch holding it (a consumer: the high watermark; read_committed:
+        the last stable offset; a follower: None, up to the log end). The result's
+        ``high_watermark`` is the log's (``high_watermark``)."""
+        return self._local.read(offset, max_bytes, min_one_batch, max_offset,
+                                self._managed_high_watermark)
+
+    # ---- the high watermark under replication --------------------------------------------
+
+    def manage_high_watermark(self, initial: int) -> None:
+        """From now on the high watermark is explicit (replication decides it), starting
+        at ``initial`` clamped to [log start, log end] (a checkpointed value, or the log
+        end). Safe from any thread."""
+        with self._hw_lock:
+            view = self._local.view
+            self._managed_high_watermark = min(max(initial, view.log_start_offset),
+                                               view.log_end_offset)
+
+    def update_high_watermark(self, offset: int) -> bool:
+        """Move the managed high watermark forward to ``offset`` clamped to [log start, log
+        end]; never backwards. Returns whether it moved. Safe from any thread; never waits
+        for an append. Raises ValueError when the high watermark is not managed."""
+        with self._hw_lock:
+            current = self._managed_high_watermark
+            if current is None:
+                raise ValueError(f"{self.topic}-{self.partition}: high watermark not managed")
+            view = self._local.view
+            target = min(max(offset, view.log_start_offset), view.log_end_offset)
+            if target <= current:
+                return False
+            self._managed_high_watermark = target
+            return True
+
+    def follow_log_end_offset(self) -> None:
+        """Back to the single-node behaviour: the high watermark is the log end offset."""
+        with self._hw_lock:
+            self._managed_high_watermark = None
+
+    @property
+    def high_watermark_managed(self) -> bool:
+        return self._managed_high_watermark is not None
+
+    def _lower_high_watermark_locked(self, offset: int) -> None:
+        """Truncation: a managed high watermark above ``offset`` comes down to it (held:
+        the log's lock; taken here: the high-watermark lock)."""
+        with self._hw_lock:
+            managed = self._managed_high_watermark
+            if managed is not None and managed > offset:
+                self._managed_high_watermark = offset
 
     def collect_aborted_transactions(self, start_offset: int, upper_bound_offset: int
                                      ) -> list[AbortedTxn]:
@@ -728,9 +924,10 @@ class Log:
         with self._lock:
             local = self._local
             view = local.view
-            if offset < 0 or offset > view.log_end_offset:
+            high_watermark = self.high_watermark
+            if offset < 0 or offset > high_watermark:
                 raise OffsetOutOfRange(f"cannot delete records before {offset}: high watermark "
-                                       f"is {view.log_end_offset}")
+                                       f"is {high_watermark}")
             if offset > view.log_start_offset:
                 local.publish_log_start(offset)
                 self.leader_epoch_cache.truncate_from_start(offset)
