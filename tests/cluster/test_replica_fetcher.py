@@ -59,6 +59,8 @@ class Cluster:
                 "controlled.shutdown.max.retries": "1",
                 "controlled.shutdown.retry.backoff.ms": "100",
                 "transaction.partition.verification.enable": "false",
+                # the divergence test elects a replica the controller dropped from the ISR
+                "unclean.leader.election.enable": "true",
             })
 
     @property
@@ -109,7 +111,9 @@ class Cluster:
 
     def create_topic(self, replicas: list[int], **configs: str) -> str:
         name = f"repl-{uuid.uuid4().hex[:10]}"
-        answer = self.request(replicas[0], CREATE_TOPICS, 7, {
+        controller = wait_until(lambda: self.controller() in BROKER_IDS and self.controller(),
+                                "a controller")
+        answer = self.request(controller, CREATE_TOPICS, 7, {
             "timeout": 30000, "validate_only": False, "topics": [{
                 "name": name, "num_partitions": -1, "replication_factor": -1,
                 "assignments": [{"partition_index": 0, "broker_ids": replicas}],
@@ -147,11 +151,17 @@ class Cluster:
                     [(b"k", v, [], now_ms) for v in batch_values], producer_id=producer_id,
                     producer_epoch=0 if producer_id >= 0 else -1, base_sequence=base_sequence,
                     transactional=producer_id >= 0)
-                answer = client.request(PRODUCE, 9, {
+                request = {
                     "transactional_id": f"txn-{topic}" if producer_id >= 0 else None,
                     "acks": acks, "timeout": 30000, "topic_data": [
-                        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
-                assert answer.responses[0].partition_responses[0].error_code == 0
+                        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
+                assert _produce_error(client, request) == 0
+
+    def controller(self) -> int:
+        answer = self.request(BROKER_IDS[0], METADATA, 12, {
+            "topics": [], "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False})
+        return answer.controller_id
 
     def high_watermark(self, broker_id: int, topic: str) -> int:
         answer = self.request(broker_id, LIST_OFFSETS, 7, {
@@ -211,6 +221,29 @@ def consume(consumer: Consumer, count: int) -> list:
     return messages
 
 
+def _produce_error(client: RawClient, request: dict) -> int:
+    """The partition's error code; NOT_LEADER_OR_FOLLOWER, which a new leader answers until
+    it serves the partition, is retried as clients retry it (bounded)."""
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while True:
+        answer = client.request(PRODUCE, 9, request)
+        error = answer.responses[0].partition_responses[0].error_code
+        if error != NOT_LEADER_OR_FOLLOWER or time.monotonic() > deadline:
+            return error
+        time.sleep(cluster_helpers.POLL_INTERVAL_S)
+
+
+def new_producer_id(cluster: Cluster, broker_id: int, taken: set[int]) -> int:
+    """A producer id not in ``taken`` (ids are not allocated cluster-wide yet)."""
+    for _ in range(len(taken) + 1):
+        producer_id = cluster.request(broker_id, INIT_PRODUCER_ID, 4, {
+            "transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
+            "producer_epoch": -1}).producer_id
+        if producer_id not in taken:
+            return producer_id
+    raise AssertionError(f"broker {broker_id} allocated only producer ids in {taken}")
+
+
 def values_at(log: bytes) -> dict[int, bytes]:
     return {record.offset: record.value for record in iter_records(log)}
 
@@ -227,9 +260,8 @@ def test_followers_copy_the_leaders_log_byte_for_byte(cluster):
     assert idempotent.flush(WAIT_TIMEOUT_S) == 0
     # Transactions are not coordinated in a cluster yet: a transaction's batches and markers
     # are written to the leader as a producer and its coordinator would write them.
-    producer_id = cluster.request(1, INIT_PRODUCER_ID, 4, {
-        "transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
-        "producer_epoch": -1}).producer_id
+    producer_id = new_producer_id(
+        cluster, 1, {h.producer_id for _, h in iter_headers(cluster.log_bytes(1, topic))})
     for sequence, commit in ((0, True), (20, False)):
         values = [b"txn-%d-%d" % (commit, n) for n in range(20)]
         cluster.produce(1, topic, [values], acks=-1, producer_id=producer_id,
@@ -273,6 +305,7 @@ def test_a_diverged_follower_truncates_by_epoch_not_to_its_high_watermark(cluste
     cluster.produce(1, topic, [b"both-%d" % n for n in range(10)])
     cluster.wait_for_identical_logs(topic, (1, 2))
     cluster.brokers[2].kill()
+    wait_until(lambda: 2 not in cluster.live_brokers(3), "broker 2's session to expire")
     cluster.produce(1, topic, [b"old-epoch-%d" % n for n in range(10)])
     wait_until(lambda: cluster.high_watermark(1, topic) == 20, "broker 1's HW to reach 20")
     consumer, client_log = librdkafka_consumer(cluster, topic)
