@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -78,8 +77,6 @@ FOLLOWER_THROTTLED_RATE = "follower.replication.throttled.rate"
 # a fetch response may exceed replica.fetch.response.max.bytes by one batch (KIP-74).
 MAX_BATCH_BYTES = 100 * 1024 * 1024
 ERROR_LOG_INTERVAL_MS = 5000
-_BATCH_LENGTH = struct.Struct(">i")
-LOG_OVERHEAD_BYTES = 12  # base offset + batch length, outside batch_length
 _errors = RateLimitedLog(log, ERROR_LOG_INTERVAL_MS)
 
 
@@ -100,19 +97,6 @@ class ReplicaFetcherConfig:
                    config.get_int("replica.fetch.min.bytes"),
                    config.get_int("replica.fetch.backoff.ms"),
                    config.get_int("replica.socket.timeout.ms"))
-
-
-def whole_batches_bytes(records: bytes) -> int:
-    """The length of the prefix of ``records`` made of whole batches (a leader may end a
-    response with part of one, which a follower leaves for its next fetch)."""
-    position, size = 0, len(records)
-    while position + LOG_OVERHEAD_BYTES <= size:
-        (batch_length,) = _BATCH_LENGTH.unpack_from(records, position + 8)
-        end = position + LOG_OVERHEAD_BYTES + batch_length
-        if batch_length <= 0 or end > size:
-            break
-        position = end
-    return position
 
 
 def truncation_offset(log_end_offset: int, high_watermark: int, leader_epoch: int,
@@ -136,7 +120,7 @@ class _PartitionFetch:
     """One followed partition's fetch state (Kafka's ``PartitionFetchState``)."""
 
     __slots__ = ("topic", "partition", "log", "leader_epoch", "truncating", "fetch_offset",
-                 "delayed_until_ms", "lag", "was_throttled")
+                 "delayed_until_ms", "lag")
 
     def __init__(self, topic: str, partition: int, log, leader_epoch: int) -> None:
         self.topic, self.partition, self.log = topic, partition, log
@@ -145,7 +129,6 @@ class _PartitionFetch:
         self.fetch_offset = log.log_end_offset
         self.delayed_until_ms = 0
         self.lag: int | None = None  # the leader's HW - fetch offset, at the last fetch
-        self.was_throttled = False
 
     @property
     def in_sync(self) -> bool:
@@ -306,7 +289,8 @@ class ReplicaFetcher:
             log.info("broker %d truncating %s-%d from %d to %d (leader %d, epoch %d)",
                      self._manager.broker_id, state.topic, state.partition,
                      log_.log_end_offset, offset, self.leader_id, state.leader_epoch)
-            await self._manager.run_append(log_.truncate_to, offset)
+            await self._manager.run_append(log_.truncate_to, offset,
+                                           self._manager.wall_clock_ms())
         state.fetch_offset = log_.log_end_offset
         state.truncating = not complete
 
@@ -322,13 +306,8 @@ class ReplicaFetcher:
         quota = self._manager.follower_quota
         if not quota.is_exceeded(now_ms):
             return states
-        unthrottled = []
-        for state in states:
-            if state.in_sync or not self._manager.throttled(state.topic, state.partition):
-                unthrottled.append(state)
-            else:
-                state.was_throttled = True
-        return unthrottled
+        return [s for s in states
+                if s.in_sync or not self._manager.throttled(s.topic, s.partition)]
 
     async def _fetch(self, states: list[_PartitionFetch]) -> None:
         config = self._manager.config
@@ -367,12 +346,12 @@ class ReplicaFetcher:
             self._partition_error(state, "Fetch", data.error_code)
             return
         records = data.records or b""
-        size = whole_batches_bytes(records)
+        size = len(records)
         manager = self._manager
         try:
             state.fetch_offset = await manager.run_append(
-                append_fetched, state.log, memoryview(records)[:size], data.high_watermark,
-                data.log_start_offset, manager.now_ms())
+                append_fetched, state.log, records, data.high_watermark,
+                data.log_start_offset, manager.wall_clock_ms())
         except KafkaError as error:
             _errors.event(logging.ERROR, "broker %d: appending %d bytes fetched from leader %d "
                           "to %s-%d failed: %s", manager.broker_id, size, self.leader_id,
@@ -383,8 +362,8 @@ class ReplicaFetcher:
             manager.follower_quota.record(size, manager.now_ms())
         was_in_sync = state.in_sync
         state.lag = max(0, data.high_watermark - state.fetch_offset)
-        if state.in_sync and not was_in_sync and state.was_throttled:
-            state.was_throttled = False
+        if state.in_sync and not was_in_sync and manager.throttled(state.topic,
+                                                                   state.partition):
             self._log_throttled_catch_up(state)
 
     def _log_throttled_catch_up(self, state: _PartitionFetch) -> None:
@@ -405,7 +384,8 @@ class ReplicaFetcher:
             log.warning("broker %d: %s-%d ends at %d, past leader %d's end %d: truncating",
                         self._manager.broker_id, state.topic, state.partition,
                         log_.log_end_offset, self.leader_id, leader_end)
-            await self._manager.run_append(log_.truncate_to, leader_end)
+            await self._manager.run_append(log_.truncate_to, leader_end,
+                                           self._manager.wall_clock_ms())
         else:
             leader_start = await self._leader_offset(state, EARLIEST_TIMESTAMP)
             if leader_start is None:
@@ -414,7 +394,8 @@ class ReplicaFetcher:
                 log.warning("broker %d: %s-%d ends at %d, below leader %d's start %d: "
                             "restarting the log there", self._manager.broker_id, state.topic,
                             state.partition, log_.log_end_offset, self.leader_id, leader_start)
-                await self._manager.run_append(log_.truncate_fully_and_start_at, leader_start)
+                await self._manager.run_append(log_.truncate_fully_and_start_at, leader_start,
+                                               self._manager.wall_clock_ms())
         state.fetch_offset = log_.log_end_offset
 
     async def _leader_offset(self, state: _PartitionFetch, timestamp: int) -> int | None:
@@ -430,11 +411,12 @@ class ReplicaFetcher:
         return answer.offset
 
 
-def append_fetched(log, records: memoryview, leader_high_watermark: int,
+def append_fetched(log, records: bytes, leader_high_watermark: int,
                    leader_log_start_offset: int, now_ms: int) -> int:
-    """On the append thread: append whole fetched batches as a follower, then move the high
-    watermark to min(leader's, log end) and the log start offset up to the leader's (never
-    past the high watermark). Returns the new log end offset."""
+    """On the append thread: append fetched batches as a follower (a trailing partial batch
+    is left for the next fetch), then move the high watermark to min(leader's, log end) and
+    the log start offset up to the leader's (never past the high watermark). Returns the new
+    log end offset."""
     if len(records):
         log.append_as_follower(records, now_ms)
     log.update_high_watermark(min(leader_high_watermark, log.log_end_offset))
@@ -461,7 +443,12 @@ class ReplicaFetcherManager:
         self._followed: dict[tuple[str, int], tuple[int, int]] = {}
 
     def now_ms(self) -> int:
+        """Monotonic: backoffs and the quota's windows."""
         return self._state.clock.monotonic_ms()
+
+    def wall_clock_ms(self) -> int:
+        """Wall time, for the log (segment roll and retention times)."""
+        return self._state.clock.now_ms()
 
     async def run_append(self, function, *args):
         return await self._state.run_append(function, *args)
@@ -492,7 +479,7 @@ class ReplicaFetcherManager:
                 continue
             try:
                 log_ = self._logs.get_log(*key)
-                await self.run_append(log_.manage_high_watermark, log_.high_watermark)
+                await self.run_append(self._manage_high_watermark, key, log_)
             except Exception:  # this partition only; the next metadata change retries it
                 log.exception("broker %d cannot follow %s-%d", self.broker_id, *key)
                 continue
@@ -502,6 +489,12 @@ class ReplicaFetcherManager:
             self._followed.pop(key, None)
         for leader_id in [i for i, f in self._fetchers.items() if not f.partitions]:
             await self._fetchers.pop(leader_id).stop()
+
+    def _manage_high_watermark(self, key: tuple[str, int], log_) -> None:
+        """A follower's high watermark is the leader's: from the checkpoint at start-up
+        (Kafka's ``initialHighWatermark``) unless already managed (it led until now)."""
+        if not log_.high_watermark_managed:
+            log_.manage_high_watermark(self._logs.initial_high_watermark(*key))
 
     def _fetcher_for(self, leader_id: int) -> ReplicaFetcher:
         fetcher = self._fetchers.get(leader_id)
