@@ -519,7 +519,7 @@ class Log:
                 return True
             self._single_batch_window = None
             log_end_offset = local.truncate_to(offset, now_ms)
-            self.producer_state.remove_snapshots(above_offset=log_end_offset)
+            # from the newest snapshot at or below the new end; later ones deleted
             rebuild_producer_state(self.producer_state, local.segments, log_end_offset,
                                    log_end_offset)
             self.leader_epoch_cache.truncate_from_end(log_end_offset)

@@ -274,3 +274,12 @@ def test_epochs_and_producer_state_match_the_log_after_crashes(scratch):
         assert log.leader_epoch_cache.entries() == _epochs_of_batches(log)
         assert log.producer_state.encode() == _replayed_producers(log)
         log.close()
+
+
+def test_retention_moves_the_first_entry_to_the_new_log_start(scratch):
+    log = open_log(scratch, segment_bytes=200, retention_bytes=250)
+    for epoch in (1, 1, 1, 2, 2, 2, 3, 3):
+        log.append(build_batch([b"v" * 40]), NOW_MS, leader_epoch=epoch)
+    assert log.delete_old_segments(NOW_MS) > 0 and log.log_start_offset > 3
+    assert log.leader_epoch_cache.entries()[0] == (2, log.log_start_offset)
+    log.close()

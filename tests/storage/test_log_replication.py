@@ -179,9 +179,10 @@ def test_a_compacted_follower_takes_the_gaps_the_leaders_cleaner_left(scratch):
 
 def test_truncate_to_mid_segment_and_across_segments(scratch):
     leader = _leader_with_history(scratch)
-    follower = open_log(scratch / "follower", segment_bytes=200)
+    follower = open_log(scratch / "follower", segment_bytes=200, index_interval_bytes=1)
     _copy(leader, follower, batch_by_batch=True)
     assert len(follower.segments) >= 3
+    assert all(segment.offset_index.entries for segment in follower.segments)
     expected = [(offset, batch) for offset, batch in read_all(leader) if offset < 6]
     follower.manage_high_watermark(15)
     assert follower.truncate_to(6, NOW_MS)  # drops the abort marker at 6 and everything after
@@ -239,3 +240,26 @@ def test_truncate_fully_and_start_at_restarts_an_empty_log(scratch):
     log.append(_plain(2), NOW_MS, leader_epoch=5)
     assert _offsets(log) == [50]
     log.close()
+
+
+def test_a_segment_truncated_mid_way_keeps_only_what_lies_below(scratch):
+    """``LogSegment.truncate_to`` on its own: file, offset and time index entries and the
+    aborted-transaction entries of the dropped batches go."""
+    log = open_log(scratch, index_interval_bytes=1)
+    log.append(_idempotent(0, transactional=True), NOW_MS)
+    log.append_transaction_marker(PRODUCER_ID, PRODUCER_EPOCH, False, 0, NOW_MS)  # at 2
+    log.append(_idempotent(2, transactional=True), NOW_MS)
+    log.append_transaction_marker(PRODUCER_ID, PRODUCER_EPOCH, False, 0, NOW_MS)  # at 5
+    log.append(_plain(2), NOW_MS)
+    segment = log.segments[-1]
+    assert [entry.last_offset for entry in segment.txn_index.entries] == [2, 5]
+    positions = {header.base_offset: position for position, header in segment.iter_batches()}
+    assert list(segment.offset_index.positions) == [positions[2], positions[3], positions[5],
+                                                    positions[6]]
+    size_before = segment.size_bytes
+    assert segment.truncate_to(4) == size_before - positions[3]  # the bytes removed
+    assert segment.size_bytes == positions[3]
+    assert [entry.last_offset for entry in segment.txn_index.entries] == [2]
+    assert list(segment.offset_index.positions) == [positions[2]]  # none past the cut
+    assert segment.truncate_to(10) == 0
+    log.close_without_flush()
