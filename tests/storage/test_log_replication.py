@@ -9,7 +9,9 @@ import pytest
 
 from headrace.errors import CorruptMessage, OffsetOutOfRange
 from headrace.protocol.records import build_batch
-from headrace.storage.log import UnexpectedAppendOffset
+from headrace.storage.config import LogConfig
+from headrace.storage.fs import RealFileSystem
+from headrace.storage.log import Log, UnexpectedAppendOffset
 from tests.record_reading import iter_headers
 from tests.storage.helpers import NOW_MS, assert_indexes_match_scan, open_log, read_all, reopen
 
@@ -263,3 +265,26 @@ def test_a_segment_truncated_mid_way_keeps_only_what_lies_below(scratch):
     assert list(segment.offset_index.positions) == [positions[2]]  # none past the cut
     assert segment.truncate_to(10) == 0
     log.close_without_flush()
+
+
+class SyncCountingFileSystem(RealFileSystem):
+    def __init__(self) -> None:
+        self.fsyncs = 0
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+def test_flush_up_to_syncs_only_what_is_not_yet_durable(scratch):
+    fs = SyncCountingFileSystem()
+    log = Log("t", 0, scratch / "t-0", LogConfig(), fs, NOW_MS, clean_shutdown=True)
+    log.append(_plain(3), NOW_MS)
+    log.append(_plain(2), NOW_MS)
+    assert log.recovery_point == 0
+    before = fs.fsyncs
+    assert log.flush_up_to(3) == 5 and log.recovery_point == 5
+    assert fs.fsyncs > before
+    synced = fs.fsyncs
+    assert log.flush_up_to(5) == 5 and fs.fsyncs == synced  # already durable: no fsync
+    log.close()
