@@ -141,11 +141,18 @@ def test_a_follower_turned_leader_recognises_an_idempotent_retry(scratch):
     leader.close()
 
 
-def test_a_follower_refuses_a_gap_an_overlap_and_a_bad_crc(scratch):
+def _three_leader_batches(scratch) -> list[tuple[int, bytes]]:
+    """(offset, bytes) of three two-record batches a leader of epoch 1 wrote."""
     leader = open_log(scratch / "leader")
     for _ in range(3):
         leader.append(_plain(2), NOW_MS, leader_epoch=1)
     batches = read_all(leader)
+    leader.close()
+    return batches
+
+
+def test_a_follower_refuses_a_gap_an_overlap_and_a_bad_crc(scratch):
+    batches = _three_leader_batches(scratch)
     follower = open_log(scratch / "follower")
     with pytest.raises(UnexpectedAppendOffset):
         follower.append_as_follower(batches[1][1], NOW_MS)  # offsets 2..3 onto an empty log
@@ -162,19 +169,14 @@ def test_a_follower_refuses_a_gap_an_overlap_and_a_bad_crc(scratch):
     follower.append_as_follower(batches[1][1] + batches[2][1][:30], NOW_MS)  # partial tail
     assert _offsets(follower) == [0, 2] and follower.log_end_offset == 4
     follower.close()
-    leader.close()
 
 
 def test_a_compacted_follower_takes_the_gaps_the_leaders_cleaner_left(scratch):
-    leader = open_log(scratch / "leader")
-    for _ in range(3):
-        leader.append(_plain(2), NOW_MS, leader_epoch=1)
-    batches = read_all(leader)
+    batches = _three_leader_batches(scratch)
     follower = open_log(scratch / "follower", cleanup_policy="compact")
     follower.append_as_follower(batches[0][1] + batches[2][1], NOW_MS)
     assert _offsets(follower) == [0, 4] and follower.log_end_offset == 6
     follower.close()
-    leader.close()
 
 
 # ---- truncation -------------------------------------------------------------------------
