@@ -255,6 +255,8 @@ class Log:
         self.leader_epoch_cache = self._load_leader_epoch_cache()
         # The epoch of the latest entry: an append of another epoch begins a new entry.
         self._append_epoch = self.leader_epoch_cache.latest_epoch()
+        # What appends without an explicit leader_epoch stamp (``set_leader_epoch``).
+        self._leader_epoch = 0
         # None: the high watermark is the log end offset (single node); else the explicit one
         # replication manages (``manage_high_watermark``). Changed under ``_hw_lock``.
         self._managed_high_watermark: int | None = None
@@ -355,14 +357,15 @@ class Log:
     # ---- appending -----------------------------------------------------------------------
 
     def append(self, records: bytes | bytearray | memoryview, now_ms: int,
-               from_client: bool = False, leader_epoch: int = 0) -> AppendResult:
+               from_client: bool = False, leader_epoch: int | None = None) -> AppendResult:
         """Validate, assign offsets to and write one or more whole v2 batches; a topic whose
         compression.type names a codec gets batches of other codecs recompressed first.
         ``records`` (any contiguous buffer) is only read: the single-batch path writes it with its
         new base offset in one writev, the general path works on a copy. ``from_client``:
         a producer's request (Produce), held to Kafka's client rules (no control batches).
-        ``leader_epoch`` (the partition state's; 0 on a single node) is stamped into every
-        batch as partitionLeaderEpoch; the first append of a new epoch records (epoch, log
+        ``leader_epoch`` (the partition state's; default: the log's ``leader_epoch``, set by
+        ``set_leader_epoch``, 0 on a single node) is stamped into every batch as
+        partitionLeaderEpoch; the first append of a new epoch records (epoch, log
         end) in ``leader_epoch_cache`` (and its checkpoint) before writing. An epoch below the
         cache's latest raises FencedLeaderEpoch (a deposed leader), nothing written.
 
@@ -376,6 +379,8 @@ class Log:
         try:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            if leader_epoch is None:
+                leader_epoch = self._leader_epoch
             if leader_epoch != self._append_epoch:
                 self._begin_epoch_locked(leader_epoch)
             window = self._single_batch_window
@@ -393,6 +398,22 @@ class Log:
                 listener(result.last_offset + 1)
         return result
 
+    @property
+    def leader_epoch(self) -> int:
+        """The epoch appends stamp when their caller names none (``set_leader_epoch``)."""
+        return self._leader_epoch
+
+    def set_leader_epoch(self, leader_epoch: int) -> None:
+        """This broker leads the partition in ``leader_epoch`` (the partition state's): every
+        later append without an explicit epoch -- produce, the group and transaction
+        coordinators' records, transaction markers -- stamps it. Raises ValueError for a
+        negative epoch or one older than the log's latest (a stale partition state)."""
+        latest = self.leader_epoch_cache.latest_epoch()
+        if leader_epoch < 0 or (latest is not None and leader_epoch < latest):
+            raise ValueError(f"{self.topic}-{self.partition}: leader epoch {leader_epoch} "
+                             f"below 0 or the log's latest epoch {latest}")
+        self._leader_epoch = leader_epoch
+
     def _begin_epoch_locked(self, leader_epoch: int) -> None:
         """The first append of ``leader_epoch``: its entry starts at the log end (Kafka's
         ``maybeAssignEpochStartOffset``), checkpointed before any batch of it is written."""
@@ -404,8 +425,8 @@ class Log:
         self._append_epoch = leader_epoch
 
     def append_transaction_marker(self, producer_id: int, producer_epoch: int, commit: bool,
-                                  coordinator_epoch: int, now_ms: int, leader_epoch: int = 0
-                                  ) -> AppendResult:
+                                  coordinator_epoch: int, now_ms: int,
+                                  leader_epoch: int | None = None) -> AppendResult:
         """Write the end-transaction marker the transaction coordinator sends for this
         partition (Kafka's append with ``AppendOrigin.COORDINATOR``): one control batch
         (``control_records``) ending the producer's ongoing transaction here, if it has one.
@@ -422,6 +443,8 @@ class Log:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
             self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            if leader_epoch is None:
+                leader_epoch = self._leader_epoch
             if leader_epoch != self._append_epoch:
                 self._begin_epoch_locked(leader_epoch)
             result = self._append_general(batch, now_ms, False, leader_epoch)
