@@ -1001,11 +1001,18 @@ class Log:
         return deletable
 
     def _deletable_prefix(self, now_ms: int) -> int:
+        """How many of the oldest sealed segments retention deletes: never one whose
+        records are not all below the high watermark (Kafka's ``deletableSegments``: a
+        leader keeps what its followers may still need to copy; on a single node the high
+        watermark is the log end, which every sealed segment lies below)."""
         segments, config = self._local.segments, self.config
         log_start = self._local.view.log_start_offset
+        high_watermark = self.high_watermark
         count = 0
         excess_bytes = self.size_bytes - config.retention_bytes
         for index, segment in enumerate(segments[:-1]):
+            if segments[index + 1].base_offset > high_watermark:
+                break
             below_start = segments[index + 1].base_offset <= log_start
             by_time = config.delete_enabled and config.retention_ms >= 0 and \
                 now_ms - segment.largest_timestamp_ms() > config.retention_ms

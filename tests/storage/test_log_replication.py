@@ -290,3 +290,19 @@ def test_flush_up_to_syncs_only_what_is_not_yet_durable(scratch):
     synced = fs.fsyncs
     assert log.flush_up_to(5) == 5 and fs.fsyncs == synced  # already durable: no fsync
     log.close()
+
+
+def test_retention_keeps_what_lies_above_the_high_watermark(scratch):
+    """A leader's followers may still need the records above the high watermark: retention
+    deletes only segments wholly below it (Kafka's deletableSegments)."""
+    log = open_log(scratch, segment_bytes=100, retention_bytes=0)
+    for _ in range(6):
+        log.append(_plain(2), NOW_MS)
+    bases = [segment.base_offset for segment in log.segments]
+    assert len(bases) >= 4
+    log.manage_high_watermark(bases[2])
+    assert log.delete_old_segments(NOW_MS) == 2
+    assert log.log_start_offset == bases[2] and log.segments[0].base_offset == bases[2]
+    log.update_high_watermark(log.log_end_offset)
+    assert log.delete_old_segments(NOW_MS) == len(bases) - 3  # all sealed ones now
+    log.close()
