@@ -306,3 +306,90 @@ def test_retention_keeps_what_lies_above_the_high_watermark(scratch):
     log.update_high_watermark(log.log_end_offset)
     assert log.delete_old_segments(NOW_MS) == len(bases) - 3  # all sealed ones now
     log.close()
+
+
+# ---- divergence after leader changes (KIP-101, KIP-279), on the storage API ---------------
+
+def _truncate_by_epoch(follower, leader) -> int:
+    """A follower's truncation as KIP-101/KIP-279 specify it, over the two logs' caches: ask
+    the leader where the follower's latest epoch ends; when the leader answers an older
+    epoch, the follower's own end of that epoch bounds the cut too; UNDEFINED falls back to
+    the high watermark."""
+    requested = follower.leader_epoch_cache.latest_epoch()
+    if requested is None:
+        offset = follower.high_watermark
+    else:
+        epoch, leader_end = leader.leader_epoch_cache.end_offset_for(requested)
+        if epoch < 0:
+            offset = follower.high_watermark
+        else:
+            _, own_end = follower.leader_epoch_cache.end_offset_for(epoch)
+            offset = min(leader_end, own_end)
+    follower.truncate_to(offset, NOW_MS)
+    return offset
+
+
+def _records(log) -> list[tuple[int, int, bytes]]:
+    """(offset, epoch, batch bytes) of every batch."""
+    return [(offset, int.from_bytes(batch[12:16], "big", signed=True), batch)
+            for offset, batch in read_all(log)]
+
+
+def test_kip_101_a_follower_truncates_by_epoch_not_by_high_watermark(scratch):
+    """A (leader, epoch 1) writes m1 m2; B copies both, but A's high watermark reached only
+    m1 when it failed over to B (epoch 2), which writes m3. A returning must keep m2 (a
+    truncation to its high watermark would drop it, then re-copy it) and then copy m3."""
+    a, b = open_log(scratch / "a"), open_log(scratch / "b")
+    for log in (a, b):
+        log.manage_high_watermark(0)
+    a.append(_plain(1, b"m1"), NOW_MS, leader_epoch=1)
+    a.append(_plain(1, b"m2"), NOW_MS, leader_epoch=1)
+    _copy(a, b)
+    a.update_high_watermark(1)
+    b.append(_plain(1, b"m3"), NOW_MS, leader_epoch=2)
+    assert _truncate_by_epoch(a, b) == 2  # B's epoch 1 ends at 2: nothing to cut
+    _copy(b, a)
+    assert _records(a) == _records(b)
+    assert a.leader_epoch_cache.entries() == ((1, 0), (2, 2))
+    a.close()
+    b.close()
+
+
+def test_kip_101_diverged_logs_converge_on_the_new_leader(scratch):
+    """A and B both hold m1 (epoch 1); A alone also m2. Both fail; B returns first, leads in
+    epoch 2 and writes m3 at offset 1. A returning must drop m2 and copy m3: a high-watermark
+    truncation (HW 2 on A) would keep m2 where B has m3."""
+    a, b = open_log(scratch / "a"), open_log(scratch / "b")
+    a.manage_high_watermark(0)
+    a.append(_plain(1, b"m1"), NOW_MS, leader_epoch=1)
+    _copy(a, b)
+    a.append(_plain(1, b"m2"), NOW_MS, leader_epoch=1)
+    a.update_high_watermark(2)
+    b.append(_plain(1, b"m3"), NOW_MS, leader_epoch=2)
+    assert _truncate_by_epoch(a, b) == 1
+    _copy(b, a)
+    assert _records(a) == _records(b)
+    assert a.leader_epoch_cache.entries() == ((1, 0), (2, 1)) and a.log_end_offset == 2
+    a.close()
+    b.close()
+
+
+def test_kip_279_a_double_leader_change_converges(scratch):
+    """A leads epoch 1 (m1 m2), B copies m1 only. B leads epoch 2 and writes m3 at 1, then
+    fails before anyone copies it; A leads epoch 3 and writes m4 at 2. B returning asks for
+    epoch 2, which A never had: A answers epoch 1 ending at 2, B's own epoch 1 ends at 1, so
+    B cuts at 1 (dropping m3) and copies m2 m4 -- where a cut at A's answer alone would keep
+    B's m3 at offset 1 against A's m2."""
+    a, b = open_log(scratch / "a"), open_log(scratch / "b")
+    a.append(_plain(1, b"m1"), NOW_MS, leader_epoch=1)
+    _copy(a, b)
+    a.append(_plain(1, b"m2"), NOW_MS, leader_epoch=1)
+    b.append(_plain(1, b"m3"), NOW_MS, leader_epoch=2)
+    a.append(_plain(1, b"m4"), NOW_MS, leader_epoch=3)
+    assert a.leader_epoch_cache.end_offset_for(2) == (1, 2)
+    assert _truncate_by_epoch(b, a) == 1
+    _copy(a, b)
+    assert _records(b) == _records(a)
+    assert b.leader_epoch_cache.entries() == ((1, 0), (3, 2))
+    a.close()
+    b.close()
