@@ -40,7 +40,9 @@ import logging
 
 from kazoo.exceptions import KazooException
 
+from headrace.broker.replica_fetcher import ReplicaFetcherManager
 from headrace.cluster.controlled_shutdown import ControlledShutdownPolicy, shut_down_controlled
+from headrace.cluster.leader_replicas import LeaderReplicas
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache, MetadataWatcher
 from headrace.cluster.replica_manager import ReplicaManager
 from headrace.cluster.served_logs import ServedLogs
@@ -71,8 +73,13 @@ class ClusterService:
         self.cache = MetadataCache()
         self._watcher = MetadataWatcher(zk, asyncio.get_running_loop(), self.cache)
         self.local_logs = state.log_manager
+        self.leader_replicas = LeaderReplicas(
+            self.broker_id, zk, state.clock, state.config.get_int("replica.lag.time.max.ms"),
+            state.run_append, state.appended.notify, self.local_logs.initial_high_watermark)
         self.replicas = ReplicaManager(self.broker_id, self.local_logs, self.cache,
-                                       state.run_append)
+                                       state.run_append, self.leader_replicas)
+        self.fetchers = ReplicaFetcherManager(state, self.cache, self.local_logs)
+        self.replicas.fetchers = self.fetchers
         self._creating: dict[str, asyncio.Task] = {}
 
     async def start(self) -> None:
@@ -123,6 +130,7 @@ class ClusterService:
 
     async def stop(self) -> None:
         await self.replicas.stop()
+        await self.fetchers.stop()
         self._watcher.stop()
 
     @property
@@ -171,6 +179,12 @@ class ClusterService:
         if current_leader_epoch > leader_epoch:
             raise UnknownLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is "
                                      f"newer than the leader's {leader_epoch}")
+
+    def hosts_replica(self, topic: str, partition: int) -> bool:
+        """Whether this broker is one of the partition's assigned replicas."""
+        cluster_topic = self.metadata.topics.get(topic)
+        return (cluster_topic is not None and 0 <= partition < cluster_topic.partition_count
+                and self.broker_id in cluster_topic.replicas[partition])
 
     # --- FindCoordinator --------------------------------------------------------------------
 
