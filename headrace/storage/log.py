@@ -115,6 +115,7 @@ from headrace.storage.local_log import (
 from headrace.storage.log_loader import LogLoader, rebuild_producer_state
 from headrace.storage.producer_state import (
     SEQUENCE_MODULUS,
+    ActiveProducer,
     CompletedTxn,
     ProducerStateManager,
 )
@@ -251,6 +252,11 @@ class Log:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def active_producers(self) -> tuple[ActiveProducer, ...]:
+        """The producers' states (DescribeProducers), read under the log's lock."""
+        with self._lock:
+            return self.producer_state.active_producers()
 
     def add_append_listener(self, callback: Callable[[int], None]) -> None:
         self._listeners.append(callback)
