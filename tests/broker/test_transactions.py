@@ -502,8 +502,9 @@ ZOMBIE_SCRIPT = """
 import sys
 from confluent_kafka import Producer
 bootstrap, topic, transactional_id = sys.argv[1:4]
+timeout_ms = int(sys.argv[4]) if len(sys.argv) > 4 else 60000
 producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
-                     "transaction.timeout.ms": 60000})
+                     "transaction.timeout.ms": timeout_ms})
 producer.init_transactions(30)
 producer.begin_transaction()
 producer.produce(topic, b"from-the-killed-producer", partition=0)
