@@ -43,8 +43,14 @@ rebased. Tombstones (KIP-534): the first cleaning that sees a batch holding tomb
 transactions (Kafka's ``CleanedTransactionMetadata``): the data batches of the transactions
 the aborted-transaction indexes list, below the cleanable end, are neither mapped in pass 1
 (so an aborted record never shadows a committed one) nor numbered, and are removed in pass 2
-(a producer's last batch stays, empty, as above). Control batches (transaction markers) are
-copied unchanged: Kafka's removal of markers after delete.retention.ms is not done.
+(a producer's last batch stays, empty, as above). Transaction markers (Kafka 3.x's
+``CleanedTransactionMetadata`` with KIP-534's horizon): pass 2 notes, per producer, the
+transactional data batches it meets from the log start on (``TxnMarkerState``, carried
+across the rewrite's spans, chunks and groups); a marker none of whose transaction's data
+remains gets its delete horizon (clean time + ``delete.retention.ms``) in the first cleaning
+that finds it so, and a cleaning at or after that horizon removes it. A marker that is its
+producer's last record at the producer's epoch stays whole, for fencing (Kafka empties it,
+keeping the batch).
 
 I/O: both passes read segments chunk by chunk into one reused, aligned buffer of
 ``io_chunk_bytes`` (no bytes object per chunk): a chunk in the page cache with ``pread``, one
@@ -120,12 +126,14 @@ from headrace.storage.segment_io import (
     MapSpan,
     OutputIndex,
     PassScope,
+    TxnMarkerState,
     aborted_txn_triples,
     aligned_buffer,
     filter_batches,
     filter_span,
     index_batches,
     read_chunk,
+    txn_marker_state,
 )
 
 logger = logging.getLogger(__name__)
@@ -553,12 +561,13 @@ class Cleaner:
     def _rewrite(self, log: Log, scope: PassScope, first_ordinals: dict[int, int], now_ms: int,
                  stats: CleanerStats) -> None:
         protected = _producers_last_offsets(log)
+        markers = _txn_marker_state(log)
         for group in group_segments(log, scope.end_offset):
             cleaned_path = group[0].directory / segment_file_name(
                 group[0].base_offset, LOG_SUFFIX + CLEANED_SUFFIX)
             try:
                 index = self._write_group(log, group, cleaned_path, scope, first_ordinals,
-                                          now_ms, protected, stats)
+                                          now_ms, protected, markers, stats)
             except BaseException:
                 if log.fs.exists(cleaned_path):
                     log.fs.remove(cleaned_path)
@@ -568,7 +577,8 @@ class Cleaner:
 
     def _write_group(self, log: Log, group: list[LogSegment], cleaned_path: Path,
                      scope: PassScope, first_ordinals: dict[int, int], now_ms: int,
-                     protected: np.ndarray, stats: CleanerStats) -> IndexedBatches:
+                     protected: np.ndarray, markers: TxnMarkerState,
+                     stats: CleanerStats) -> IndexedBatches:
         """Write the group's cleaned records to ``cleaned_path`` and fsync it; returns the
         file's index."""
         horizon_ms = now_ms + log.config.delete_retention_ms
@@ -587,7 +597,8 @@ class Cleaner:
                                        self.span_bytes, offset_map.fingerprints,
                                        offset_map.words, scope, ordinal, now_ms, horizon_ms,
                                        protected, index.output(), cleaned.stage,
-                                       cleaned.stage_fill, self.span_niceness, direct_fd)
+                                       cleaned.stage_fill, self.span_niceness, direct_fd,
+                                       markers)
                     cleaned.took(span)
                     index.add(span.indexed, span.bytes_written)
                     ordinal = span.next_ordinal
@@ -600,7 +611,8 @@ class Cleaner:
                 def filter_chunk(chunk: memoryview) -> bool:
                     nonlocal ordinal
                     filtered = filter_batches(chunk, offset_map.fingerprints, offset_map.words,
-                                              scope, ordinal, now_ms, horizon_ms, protected)
+                                              scope, ordinal, now_ms, horizon_ms, protected,
+                                              markers=markers)
                     ordinal = filtered.next_ordinal
                     stats.bytes_read += len(chunk)
                     stats.messages_read += filtered.records_read
@@ -703,3 +715,12 @@ def _producers_last_offsets(log: Log) -> np.ndarray:
     producers = log.producer_state.producers.values()
     return np.sort(np.fromiter((entry.batches[-1].last_offset for entry in producers
                                 if entry.batches), np.int64))
+
+
+def _txn_marker_state(log: Log) -> TxnMarkerState:
+    """A rewrite's marker state: room for every producer of the log, and the producers
+    whose last record is a marker (no batch at their epoch), whose marker stays."""
+    producers = log.producer_state.producers
+    return txn_marker_state(len(producers), [(producer_id, entry.epoch)
+                                             for producer_id, entry in producers.items()
+                                             if not entry.batches])

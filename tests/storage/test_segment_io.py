@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from headrace.errors import CorruptMessage
 from headrace.protocol import compression, kernel
+from headrace.protocol.control_records import build_end_txn_marker_batch
+from headrace.protocol.records import build_batch
 from headrace.storage import segment_io
 from tests.protocol.test_kernel import (
     CLEANER_PROPERTY,
@@ -234,6 +236,64 @@ def test_emptied_producer_batch_stays_only_if_it_is_the_producers_last():
         headers = [h for h, _, _ in raw_batches(bytes(filtered.data))]
         assert [base for base, _ in headers] == batches_out
         assert [fields[-1] for _, fields in headers] == [0, 1][-len(batches_out):]
+
+
+MARKER_EPOCH = 3
+
+
+def _txn_log() -> list[bytes]:
+    """Producer 7's transactional batch (0) and commit marker (1), producer 8's commit marker
+    with no data (2), a plain batch (3)."""
+    data = build_batch([(b"k", b"v", (), 5)], base_offset=0, producer_id=7,
+                       producer_epoch=MARKER_EPOCH, base_sequence=0, transactional=True)
+    return [data, build_end_txn_marker_batch(7, MARKER_EPOCH, True, 0, 5, base_offset=1),
+            build_end_txn_marker_batch(8, MARKER_EPOCH, True, 0, 5, base_offset=2),
+            build_batch([(b"other", b"v", (), 5)], base_offset=3)]
+
+
+def _filter_markers(pieces: list[bytes], now_ms: int, markers) -> dict[int, tuple]:
+    """base offset -> (header fields, bytes) of the batches ``filter_batches`` keeps of
+    ``pieces``, one call per piece with the same ``markers``; every output CRC-32C checked."""
+    scope = segment_io.PassScope(0, 4, *FULL_RANGE)
+    fingerprints, words = np.zeros(16, np.uint64), np.zeros(16, np.uint32)
+    kept = {}
+    for piece in pieces:
+        segment_io.map_batches(piece, fingerprints, words, scope, 0, 16)
+        out = bytes(segment_io.filter_batches(piece, fingerprints, words, scope, 0, now_ms,
+                                              now_ms + 1000, np.empty(0, np.int64),
+                                              markers=markers).data)
+        for (base, fields), raw, _ in raw_batches(out):
+            assert struct.unpack_from(">I", raw, 17)[0] == crc32c.crc32c(raw[21:])
+            kept[base] = fields, raw
+    return kept
+
+
+def test_markers_without_data_get_a_horizon_and_go_once_it_passes():
+    pieces = _txn_log()
+    original = {base: fields for (base, fields), _, _ in raw_batches(b"".join(pieces))}
+    first = _filter_markers(pieces, 100, segment_io.txn_marker_state(2, []))
+    assert first[1][0] == original[1]  # its data is there: copied
+    attributes, _, base_timestamp, max_timestamp, *_ = first[2][0]
+    assert (attributes & DELETE_HORIZON_BIT, base_timestamp, max_timestamp) == (
+        DELETE_HORIZON_BIT, 1100, 5)
+    records = reference_records(first[2][1][61:], 1, 2, attributes & ~8, base_timestamp, 0)
+    assert [record.timestamp_ms for record in records] == [5]  # the record's time is kept
+    stamped_log = [pieces[0], pieces[1], first[2][1], pieces[3]]
+    assert first[2] == _filter_markers(stamped_log, 1099, segment_io.txn_marker_state(2, []))[2]
+    later = _filter_markers(stamped_log, 1100, segment_io.txn_marker_state(2, []))
+    assert sorted(later) == [0, 1, 3]
+    protected = segment_io.txn_marker_state(2, [(8, MARKER_EPOCH)])
+    assert _filter_markers(pieces, 100, protected)[2][0] == original[2]
+    copied = _filter_markers(pieces, 100, segment_io.MARKERS_COPIED)
+    assert {base: fields for base, (fields, _) in copied.items()} == original
+
+
+def test_the_marker_state_carries_from_call_to_call():
+    pieces = _txn_log()
+    shared = segment_io.txn_marker_state(2, [])
+    assert not _filter_markers(pieces, 100, shared)[1][0][0] & DELETE_HORIZON_BIT
+    fresh = segment_io.txn_marker_state(2, [])
+    assert _filter_markers(pieces[1:2], 100, fresh)[1][0][0] & DELETE_HORIZON_BIT
 
 
 def test_map_batches_reports_full_when_the_room_runs_out():
