@@ -357,10 +357,14 @@ def test_a_hanging_transaction_is_aborted_when_it_times_out(tmp_path):
         hanging.begin_transaction()
         hanging.produce(topic, b"hanging", partition=0)
         hanging.flush(TIMEOUT_S)
+        plain = Producer({"bootstrap.servers": broker.bootstrap})
+        plain.produce(topic, b"after", partition=0)  # behind the open transaction's LSO
+        plain.flush(TIMEOUT_S)
         described = _wait_for_state(broker.bootstrap, transactional_id, "CompleteAbort")
         assert described.transaction_state == "CompleteAbort"
         assert _markers(broker.bootstrap, topic, 0) == [(described.producer_id, 1, False)]
-        assert _read_values(broker.bootstrap, topic, "read_committed", 1) == []
+        # the LSO moved past the aborted transaction: read_committed reaches the plain record
+        assert _read_values(broker.bootstrap, topic, "read_committed", 2) == [b"after"]
         with pytest.raises(KafkaException):  # its epoch was bumped: fenced
             hanging.commit_transaction(TIMEOUT_S)
     finally:
