@@ -785,25 +785,25 @@ static int map_build_drain(MapBuild *m)
 
 /* ---- pass 2: transaction markers (Kafka's CleanedTransactionMetadata)
  * Pass 2 walks the log from its start in offset order; per producer id it notes whether a
- * transactional data batch was seen since the producer's last marker -- of an aborted
- * transaction (batch_is_aborted) or not. A marker can be discarded once no data of its
- * transaction remains: an abort marker when no aborted data batch of its producer was seen
- * since the last marker, a commit marker when no committed one was, an emptied control batch
- * always. Such a marker gets its delete horizon (KIP-534: DELETE_HORIZON_BIT, base timestamp
+ * transactional data batch (an emptied one too) was seen since the producer's last marker.
+ * A commit or abort marker can be discarded once no data of its transaction remains: when
+ * no such batch of its producer was seen since the producer's previous marker (Kafka tells
+ * aborted from committed data by the aborted-transaction index; one bit per producer judges
+ * alike on a well-formed log and never drops a marker whose data remains, whatever the
+ * index still lists); an emptied control batch always. Such a marker gets its delete horizon (KIP-534: DELETE_HORIZON_BIT, base timestamp
  * = new_horizon_ms) in the first cleaning that finds it discardable, and is removed by a
  * cleaning at or after that horizon -- unless it is its producer's last record at the
  * producer's epoch (protected_markers: Kafka keeps it for fencing) or the last batch below
  * end_offset. The table outlives one call: the caller passes the same one to every call of a
  * rewrite. A full table answers "seen" (the marker stays). Capacity 0: markers are copied. */
 
-#define MARKER_COMMITTED_DATA 1
-#define MARKER_ABORTED_DATA 2
+#define MARKER_TXN_DATA 1
 #define CONTROL_TYPE_ABORT 0
 #define CONTROL_TYPE_COMMIT 1
 #define PRODUCER_EPOCH_AT 51
 
 typedef struct {
-    int64_t *slots;    /* pairs: producer id + 1 (0: empty slot), MARKER_* bits */
+    int64_t *slots;    /* pairs: producer id + 1 (0: empty slot), MARKER_TXN_DATA */
     uint64_t capacity; /* a power of two, or 0 */
     const int64_t *protected_markers; /* (producer id, epoch) pairs sorted by producer id */
     Py_ssize_t protected_count;
@@ -1102,14 +1102,14 @@ static int filter_batch(BatchFilter *bf, const uint8_t *raw, const Batch *b, Cur
     return 0;
 }
 
-/* Note a transactional data batch of its producer (aborted or not) for the marker after. */
+/* Note a transactional data batch of its producer for the marker after. */
 static void note_txn_data(BatchFilter *bf, const Batch *b)
 {
     if (!(b->attributes & ATTR_TRANSACTIONAL) || b->producer_id < 0)
         return;
     int64_t *bits = marker_bits(&bf->markers, b->producer_id);
     if (bits != NULL)
-        *bits |= batch_is_aborted(&bf->scope, b) ? MARKER_ABORTED_DATA : MARKER_COMMITTED_DATA;
+        *bits |= MARKER_TXN_DATA;
 }
 
 /* Whether the control batch can be discarded (no data of its transaction was seen since
@@ -1122,13 +1122,11 @@ static int marker_is_discardable(BatchFilter *bf, const Batch *b, Cursor records
     if (read_record(&records, &r) || r.key.len < 4)
         return 0;
     int16_t type = (int16_t)be16(r.key.data + 2);
-    int bit = type == CONTROL_TYPE_ABORT ? MARKER_ABORTED_DATA
-              : type == CONTROL_TYPE_COMMIT ? MARKER_COMMITTED_DATA : 0;
     int64_t *bits = marker_bits(&bf->markers, b->producer_id);
-    if (bit == 0 || bits == NULL)
+    if ((type != CONTROL_TYPE_ABORT && type != CONTROL_TYPE_COMMIT) || bits == NULL)
         return 0;
-    int seen = (*bits & bit) != 0;
-    *bits &= ~(int64_t)bit;
+    int seen = (*bits & MARKER_TXN_DATA) != 0;
+    *bits &= ~(int64_t)MARKER_TXN_DATA;
     return !seen;
 }
 

@@ -50,7 +50,12 @@ across the rewrite's spans, chunks and groups); a marker none of whose transacti
 remains gets its delete horizon (clean time + ``delete.retention.ms``) in the first cleaning
 that finds it so, and a cleaning at or after that horizon removes it. A marker that is its
 producer's last record at the producer's epoch stays whole, for fencing (Kafka empties it,
-keeping the batch).
+keeping the batch). A marker stays while any transactional batch of its producer lies between
+it and the producer's previous marker -- an emptied one too (an emptied batch is kept as it
+is, so its marker stays as long). The cleaned segments keep the aborted-transaction entries
+of the replaced ones except those whose marker lies below the cleanable end: their data is
+gone, and an entry outliving its marker would make read_committed consumers skip the
+producer's next, committed transaction.
 
 I/O: both passes read segments chunk by chunk into one reused, aligned buffer of
 ``io_chunk_bytes`` (no bytes object per chunk): a chunk in the page cache with ``pread``, one
@@ -572,7 +577,8 @@ class Cleaner:
                 if log.fs.exists(cleaned_path):
                     log.fs.remove(cleaned_path)
                 raise
-            log.replace_segments(group, cleaned_path, now_ms, index)
+            log.replace_segments(group, cleaned_path, now_ms, index,
+                                 aborted_data_removed_below=scope.end_offset)
             stats.groups.append(len(group))
 
     def _write_group(self, log: Log, group: list[LogSegment], cleaned_path: Path,

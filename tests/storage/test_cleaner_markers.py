@@ -13,7 +13,7 @@ import pytest
 
 from headrace.protocol.batch import DELETE_HORIZON_BIT, parse_header
 from headrace.protocol.control_records import marker_of_batch
-from headrace.protocol.records import build_batch
+from headrace.protocol.records import build_batch, decode_batch
 from headrace.storage.cleaner import Cleaner
 from headrace.storage.offset_map import OffsetMap
 
@@ -101,6 +101,27 @@ def _markers_with_data(log) -> set[int]:
     return set(_ending_markers(_batches(log)).values())
 
 
+def _read_committed(log) -> dict[bytes, bytes]:
+    """The latest value per key a read_committed consumer reading from the log start sees,
+    as Kafka's consumers filter: the aborted transactions the log announces for the range
+    (``collect_aborted_transactions``) put their producer in the aborted set from their first
+    offset on, its transactional data is skipped until its abort marker."""
+    announced = sorted(log.collect_aborted_transactions(log.log_start_offset, log.log_end_offset),
+                       key=lambda txn: txn.first_offset)
+    aborted_producers: set[int] = set()
+    latest: dict[bytes, bytes] = {}
+    for _, raw in read_all(log):
+        header = parse_header(raw)
+        while announced and announced[0].first_offset <= header.last_offset:
+            aborted_producers.add(announced.pop(0).producer_id)
+        if header.is_control:
+            if not marker_of_batch(raw, 0).commit:
+                aborted_producers.discard(header.producer_id)
+        elif not (header.is_transactional and header.producer_id in aborted_producers):
+            latest.update((record.key, record.value) for record in decode_batch(raw).records)
+    return latest
+
+
 def _clean_at(log, first_dirty: int, now_ms: int, workload: Workload) -> int:
     """Append a plain batch (a dirty section for the cleaning), roll, clean at ``now_ms``;
     check the oracle and that no remaining transaction lost its marker. Returns the new
@@ -111,6 +132,7 @@ def _clean_at(log, first_dirty: int, now_ms: int, workload: Workload) -> int:
     stats = Cleaner(OffsetMap(1 << 20)).clean(log, first_dirty, now_ms)
     records = read_records(log)
     assert latest_values(records) == workload.oracle
+    assert _read_committed(log) == workload.oracle
     assert not [value for _, _, value in records if value.startswith(b"aborted")]
     after = _ending_markers(_batches(log))
     assert {offset: after.get(offset) for offset in after} == \
