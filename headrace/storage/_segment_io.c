@@ -957,6 +957,16 @@ typedef struct {
     int64_t first_timestamp, max_timestamp;
 } BatchTally;
 
+/* The record read from [start, end) of batch b, to copy into a rebuilt batch. */
+static KeptRecord kept_record(const Batch *b, const Record *r, const uint8_t *start,
+                              const uint8_t *end)
+{
+    KeptRecord k = {start, NULL, end,
+                    (int64_t)((uint64_t)b->base_timestamp + (uint64_t)r->timestamp_delta), 0};
+    k.tail = record_tail(start, end, &k.attributes);
+    return k;
+}
+
 static int filter_records(BatchFilter *bf, const Batch *b, Cursor records, BatchTally *t,
                           Failure *f)
 {
@@ -973,9 +983,7 @@ static int filter_records(BatchFilter *bf, const Batch *b, Cursor records, Batch
                         (long long)b->position);
         if (!(bf->decisions.data[bf->decision_at++] & DECISION_KEEP))
             continue;
-        KeptRecord k = {start, NULL, records.p,
-                        (int64_t)((uint64_t)b->base_timestamp + (uint64_t)r.timestamp_delta), 0};
-        k.tail = record_tail(start, records.p, &k.attributes);
+        KeptRecord k = kept_record(b, &r, start, records.p);
         if (t->kept == 0 || k.timestamp > t->max_timestamp)
             t->max_timestamp = k.timestamp;
         if (t->kept == 0)
@@ -1142,9 +1150,7 @@ static int stamp_marker(BatchFilter *bf, const uint8_t *raw, const Batch *b, Cur
         if (read_record(&records, &r))
             return fail(f, FAIL_CORRUPT, "control record %d of the batch at byte %lld is "
                         "malformed", (int)i, (long long)b->position);
-        KeptRecord k = {start, NULL, records.p,
-                        (int64_t)((uint64_t)b->base_timestamp + (uint64_t)r.timestamp_delta), 0};
-        k.tail = record_tail(start, records.p, &k.attributes);
+        KeptRecord k = kept_record(b, &r, start, records.p);
         if (buf_put(&bf->kept, &k, sizeof k))
             return fail_no_memory(f);
     }
