@@ -1096,13 +1096,14 @@ static int filter_batch(BatchFilter *bf, const uint8_t *raw, const Batch *b, Cur
     bf->records_read += t.total;
     bf->records_kept += t.kept;
     int has_horizon = (b->attributes & ATTR_DELETE_HORIZON) != 0;
-    if (t.kept == t.total && (t.tombstones_kept == 0 || has_horizon))
+    if (t.total > 0 && t.kept == t.total && (t.tombstones_kept == 0 || has_horizon))
         return buf_put(&bf->out, raw, b->size_bytes) ? fail_no_memory(f) : 0;
     if (t.kept > 0)
         return rebuild_batch(bf, raw, b, &t, f);
     int64_t producer_id = (int64_t)be64(raw + PRODUCER_ID_AT);
     if (producer_id >= 0 && is_protected(bf, batch_next_offset(b) - 1)) {
-        /* the producer's last batch stays, empty, so its state survives */
+        /* the producer's last batch stays, empty, so its state survives (an emptied batch
+         * that no longer is goes, as Kafka's DELETE_EMPTY) */
         NewHeader h = {(int16_t)(b->attributes & ~ATTR_COMPRESSION_MASK), b->base_timestamp,
                        b->max_timestamp, 0};
         return write_batch(&bf->out, raw, &h, NULL, 0, 1, f);

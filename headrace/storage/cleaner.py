@@ -51,8 +51,8 @@ remains gets its delete horizon (clean time + ``delete.retention.ms``) in the fi
 that finds it so, and a cleaning at or after that horizon removes it. A marker that is its
 producer's last record at the producer's epoch stays whole, for fencing (Kafka empties it,
 keeping the batch). A marker stays while any transactional batch of its producer lies between
-it and the producer's previous marker -- an emptied one too (an emptied batch is kept as it
-is, so its marker stays as long). The cleaned segments keep the aborted-transaction entries
+it and the producer's previous marker -- an emptied one too (it stays only while it is its
+producer's last batch, as Kafka's DELETE_EMPTY; an empty batch that no longer is goes). The cleaned segments keep the aborted-transaction entries
 of the replaced ones except those whose marker lies below the cleanable end: their data is
 gone, and an entry outliving its marker would make read_committed consumers skip the
 producer's next, committed transaction.

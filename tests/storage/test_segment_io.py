@@ -125,7 +125,8 @@ def reference_clean(buf, scope, now_ms, horizon_ms, protected=()):
                     not expired and (key not in latest or latest[key] == mine)):
                 kept.append((offset, ts, key, value, headers))
         tombstones = any(value is None for _, _, _, value, _ in kept)
-        if len(kept) == len(records) and (not tombstones or attrs & DELETE_HORIZON_BIT):
+        if records and len(kept) == len(records) and (
+                not tombstones or attrs & DELETE_HORIZON_BIT):
             out.append(((base_offset, fields), None))
         elif kept:
             new_attrs, new_base = attrs, kept[0][1]
@@ -236,6 +237,15 @@ def test_emptied_producer_batch_stays_only_if_it_is_the_producers_last():
         headers = [h for h, _, _ in raw_batches(bytes(filtered.data))]
         assert [base for base, _ in headers] == batches_out
         assert [fields[-1] for _, fields in headers] == [0, 1][-len(batches_out):]
+    # once no longer the producer's last, the emptied batch goes (Kafka's DELETE_EMPTY)
+    emptied = bytes(segment_io.filter_batches(buf, fingerprints, words, scope, 0, 0, 0,
+                                              np.asarray([10], np.int64)).data)
+    fingerprints, words = np.zeros(16, np.uint64), np.zeros(16, np.uint32)
+    segment_io.map_batches(emptied, fingerprints, words, scope, 0, 16)
+    for protected, batches_out in (([], [11]), ([10], [10, 11])):
+        again = segment_io.filter_batches(emptied, fingerprints, words, scope, 0, 0, 0,
+                                          np.asarray(protected, np.int64))
+        assert [base for (base, _), _, _ in raw_batches(bytes(again.data))] == batches_out
 
 
 MARKER_EPOCH = 3
