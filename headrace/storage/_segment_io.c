@@ -810,10 +810,10 @@ typedef struct {
 } TxnMarkers;
 
 /* The producer's bits in the table (inserted, clear, when new); NULL when the table is off
- * or full. */
+ * or full, or for a producer id no producer has (negative, or too large to store + 1). */
 static int64_t *marker_bits(TxnMarkers *t, int64_t producer_id)
 {
-    if (t->capacity == 0)
+    if (t->capacity == 0 || producer_id < 0 || producer_id == INT64_MAX)
         return NULL;
     uint64_t mask = t->capacity - 1;
     uint64_t slot = ((uint64_t)producer_id * 0x9E3779B97F4A7C15ULL) >> 17 & mask;

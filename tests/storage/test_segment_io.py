@@ -145,11 +145,12 @@ def reference_clean(buf, scope, now_ms, horizon_ms, protected=()):
     return latest, out
 
 
-def kernel_clean(buf, scope, now_ms, horizon_ms, slots=64):
+def kernel_clean(buf, scope, now_ms, horizon_ms, slots=64,
+                 markers=segment_io.MARKERS_COPIED):
     fingerprints, words = np.zeros(slots, np.uint64), np.zeros(slots, np.uint32)
     build = segment_io.map_batches(buf, fingerprints, words, scope, 0, slots)
     filtered = segment_io.filter_batches(buf, fingerprints, words, scope, 0, now_ms, horizon_ms,
-                                     np.empty(0, np.int64))
+                                     np.empty(0, np.int64), markers=markers)
     return build, filtered
 
 
@@ -328,21 +329,24 @@ def _field_at(buf: bytes, position: int) -> str:
 
 
 @CLEANER_PROPERTY
-@given(cleaner_logs(), st.data())
-def test_cleaner_passes_reject_damage_without_crashing(buf, data):
+@given(transactional_cleaner_logs(), st.booleans(), st.data())
+def test_cleaner_passes_reject_damage_without_crashing(buf, judge_markers, data):
     """A flip the CRC or the magic byte covers is CorruptMessage; one in the leader epoch
-    (outside the CRC) cleans and writes whole batches; one in the framing either."""
+    (outside the CRC) cleans and writes whole batches; one in the framing either. Control
+    batches (random records, as damaged markers would have) are judged as markers or not."""
     position = data.draw(st.integers(0, len(buf) - 1))
     damaged = bytearray(buf)
     damaged[position] ^= 1 << data.draw(st.integers(0, 7))
     scope = segment_io.PassScope(0, 2**41, *FULL_RANGE)
+    markers = segment_io.txn_marker_state(len(PRODUCERS), []) if judge_markers \
+        else segment_io.MARKERS_COPIED
     field = _field_at(buf, position)
     if field == "checked":
         with pytest.raises(CorruptMessage):
-            kernel_clean(bytes(damaged), scope, 0, 0)
+            kernel_clean(bytes(damaged), scope, 2000, 2500, markers=markers)
         return
     try:
-        _, filtered = kernel_clean(bytes(damaged), scope, 0, 0)
+        _, filtered = kernel_clean(bytes(damaged), scope, 2000, 2500, markers=markers)
     except CorruptMessage:
         assert field == "offset-or-length", f"a leader-epoch flip at {position} was rejected"
         return
