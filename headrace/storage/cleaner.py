@@ -725,8 +725,8 @@ def _producers_last_offsets(log: Log) -> np.ndarray:
 
 def _txn_marker_state(log: Log) -> TxnMarkerState:
     """A rewrite's marker state: room for every producer of the log, and the producers
-    whose last record is a marker (no batch at their epoch), whose marker stays."""
-    producers = log.producer_state.producers
-    return txn_marker_state(len(producers), [(producer_id, entry.epoch)
-                                             for producer_id, entry in producers.items()
-                                             if not entry.batches])
+    whose last record is a marker (no batch, so no last sequence, at their epoch), whose
+    marker stays. The producers are read under the log's lock (appends add to them)."""
+    producers = log.active_producers()
+    return txn_marker_state(len(producers), [(p.producer_id, p.producer_epoch)
+                                             for p in producers if p.last_sequence < 0])
