@@ -790,12 +790,13 @@ static int map_build_drain(MapBuild *m)
  * no such batch of its producer was seen since the producer's previous marker (Kafka tells
  * aborted from committed data by the aborted-transaction index; one bit per producer judges
  * alike on a well-formed log and never drops a marker whose data remains, whatever the
- * index still lists); an emptied control batch always. Such a marker gets its delete horizon (KIP-534: DELETE_HORIZON_BIT, base timestamp
- * = new_horizon_ms) in the first cleaning that finds it discardable, and is removed by a
- * cleaning at or after that horizon -- unless it is its producer's last record at the
- * producer's epoch (protected_markers: Kafka keeps it for fencing) or the last batch below
- * end_offset. The table outlives one call: the caller passes the same one to every call of a
- * rewrite. A full table answers "seen" (the marker stays). Capacity 0: markers are copied. */
+ * index still lists); an emptied control batch always. Such a marker gets its delete
+ * horizon (KIP-534: DELETE_HORIZON_BIT, base timestamp = new_horizon_ms) in the first
+ * cleaning that finds it discardable, and is removed by a cleaning at or after that
+ * horizon -- unless it is its producer's last record at the producer's epoch
+ * (protected_markers: Kafka keeps it for fencing) or the last batch below end_offset. The
+ * table outlives one call: the caller passes the same one to every call of a rewrite. A full
+ * table answers "seen" (the marker stays). Capacity 0: markers are copied. */
 
 #define MARKER_TXN_DATA 1
 #define CONTROL_TYPE_ABORT 0

@@ -43,19 +43,19 @@ rebased. Tombstones (KIP-534): the first cleaning that sees a batch holding tomb
 transactions (Kafka's ``CleanedTransactionMetadata``): the data batches of the transactions
 the aborted-transaction indexes list, below the cleanable end, are neither mapped in pass 1
 (so an aborted record never shadows a committed one) nor numbered, and are removed in pass 2
-(a producer's last batch stays, empty, as above). Transaction markers (Kafka 3.x's
+(a producer's last batch stays, empty, as above; an emptied batch that no longer is its
+producer's last goes, as Kafka's DELETE_EMPTY). Transaction markers (Kafka 3.x's
 ``CleanedTransactionMetadata`` with KIP-534's horizon): pass 2 notes, per producer, the
 transactional data batches it meets from the log start on (``TxnMarkerState``, carried
-across the rewrite's spans, chunks and groups); a marker none of whose transaction's data
-remains gets its delete horizon (clean time + ``delete.retention.ms``) in the first cleaning
-that finds it so, and a cleaning at or after that horizon removes it. A marker that is its
-producer's last record at the producer's epoch stays whole, for fencing (Kafka empties it,
-keeping the batch). A marker stays while any transactional batch of its producer lies between
-it and the producer's previous marker -- an emptied one too (it stays only while it is its
-producer's last batch, as Kafka's DELETE_EMPTY; an empty batch that no longer is goes). The cleaned segments keep the aborted-transaction entries
-of the replaced ones except those whose marker lies below the cleanable end: their data is
-gone, and an entry outliving its marker would make read_committed consumers skip the
-producer's next, committed transaction.
+across the rewrite's spans, chunks and groups); a marker stays while any transactional batch
+of its producer (an emptied one too) lies between it and the producer's previous marker.
+Once none does, the first cleaning that finds it so stamps its delete horizon (clean time +
+``delete.retention.ms``), and a cleaning at or after that horizon removes it. A marker that
+is its producer's last record at the producer's epoch stays whole, for fencing (Kafka empties
+it, keeping the batch). The cleaned segments keep the aborted-transaction entries of the
+replaced ones except those whose marker lies below the cleanable end: their data is gone,
+and an entry outliving its marker would make read_committed consumers skip the producer's
+next, committed transaction.
 
 I/O: both passes read segments chunk by chunk into one reused, aligned buffer of
 ``io_chunk_bytes`` (no bytes object per chunk): a chunk in the page cache with ``pread``, one
