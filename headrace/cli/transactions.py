@@ -54,7 +54,7 @@ from headrace.cli.common import (
 )
 from headrace.cli.raw_requests import broker_failures, connect_broker
 from headrace.client.broker_connection import BrokerConnection
-from headrace.errors import ERRORS_BY_CODE, UnknownServerError
+from headrace.errors import ERRORS_BY_CODE, TransactionalIdNotFound, UnknownServerError
 from headrace.protocol.wire import skip_tagged_fields
 
 FIND_COORDINATOR_KEY = 10
@@ -473,6 +473,9 @@ def _hanging(cluster: _Cluster, candidates: list[ProducerState]) -> list[Produce
             continue
         (described,) = describe_transactions(cluster, row["coordinator_id"],
                                              [row["transactional_id"]])
+        if described["error_code"] != TransactionalIdNotFound.code:
+            _check(described["error_code"], f"failed to describe transactional id "
+                   f"{row['transactional_id']!r}")
         if (candidate.topic, candidate.partition) not in described["topic_partitions"]:
             hanging.append(candidate)
     return hanging
