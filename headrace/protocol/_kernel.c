@@ -661,7 +661,9 @@ static int inflate_lz4_walking(LZ4F_dctx *decoder, const Lz4Section *s, RecordsW
                                size_t *written)
 {
     size_t in_pos = 0, out_pos = 0;
-    size_t next_input_bytes = LZ4F_HEADER_SIZE_MAX, frame_unfinished = 1;
+    /* the smallest frame header first: liblz4 then asks for the rest of the header and each
+     * block whole, and decodes the block from the payload itself, never a copy of it */
+    size_t next_input_bytes = LZ4F_HEADER_SIZE_MIN, frame_unfinished = 1;
     while (in_pos < s->payload_len) {
         size_t in_bytes = s->payload_len - in_pos;
         size_t out_bytes = s->out_len - out_pos;
@@ -679,7 +681,7 @@ static int inflate_lz4_walking(LZ4F_dctx *decoder, const Lz4Section *s, RecordsW
             records_walk_advance(walk, s->out + out_pos, 1, errs, walk_failure))
             *walk_failed = 1;
         /* 0: a frame ended; another may follow */
-        next_input_bytes = frame_unfinished ? frame_unfinished : LZ4F_HEADER_SIZE_MAX;
+        next_input_bytes = frame_unfinished ? frame_unfinished : LZ4F_HEADER_SIZE_MIN;
     }
     if (frame_unfinished)
         return LZ4_SECTION_DECLINED; /* no input, or a frame cut short */
