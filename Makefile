@@ -25,7 +25,7 @@ install: $(STAMP)
 system-deps:
 	@./scripts/install-system-deps.sh
 
-run: install
+run: system-deps install
 	$(BIN)/headrace broker --override log.dirs=./data
 
 # A three-node ZooKeeper ensemble and BROKERS brokers on 127.0.0.1:9092..., data under ./cluster;
