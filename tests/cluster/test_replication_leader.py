@@ -72,6 +72,7 @@ class LeaderCluster:
                 else PowerCutBroker(data_dir, shim, overrides))
         self.zk = None
         self.connect = connect
+        self.topic_ids: dict[str, uuid.UUID] = {}
 
     def start(self) -> None:
         for broker in self.brokers.values():
@@ -100,6 +101,7 @@ class LeaderCluster:
         transaction.create(paths.topic_config_path(name), records.encode_entity_config(configs))
         transaction.create(paths.topic_path(name), records.encode_topic_assignment(assignment))
         assert not any(isinstance(result, Exception) for result in transaction.commit())
+        self.topic_ids[name] = uuid.UUID(bytes=assignment.topic_id)
         wait_until(lambda: self.state(name) is not None, f"{name}'s state")
         wait_until(lambda: list_offset(self.bootstrap(replicas[0]), name) == (0, 0),
                    f"broker {replicas[0]} to serve {name}")
@@ -253,6 +255,22 @@ def test_a_waiting_consumer_fetch_returns_once_the_high_watermark_passes_new_rec
                                                    consumer.receive_frame())
     assert received_id == correlation_id
     assert fetched_values(answer.responses[0].partitions[0]) == [b"p"]
+
+
+def test_a_follower_fetching_with_replica_state_of_fetch_v15_joins_the_isr(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 18), min_insync_replicas=1)
+    with RawClient(cluster.bootstrap(leader)) as follower:
+        answer = follower.request(FETCH, 15, {
+            "replica_state": {"replica_id": 18, "replica_epoch": -1}, "max_wait": 0,
+            "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+            "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+            "topics": [{"topic_id": cluster.topic_ids[topic], "partitions": [{
+                "partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20,
+                "current_leader_epoch": -1, "last_fetched_epoch": -1,
+                "log_start_offset": -1}]}]})
+    assert answer.responses[0].partitions[0].error_code == 0
+    cluster.wait_for_isr(topic, {leader, 18})
 
 
 def test_the_leader_stamps_its_leader_epoch_into_appended_batches(cluster):
