@@ -396,6 +396,8 @@ class ReplicaFetcher:
                             state.partition, log_.log_end_offset, self.leader_id, leader_start)
                 await self._manager.run_append(log_.truncate_fully_and_start_at, leader_start,
                                                self._manager.wall_clock_ms())
+        if log_.log_end_offset == state.fetch_offset:  # nothing moved: do not spin
+            self._delay([state])
         state.fetch_offset = log_.log_end_offset
 
     async def _leader_offset(self, state: _PartitionFetch, timestamp: int) -> int | None:

@@ -1,7 +1,8 @@
 """Followers copying their leaders (``headrace.broker.replica_fetcher``), with three real broker
 processes on a real ZooKeeper: a follower's log becomes the leader's byte for byte, idempotent
 and transactional batches and markers included; a follower whose log diverged while it led an
-older epoch truncates by leader epoch (KIP-101), not to its high watermark; OffsetForLeaderEpoch
+older epoch truncates by leader epoch (KIP-101), not to its high watermark; a follower left
+below the leader's log start restarts its log there; OffsetForLeaderEpoch
 answers on a cluster's leader and followers; a throttled follower catches up within its
 follower.replication.throttled.rate, by the quota's own accounting.
 
@@ -33,7 +34,7 @@ wait_until = functools.partial(cluster_helpers.wait_until, timeout_s=WAIT_TIMEOU
 BROKER_IDS = (1, 2, 3)
 SESSION_TIMEOUT_MS = 4000
 PRODUCE, LIST_OFFSETS, METADATA, CREATE_TOPICS, INIT_PRODUCER_ID = 0, 2, 3, 19, 22
-OFFSET_FOR_LEADER_EPOCH, WRITE_TXN_MARKERS = 23, 27
+OFFSET_FOR_LEADER_EPOCH, WRITE_TXN_MARKERS, DELETE_RECORDS = 23, 27, 21
 NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH = 6, 74, 75
 THROTTLE_BYTES_PER_SECOND = 1_000_000
 THROTTLE_WINDOW_NUM = 3  # rate over at least 2 s: a burst is judged over that much
@@ -333,6 +334,32 @@ def test_a_diverged_follower_truncates_by_epoch_not_to_its_high_watermark(cluste
     assert [values[o] for o in range(15)] == (
         [b"both-%d" % n for n in range(10)] + [b"new-epoch-%d" % n for n in range(5)])
     assert cluster.offset_for_leader_epoch(2, topic, new_epoch, 0)[1:] == (0, 10)
+
+
+# --- out of range -----------------------------------------------------------------------------
+
+
+def test_a_follower_below_the_leaders_log_start_restarts_its_log_there(cluster):
+    """Kafka's fetchOffsetAndTruncate: broker 3 was down while the leader's log start moved
+    past its log end (DeleteRecords); its fetch from 0 is out of range, so it empties its log
+    and starts it at the leader's log start."""
+    topic = cluster.create_topic([1, 2, 3])
+    cluster.brokers[3].kill()
+    try:
+        wait_until(lambda: 3 not in cluster.live_brokers(1), "broker 3's session to expire")
+        cluster.produce(1, topic, [b"r%d" % n for n in range(10)])
+        wait_until(lambda: cluster.high_watermark(1, topic) == 10, "broker 1's HW at 10")
+        deleted = cluster.request(1, DELETE_RECORDS, 2, {"timeout": 30000, "topics": [
+            {"name": topic, "partitions": [{"partition_index": 0, "offset": 8}]}]})
+        assert deleted.topics[0].partitions[0].error_code == 0
+        assert deleted.topics[0].partitions[0].low_watermark == 8
+    finally:
+        cluster.brokers[3].start()
+        cluster.wait_for_brokers()
+    directory = cluster.brokers[3].data_dir / f"{topic}-0"
+    wait_until(lambda: values_at(cluster.log_bytes(3, topic)) == {8: b"r8", 9: b"r9"},
+               "broker 3 to hold offsets 8 and 9 only")
+    assert sorted(p.name for p in directory.glob("*.log")) == ["00000000000000000008.log"]
 
 
 # --- throttling ---------------------------------------------------------------------------------
