@@ -28,6 +28,7 @@ from tests.conftest import BrokerProcess
 METADATA, CREATE_TOPICS, ALTER_REASSIGNMENTS, LIST_REASSIGNMENTS = 3, 19, 45, 46
 NOT_CONTROLLER, INVALID_REPLICA_ASSIGNMENT, NO_REASSIGNMENT_IN_PROGRESS = 41, 39, 85
 UNKNOWN_TOPIC_OR_PARTITION = 3
+RECORDS = 500
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
 
@@ -160,3 +161,39 @@ def test_single_node_reassignment_answers(broker):
     assert alter_codes(alter(broker, "alone", {0: None})) == {0: NO_REASSIGNMENT_IN_PROGRESS}
     assert alter_codes(alter(broker, "alone", {3: [node]})) == {3: UNKNOWN_TOPIC_OR_PARTITION}
     assert listed(broker).topics == ()
+
+
+def test_reassigning_a_partition_from_broker_1_to_3_copies_its_records(three):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    controller = three.brokers[three.controller()]
+    assert create_assigned_topic(controller, "carried", {0: [1]}) == 0
+    bootstrap = ",".join(b.bootstrap for b in three.brokers.values())
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    values = [b"value-%d" % i for i in range(RECORDS)]
+    for value in values:
+        producer.produce("carried", value, partition=0)
+    assert producer.flush(30) == 0
+
+    rows = run_json("cluster", "reassign", "--execute", "--topic", "carried", "--partition", "0",
+                    "--replicas", "3", "--bootstrap-server", controller.bootstrap)
+    assert rows == [{"topic": "carried", "partition": 0, "result": "ok"}]
+    wait_until(lambda: three.assignment("carried").partitions[0] == (3,), "RS = [3]")
+    assert three.assignment("carried").adding_replicas == {}
+    state = wait_until(lambda: topic_states(three.zk, "carried", 1), "the state")[0]
+    assert (state.leader, state.isr) == (3, (3,))
+    [row] = run_json("cluster", "reassign", "--verify", "--topic", "carried", "--partition", "0",
+                     "--replicas", "3", "--bootstrap-server", controller.bootstrap)
+    assert row["status"] == "completed"
+
+    consumer = Consumer({"bootstrap.servers": three.brokers[3].bootstrap, "group.id": "carried",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition("carried", 0, 0)])
+        received = []
+        wait_until(lambda: received.extend(m.value() for m in consumer.consume(100, timeout=1.0)
+                                           if m.error() is None) or len(received) >= RECORDS,
+                   "every record from broker 3")
+        assert received == values
+    finally:
+        consumer.close()
