@@ -7,7 +7,9 @@ expansion and shrink as the partition state znode shows them, NOT_ENOUGH_REPLICA
 after the append, REQUEST_TIMED_OUT, the leader epoch stamped into batches, and the last
 replica standing (``cluster.partition_leader``): a leader alone in its ISR keeps every record
 it acknowledged through a power cut (broker 2 runs under the power-cut shim,
-``tests/power_cut.py``).
+``tests/power_cut.py``); an offset commit is answered once the offsets topic's followers have
+it (the brokers take one offsets partition, which a test creates on broker 1 and a raw
+follower).
 
 One ZooKeeper ensemble and two brokers under one chroot serve the module: broker 1 keeps
 Kafka's replica.lag.time.max.ms (30 s: no follower leaves its ISRs during a test), broker 2 a
@@ -28,6 +30,7 @@ import pytest
 
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
+from headrace.coordinator.records import OFFSETS_TOPIC_NAME
 from headrace.errors import (
     NotEnoughReplicas,
     NotEnoughReplicasAfterAppend,
@@ -43,7 +46,7 @@ from tests.conftest import BrokerProcess
 from tests.power_cut import PowerCutBroker, build_shim
 from tests.record_reading import iter_records
 
-PRODUCE, FETCH, LIST_OFFSETS = 0, 1, 2
+PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 8, 9
 FETCH_VERSION = 12  # the last version with the replica_id body field
 PATIENT_BROKER, IMPATIENT_BROKER = 1, 2
 SHORT_LAG_TIME_MS = 1500
@@ -66,7 +69,8 @@ class LeaderCluster:
                 "zookeeper.session.timeout.ms": "4000",
                 "replica.lag.time.max.ms": str(lag_ms),
                 # the raw followers are no brokers: no leadership could move at shutdown
-                "controlled.shutdown.enable": "false"}
+                "controlled.shutdown.enable": "false",
+                "offsets.topic.num.partitions": "1"}  # the offsets topic a test writes
             self.brokers[broker_id] = (
                 BrokerProcess(data_dir, overrides) if broker_id == PATIENT_BROKER
                 else PowerCutBroker(data_dir, shim, overrides))
@@ -90,11 +94,12 @@ class LeaderCluster:
     def bootstrap(self, broker_id: int) -> str:
         return self.brokers[broker_id].bootstrap
 
-    def create_topic(self, replicas: tuple[int, ...], min_insync_replicas: int) -> str:
+    def create_topic(self, replicas: tuple[int, ...], min_insync_replicas: int,
+                     name: str | None = None, configs: dict[str, str] | None = None) -> str:
         """One partition on ``replicas`` (the first leads), as Kafka's AdminZkClient writes
         a topic: config then assignment; then until its leader serves it."""
-        name = f"replicated-{uuid.uuid4().hex[:10]}"
-        configs = {"min.insync.replicas": str(min_insync_replicas)}
+        name = name or f"replicated-{uuid.uuid4().hex[:10]}"
+        configs = {**(configs or {}), "min.insync.replicas": str(min_insync_replicas)}
         assignment = records.TopicAssignment(topic_id=records.new_topic_id(),
                                              partitions={0: replicas})
         transaction = self.zk.transaction()
@@ -351,3 +356,39 @@ def test_the_last_replica_standing_keeps_what_it_acknowledged_through_a_power_cu
     read = wait_until(lambda: fetched_values(fetch(bootstrap, topic, 0, CONSUMER)) or None,
                       "the records after the cut")
     assert read == [b"before", *values]
+
+
+def test_an_offset_commit_is_answered_once_the_offsets_topic_followers_have_it(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 31), min_insync_replicas=1, name=OFFSETS_TOPIC_NAME,
+                                 configs={"cleanup.policy": "compact"})
+    join_isr(cluster, topic, leader, (31,))
+    committed_topic = cluster.create_topic((leader,), min_insync_replicas=1)
+    bootstrap, group = cluster.bootstrap(leader), f"group-{uuid.uuid4().hex[:8]}"
+    with RawClient(bootstrap) as committer:
+        wait_until(lambda: committer.request(OFFSET_FETCH, 3, {
+            "group_id": group, "topics": None}).error_code == 0,
+            "the coordinator to load its offsets partition")
+        correlation_id = committer.send(OFFSET_COMMIT, 2, {
+            "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+            "retention_time": -1, "topics": [{"name": committed_topic, "partitions": [{
+                "partition_index": 0, "committed_offset": 42, "committed_metadata": ""}]}]})
+        wait_until(lambda: fetch(bootstrap, topic, 0, 31).records, "the commit's append")
+        assert fetch(bootstrap, topic, 0, 31).high_watermark == 0
+        assert not answered(committer)
+        assert fetch(bootstrap, topic, 0, CONSUMER).high_watermark == 0
+        log_end = _log_end_offset(bootstrap, topic)
+        assert fetch(bootstrap, topic, log_end, 31).high_watermark == log_end
+        received_id, answer = wire.decode_response(OFFSET_COMMIT, 2, committer.receive_frame())
+    assert received_id == correlation_id
+    assert answer.topics[0].partitions[0].error_code == 0
+
+
+def _log_end_offset(bootstrap: str, topic: str) -> int:
+    """The leader's log end offset, as a replica is told it (ListOffsets with a replica id)."""
+    with RawClient(bootstrap) as client:
+        answer = client.request(LIST_OFFSETS, 7, {
+            "replica_id": 31, "isolation_level": 0, "topics": [{
+                "name": topic, "partitions": [{"partition_index": 0, "timestamp": -1,
+                                               "current_leader_epoch": -1}]}]})
+    return answer.topics[0].partitions[0].offset
