@@ -41,6 +41,7 @@ import logging
 from kazoo.exceptions import KazooException
 
 from headrace.broker.replica_fetcher import ReplicaFetcherManager
+from headrace.broker.replication_quota import LeaderReplicationThrottle
 from headrace.cluster.controlled_shutdown import ControlledShutdownPolicy, shut_down_controlled
 from headrace.cluster.leader_replicas import LeaderReplicas
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache, MetadataWatcher
@@ -79,6 +80,7 @@ class ClusterService:
         self.replicas = ReplicaManager(self.broker_id, self.local_logs, self.cache,
                                        state.run_append, self.leader_replicas)
         self.fetchers = ReplicaFetcherManager(state, self.cache, self.local_logs)
+        self.leader_throttle = LeaderReplicationThrottle(self.broker_id, state.config, self.cache)
         self.replicas.fetchers = self.fetchers
         self._creating: dict[str, asyncio.Task] = {}
 

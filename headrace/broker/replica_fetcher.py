@@ -304,6 +304,7 @@ class ReplicaFetcher:
 
     def _unthrottled(self, states: list[_PartitionFetch], now_ms: int) -> list[_PartitionFetch]:
         quota = self._manager.follower_quota
+        quota.bound_bytes_per_second = self._manager.follower_rate()  # dynamic
         if not quota.is_exceeded(now_ms):
             return states
         return [s for s in states
@@ -396,6 +397,8 @@ class ReplicaFetcher:
                             state.partition, log_.log_end_offset, self.leader_id, leader_start)
                 await self._manager.run_append(log_.truncate_fully_and_start_at, leader_start,
                                                self._manager.wall_clock_ms())
+        if log_.log_end_offset == state.fetch_offset:  # nothing moved: do not spin
+            self._delay([state])
         state.fetch_offset = log_.log_end_offset
 
     async def _leader_offset(self, state: _PartitionFetch, timestamp: int) -> int | None:
@@ -453,6 +456,9 @@ class ReplicaFetcherManager:
     async def run_append(self, function, *args):
         return await self._state.run_append(function, *args)
 
+    def follower_rate(self) -> int:
+        return self._state.config.get_int(FOLLOWER_THROTTLED_RATE)
+
     def endpoint_of(self, broker_id: int) -> tuple[str, int] | None:
         broker = self._cache.current.brokers.get(broker_id)
         return None if broker is None else (broker.host, broker.port)
@@ -469,8 +475,6 @@ class ReplicaFetcherManager:
 
     async def follow(self, followed: Mapping[tuple[str, int], tuple[int, int]]) -> None:
         """Make the fetchers fetch exactly ``followed``: partition -> (leader, leader epoch)."""
-        self.follower_quota.bound_bytes_per_second = \
-            self._state.config.get_int(FOLLOWER_THROTTLED_RATE)
         changed = {key for key, value in self._followed.items() if followed.get(key) != value}
         for leader_id, fetcher in self._fetchers.items():
             await fetcher.remove([key for key in changed if self._followed[key][0] == leader_id])

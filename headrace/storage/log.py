@@ -816,16 +816,24 @@ class Log:
         return active
 
     def append_needs_no_io_wait(self, size_bytes: int, now_ms: int,
-                                records: bytes | bytearray | memoryview = b"") -> bool:
+                                records: bytes | bytearray | memoryview = b"",
+                                leader_epoch: int | None = None) -> bool:
         """Whether appending ``records`` (``size_bytes`` of them) now certainly neither fsyncs
         nor rolls (flush.messages not reached even if every byte were a record; no roll by
         size, index, offset range or age -- by the batch's max timestamp when the active
-        segment rolls by timestamps) and is not on a compacted log (whose lock the cleaner
-        takes for a swap). The broker runs such small appends inline on its event loop.
-        A hint read without the lock: a racing append can only make the answer stale
-        towards "a roll or flush happens", which the append then simply performs."""
+        segment rolls by timestamps; not the first append of a leader epoch, which writes the
+        leader-epoch checkpoint: the log's first append, or one in ``leader_epoch`` -- default
+        the log's ``leader_epoch`` -- newer than the latest) and is not on a compacted log
+        (whose lock the cleaner takes for a swap). The broker runs such small appends inline
+        on its event loop. A hint read without the lock: a racing append can only make the
+        answer stale towards "a roll or flush happens", which the append then simply
+        performs."""
         config = self.config
         if config.compact_enabled or self._closed:
+            return False
+        latest_epoch = self._append_epoch
+        epoch = self._leader_epoch if leader_epoch is None else leader_epoch
+        if latest_epoch is None or epoch > latest_epoch:
             return False
         local = self._local
         log_end_offset = local.view.log_end_offset

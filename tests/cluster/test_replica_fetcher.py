@@ -1,7 +1,8 @@
 """Followers copying their leaders (``headrace.broker.replica_fetcher``), with three real broker
 processes on a real ZooKeeper: a follower's log becomes the leader's byte for byte, idempotent
 and transactional batches and markers included; a follower whose log diverged while it led an
-older epoch truncates by leader epoch (KIP-101), not to its high watermark; OffsetForLeaderEpoch
+older epoch truncates by leader epoch (KIP-101), not to its high watermark; a follower left
+below the leader's log start restarts its log there; OffsetForLeaderEpoch
 answers on a cluster's leader and followers; a throttled follower catches up within its
 follower.replication.throttled.rate, by the quota's own accounting.
 
@@ -21,6 +22,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 from headrace.protocol import records as record_codec
 from tests.broker.raw_client import RawClient
@@ -33,7 +41,7 @@ wait_until = functools.partial(cluster_helpers.wait_until, timeout_s=WAIT_TIMEOU
 BROKER_IDS = (1, 2, 3)
 SESSION_TIMEOUT_MS = 4000
 PRODUCE, LIST_OFFSETS, METADATA, CREATE_TOPICS, INIT_PRODUCER_ID = 0, 2, 3, 19, 22
-OFFSET_FOR_LEADER_EPOCH, WRITE_TXN_MARKERS = 23, 27
+OFFSET_FOR_LEADER_EPOCH, WRITE_TXN_MARKERS, DELETE_RECORDS = 23, 27, 21
 NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH = 6, 74, 75
 THROTTLE_BYTES_PER_SECOND = 1_000_000
 THROTTLE_WINDOW_NUM = 3  # rate over at least 2 s: a burst is judged over that much
@@ -61,6 +69,8 @@ class Cluster:
                 "transaction.partition.verification.enable": "false",
                 # the divergence test elects a replica the controller dropped from the ISR
                 "unclean.leader.election.enable": "true",
+                # replication quotas judged over at least 2 s (Kafka: 11 windows, 10 s)
+                "replication.quota.window.num": str(THROTTLE_WINDOW_NUM),
             })
 
     @property
@@ -335,6 +345,32 @@ def test_a_diverged_follower_truncates_by_epoch_not_to_its_high_watermark(cluste
     assert cluster.offset_for_leader_epoch(2, topic, new_epoch, 0)[1:] == (0, 10)
 
 
+# --- out of range -----------------------------------------------------------------------------
+
+
+def test_a_follower_below_the_leaders_log_start_restarts_its_log_there(cluster):
+    """Kafka's fetchOffsetAndTruncate: broker 3 was down while the leader's log start moved
+    past its log end (DeleteRecords); its fetch from 0 is out of range, so it empties its log
+    and starts it at the leader's log start."""
+    topic = cluster.create_topic([1, 2, 3])
+    cluster.brokers[3].kill()
+    try:
+        wait_until(lambda: 3 not in cluster.live_brokers(1), "broker 3's session to expire")
+        cluster.produce(1, topic, [b"r%d" % n for n in range(10)])
+        wait_until(lambda: cluster.high_watermark(1, topic) == 10, "broker 1's HW at 10")
+        deleted = cluster.request(1, DELETE_RECORDS, 2, {"timeout": 30000, "topics": [
+            {"name": topic, "partitions": [{"partition_index": 0, "offset": 8}]}]})
+        assert deleted.topics[0].partitions[0].error_code == 0
+        assert deleted.topics[0].partitions[0].low_watermark == 8
+    finally:
+        cluster.brokers[3].start()
+        cluster.wait_for_brokers()
+    directory = cluster.brokers[3].data_dir / f"{topic}-0"
+    wait_until(lambda: values_at(cluster.log_bytes(3, topic)) == {8: b"r8", 9: b"r9"},
+               "broker 3 to hold offsets 8 and 9 only")
+    assert sorted(p.name for p in directory.glob("*.log")) == ["00000000000000000008.log"]
+
+
 # --- throttling ---------------------------------------------------------------------------------
 
 
@@ -346,7 +382,6 @@ def test_a_throttled_follower_catches_up_within_its_rate(cluster):
     saved = dict(follower.overrides)
     follower.overrides.update({
         "follower.replication.throttled.rate": str(THROTTLE_BYTES_PER_SECOND),
-        "replication.quota.window.num": str(THROTTLE_WINDOW_NUM),
         "replica.fetch.max.bytes": str(THROTTLED_FETCH_MAX_BYTES)})
     try:
         value = b"x" * 10_000
@@ -363,6 +398,50 @@ def test_a_throttled_follower_catches_up_within_its_rate(cluster):
         follower.overrides = saved
         follower.start()
         cluster.wait_for_brokers()
+    assert_within_rate(line)
+
+
+def test_a_leader_throttles_a_follower_catching_up_within_its_rate(cluster):
+    topic = cluster.create_topic([1, 2, 3], leader_replication_throttled_replicas="0:1")
+    leader, follower = cluster.brokers[1], cluster.brokers[3]
+    follower.kill()
+    saved = dict(follower.overrides)
+    follower.overrides["replica.fetch.max.bytes"] = str(THROTTLED_FETCH_MAX_BYTES)
+    set_broker_config(cluster, 1, "leader.replication.throttled.rate",
+                      str(THROTTLE_BYTES_PER_SECOND))
+    try:
+        wait_until(lambda: 3 not in cluster.live_brokers(1), "broker 3's session to expire")
+        value = b"x" * 10_000
+        cluster.produce(1, topic, [value] * (CATCH_UP_BYTES // len(value)))
+        mark = leader.log_bytes()
+        follower.start()
+        cluster.wait_for_identical_logs(topic, (1, 3))
+        line = wait_until(lambda: re.search(
+            rf"follower 3 caught up with {topic}-0 under the leader replication quota: window "
+            r"rate (\d+) bytes/s \(bound (\d+)\), (\d+) bytes recorded, throttled (\d+) ms",
+            leader.log_text(mark)), "the leader's quota accounting")
+    finally:
+        set_broker_config(cluster, 1, "leader.replication.throttled.rate", None)
+        follower.stop()
+        follower.overrides = saved
+        follower.start()
+        cluster.wait_for_brokers()
+    assert_within_rate(line)
+
+
+def set_broker_config(cluster: Cluster, broker_id: int, name: str, value: str | None) -> None:
+    """A dynamic config of one broker set (or deleted: None) with librdkafka's admin client."""
+    operation = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+    resource = ConfigResource(ResourceType.BROKER, str(broker_id), incremental_configs=[
+        ConfigEntry(name, value or "", incremental_operation=operation)])
+    admin = AdminClient({"bootstrap.servers": cluster.brokers[broker_id].bootstrap})
+    admin.incremental_alter_configs([resource])[resource].result(WAIT_TIMEOUT_S)
+
+
+def assert_within_rate(line: re.Match) -> None:
+    """The quota's own accounting when the throttled replica caught up: throttling engaged,
+    and the windowed rate near its bound (one fetch of THROTTLED_FETCH_MAX_BYTES over the
+    2 s minimum window is the most it may overshoot by)."""
     rate, bound, recorded, throttled_ms = (int(g) for g in line.groups())
     assert bound == THROTTLE_BYTES_PER_SECOND
     assert recorded >= CATCH_UP_BYTES

@@ -301,3 +301,19 @@ def test_appends_without_an_epoch_stamp_the_one_the_log_was_given(scratch):
             log.set_leader_epoch(stale)
     assert log.leader_epoch == 6
     log.close()
+
+
+def test_the_first_append_of_an_epoch_is_not_hinted_free_of_io(scratch):
+    """It writes and fsyncs the checkpoint, so the broker must not run it on its event loop."""
+    log = open_log(scratch)
+    request = build_batch([b"a"])
+    assert not log.append_needs_no_io_wait(len(request), NOW_MS, request)  # the first append
+    log.append(request, NOW_MS)
+    assert log.append_needs_no_io_wait(len(request), NOW_MS, request)
+    assert not log.append_needs_no_io_wait(len(request), NOW_MS, request, leader_epoch=3)
+    log.set_leader_epoch(2)
+    assert not log.append_needs_no_io_wait(len(request), NOW_MS, request)
+    log.append(request, NOW_MS)
+    assert log.append_needs_no_io_wait(len(request), NOW_MS, request)
+    assert log.append_needs_no_io_wait(len(request), NOW_MS, request, leader_epoch=2)
+    log.close()

@@ -13,6 +13,7 @@ from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log, UnexpectedAppendOffset
 from tests.record_reading import iter_headers
+from tests.storage.faulty_fs import MetadataForgettingFileSystem
 from tests.storage.helpers import NOW_MS, assert_indexes_match_scan, open_log, read_all, reopen
 
 PRODUCER_ID = 4_000
@@ -393,3 +394,44 @@ def test_kip_279_a_double_leader_change_converges(scratch):
     assert b.leader_epoch_cache.entries() == ((1, 0), (3, 2))
     a.close()
     b.close()
+
+
+def test_a_truncation_survives_a_power_loss_right_after_it(scratch):
+    """The cut file and the retired segments are durable when truncate_to returns: a power
+    loss right after it, with a recovery point checkpointed before the cut (the worst case:
+    loading trusts everything below it), does not bring the dropped tail back."""
+    fs = MetadataForgettingFileSystem()
+    config = LogConfig(segment_bytes=200, index_interval_bytes=1)
+    log = Log("t", 0, scratch / "t-0", config, fs, NOW_MS, clean_shutdown=True)
+    for _ in range(8):  # one epoch: the cut rewrites no epoch checkpoint (no directory sync)
+        log.append(_plain(2), NOW_MS, leader_epoch=1)
+    log.flush()
+    checkpointed_recovery_point = log.recovery_point
+    assert len(log.segments) >= 3 and checkpointed_recovery_point == 16
+    log.truncate_to(6, NOW_MS)
+    kept = read_all(log)
+    log.close_without_flush()
+    fs.crash()
+    log = Log("t", 0, scratch / "t-0", config, RealFileSystem(), NOW_MS,
+              recovery_point=checkpointed_recovery_point, clean_shutdown=False)
+    assert log.log_end_offset == 6 and read_all(log) == kept
+    assert log.leader_epoch_cache.entries() == ((1, 0),)
+    log.close()
+
+
+def test_a_restart_at_a_new_offset_survives_a_power_loss_right_after_it(scratch):
+    fs = MetadataForgettingFileSystem()
+    config = LogConfig(segment_bytes=200)
+    log = Log("t", 0, scratch / "t-0", config, fs, NOW_MS, clean_shutdown=True)
+    for offset in range(0, 12, 2):  # copied batches from before leader epochs (-1)
+        log.append_as_follower(build_batch([(None, b"v", (), NOW_MS)] * 2, base_offset=offset,
+                                           partition_leader_epoch=-1), NOW_MS)
+    log.flush()
+    assert log.leader_epoch_cache.entries() == ()  # so no checkpoint write syncs the directory
+    log.truncate_fully_and_start_at(100, NOW_MS)
+    log.close_without_flush()
+    fs.crash()
+    log = Log("t", 0, scratch / "t-0", config, RealFileSystem(), NOW_MS, recovery_point=12,
+              clean_shutdown=False)
+    assert (log.log_start_offset, log.log_end_offset, read_all(log)) == (100, 100, [])
+    log.close()
