@@ -443,7 +443,8 @@ class ReplicaFetcherManager:
             state.config.get_int("replication.quota.window.num"),
             state.config.get_int("replication.quota.window.size.seconds") * 1000)
         self._fetchers: dict[int, ReplicaFetcher] = {}
-        self._followed: dict[tuple[str, int], tuple[int, int]] = {}
+        # partition -> (leader, leader epoch, log) of every partition handed to a fetcher
+        self._followed: dict[tuple[str, int], tuple[int, int, object]] = {}
 
     def now_ms(self) -> int:
         """Monotonic: backoffs and the quota's windows."""
@@ -474,25 +475,40 @@ class ReplicaFetcherManager:
         return self._fetchers
 
     async def follow(self, followed: Mapping[tuple[str, int], tuple[int, int]]) -> None:
-        """Make the fetchers fetch exactly ``followed``: partition -> (leader, leader epoch)."""
-        changed = {key for key, value in self._followed.items() if followed.get(key) != value}
-        for leader_id, fetcher in self._fetchers.items():
-            await fetcher.remove([key for key in changed if self._followed[key][0] == leader_id])
+        """Make the fetchers fetch exactly ``followed``: partition -> (leader, leader epoch).
+        A partition whose leader, epoch or log (a topic re-created) changed starts over."""
+        wanted = {}
         for key, (leader_id, leader_epoch) in followed.items():
-            if self._followed.get(key) == (leader_id, leader_epoch):
-                continue
             try:
-                log_ = self._logs.get_log(*key)
+                wanted[key] = (leader_id, leader_epoch, self._logs.get_log(*key))
+            except KafkaError as error:  # offline, or not created: the next change retries
+                log.error("broker %d cannot follow %s-%d: %s", self.broker_id, *key, error)
+        await self._remove([key for key, value in self._followed.items()
+                            if wanted.get(key) != value])
+        for key, value in wanted.items():
+            if key in self._followed:
+                continue
+            leader_id, leader_epoch, log_ = value
+            try:
                 await self.run_append(self._manage_high_watermark, key, log_)
             except Exception:  # this partition only; the next metadata change retries it
                 log.exception("broker %d cannot follow %s-%d", self.broker_id, *key)
                 continue
             self._fetcher_for(leader_id).add(_PartitionFetch(key[0], key[1], log_, leader_epoch))
-            self._followed[key] = (leader_id, leader_epoch)
-        for key in changed - set(followed):
-            self._followed.pop(key, None)
+            self._followed[key] = value
         for leader_id in [i for i, f in self._fetchers.items() if not f.partitions]:
             await self._fetchers.pop(leader_id).stop()
+
+    async def unfollow_topic(self, name: str) -> None:
+        """Stop fetching every partition of topic ``name`` (its logs are about to go)."""
+        await self._remove([key for key in self._followed if key[0] == name])
+
+    async def _remove(self, keys: list[tuple[str, int]]) -> None:
+        """Drop ``keys`` from their fetchers; returns once no log work on them is under way."""
+        for leader_id, fetcher in self._fetchers.items():
+            await fetcher.remove([key for key in keys if self._followed[key][0] == leader_id])
+        for key in keys:
+            del self._followed[key]
 
     def _manage_high_watermark(self, key: tuple[str, int], log_) -> None:
         """A follower's high watermark is the leader's: from the checkpoint at start-up
