@@ -2,13 +2,30 @@
 cleaner, the scrub and the tools use. It composes ``LogLoader`` (opening and recovering the
 directory, rebuilding producer state), ``LocalLog`` (the segment list, its published
 snapshot, reads, rolls, flushes, deletions and swaps) and ``RollPolicy`` (when to roll), and
-owns the appends, the offsets (log start, log end = high watermark on this single-replica
-broker), retention, DeleteRecords, the cleaner's segment swaps and the cleaning guard.
+owns the appends, the offsets (log start, log end, high watermark), retention, DeleteRecords,
+the cleaner's segment swaps and the cleaning guard, and replication's storage side (below).
 
 Files: the partition directory ``<topic>-<partition>/`` holds the segments (see ``segment``,
 ``local_log``), producer-state snapshots (``<20-digit offset>.snapshot``; see
-``producer_state``), ``accepted-gaps`` (see ``log_loader``) and ``partition.metadata``
-(written by the log manager).
+``producer_state``), ``leader-epoch-checkpoint`` (see ``leader_epoch_cache``),
+``accepted-gaps`` (see ``log_loader``) and ``partition.metadata`` (written by the log manager).
+
+Replication (Kafka's ``UnifiedLog``): every append stamps the caller's ``leader_epoch`` (0 on a
+single node) into each batch as partitionLeaderEpoch (header bytes 12..15, outside the CRC;
+the kernel's single-batch writev carries it with the base offset, so this costs no Python
+per append) and the first append of an epoch records (epoch, log end) in
+``leader_epoch_cache`` before any of its batches is written; an older epoch is fenced.
+``append_as_follower`` copies the leader's batches with their offsets and epochs,
+``truncate_to`` / ``truncate_fully_and_start_at`` cut the log as a follower must (producer
+state rebuilt from the newest snapshot at or below the cut, the epoch cache truncated). The
+high watermark is the log end offset until replication manages it
+(``manage_high_watermark``; ``update_high_watermark`` only moves it forward, within [log
+start, log end]; truncation lowers it; the log manager checkpoints it in
+``replication-offset-checkpoint``); the last stable offset and DeleteRecords stay below it, and
+``read(max_offset=...)`` bounds a consumer's read by it. ``flush_up_to`` makes a prefix
+durable (the sole in-sync replica acknowledges only durable records). After a crash the epoch
+cache is truncated to the recovered log end (its checkpoint is written before the epoch's
+data, so it never lacks an epoch the log holds) and moved to the log start.
 
 Appends are serialized by one lock and do no per-record work in Python: one compiled-kernel call
 checks every batch of the request (whole batches, magic, CRC-32C, and Kafka's LogValidator
@@ -58,9 +75,11 @@ Rolls happen on the appending thread only (at append, or in ``maintain`` called 
 broker's maintenance on that same thread, which rolls by creation time, and by timestamp only
 on compact-only logs so their records become cleanable within max.compaction.lag.ms).
 
-Thread-safety: ``append``, ``roll``, ``flush``, retention and ``close`` take the log's lock;
-``read``, ``offset_for_timestamp`` and the properties work on the published snapshot from any
-thread.
+Thread-safety: ``append``, ``append_as_follower``, ``truncate_to``, ``roll``, ``flush``,
+retention and ``close`` take the log's lock; ``read``, ``offset_for_timestamp``, the
+leader-epoch cache's readers and the properties work on the published snapshot from any
+thread; the managed high watermark changes under its own small lock (never held across I/O),
+so ``update_high_watermark`` never waits for an append.
 
 Cleaning guard: a cleaner thread brackets a cleaning with ``begin_cleaning``/``end_cleaning``
 (a per-log lock, separate from the append lock, so appends never wait for a cleaning) and calls
@@ -237,6 +256,8 @@ class Log:
         self.leader_epoch_cache = self._load_leader_epoch_cache()
         # The epoch of the latest entry: an append of another epoch begins a new entry.
         self._append_epoch = self.leader_epoch_cache.latest_epoch()
+        # What appends without an explicit leader_epoch stamp (``set_leader_epoch``).
+        self._leader_epoch = 0
         # None: the high watermark is the log end offset (single node); else the explicit one
         # replication manages (``manage_high_watermark``). Changed under ``_hw_lock``.
         self._managed_high_watermark: int | None = None
@@ -342,14 +363,15 @@ class Log:
     # ---- appending -----------------------------------------------------------------------
 
     def append(self, records: bytes | bytearray | memoryview, now_ms: int,
-               from_client: bool = False, leader_epoch: int = 0) -> AppendResult:
+               from_client: bool = False, leader_epoch: int | None = None) -> AppendResult:
         """Validate, assign offsets to and write one or more whole v2 batches; a topic whose
         compression.type names a codec gets batches of other codecs recompressed first.
         ``records`` (any contiguous buffer) is only read: the single-batch path writes it with its
         new base offset in one writev, the general path works on a copy. ``from_client``:
         a producer's request (Produce), held to Kafka's client rules (no control batches).
-        ``leader_epoch`` (the partition state's; 0 on a single node) is stamped into every
-        batch as partitionLeaderEpoch; the first append of a new epoch records (epoch, log
+        ``leader_epoch`` (the partition state's; default: the log's ``leader_epoch``, set by
+        ``set_leader_epoch``, 0 on a single node) is stamped into every batch as
+        partitionLeaderEpoch; the first append of a new epoch records (epoch, log
         end) in ``leader_epoch_cache`` (and its checkpoint) before writing. An epoch below the
         cache's latest raises FencedLeaderEpoch (a deposed leader), nothing written.
 
@@ -363,6 +385,8 @@ class Log:
         try:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            if leader_epoch is None:
+                leader_epoch = self._leader_epoch
             if leader_epoch != self._append_epoch:
                 self._begin_epoch_locked(leader_epoch)
             window = self._single_batch_window
@@ -380,6 +404,22 @@ class Log:
                 listener(result.last_offset + 1)
         return result
 
+    @property
+    def leader_epoch(self) -> int:
+        """The epoch appends stamp when their caller names none (``set_leader_epoch``)."""
+        return self._leader_epoch
+
+    def set_leader_epoch(self, leader_epoch: int) -> None:
+        """This broker leads the partition in ``leader_epoch`` (the partition state's): every
+        later append without an explicit epoch -- produce, the group and transaction
+        coordinators' records, transaction markers -- stamps it. Raises ValueError for a
+        negative epoch or one older than the log's latest (a stale partition state)."""
+        latest = self.leader_epoch_cache.latest_epoch()
+        if leader_epoch < 0 or (latest is not None and leader_epoch < latest):
+            raise ValueError(f"{self.topic}-{self.partition}: leader epoch {leader_epoch} "
+                             f"below 0 or the log's latest epoch {latest}")
+        self._leader_epoch = leader_epoch
+
     def _begin_epoch_locked(self, leader_epoch: int) -> None:
         """The first append of ``leader_epoch``: its entry starts at the log end (Kafka's
         ``maybeAssignEpochStartOffset``), checkpointed before any batch of it is written."""
@@ -391,8 +431,8 @@ class Log:
         self._append_epoch = leader_epoch
 
     def append_transaction_marker(self, producer_id: int, producer_epoch: int, commit: bool,
-                                  coordinator_epoch: int, now_ms: int, leader_epoch: int = 0
-                                  ) -> AppendResult:
+                                  coordinator_epoch: int, now_ms: int,
+                                  leader_epoch: int | None = None) -> AppendResult:
         """Write the end-transaction marker the transaction coordinator sends for this
         partition (Kafka's append with ``AppendOrigin.COORDINATOR``): one control batch
         (``control_records``) ending the producer's ongoing transaction here, if it has one.
@@ -409,6 +449,8 @@ class Log:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
             self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            if leader_epoch is None:
+                leader_epoch = self._leader_epoch
             if leader_epoch != self._append_epoch:
                 self._begin_epoch_locked(leader_epoch)
             result = self._append_general(batch, now_ms, False, leader_epoch)
@@ -525,7 +567,7 @@ class Log:
                 return True
             self._single_batch_window = None
             log_end_offset = local.truncate_to(offset, now_ms)
-            self.producer_state.remove_snapshots(above_offset=log_end_offset)
+            # from the newest snapshot at or below the new end; later ones deleted
             rebuild_producer_state(self.producer_state, local.segments, log_end_offset,
                                    log_end_offset)
             self.leader_epoch_cache.truncate_from_end(log_end_offset)
@@ -774,16 +816,24 @@ class Log:
         return active
 
     def append_needs_no_io_wait(self, size_bytes: int, now_ms: int,
-                                records: bytes | bytearray | memoryview = b"") -> bool:
+                                records: bytes | bytearray | memoryview = b"",
+                                leader_epoch: int | None = None) -> bool:
         """Whether appending ``records`` (``size_bytes`` of them) now certainly neither fsyncs
         nor rolls (flush.messages not reached even if every byte were a record; no roll by
         size, index, offset range or age -- by the batch's max timestamp when the active
-        segment rolls by timestamps) and is not on a compacted log (whose lock the cleaner
-        takes for a swap). The broker runs such small appends inline on its event loop.
-        A hint read without the lock: a racing append can only make the answer stale
-        towards "a roll or flush happens", which the append then simply performs."""
+        segment rolls by timestamps; not the first append of a leader epoch, which writes the
+        leader-epoch checkpoint: the log's first append, or one in ``leader_epoch`` -- default
+        the log's ``leader_epoch`` -- newer than the latest) and is not on a compacted log
+        (whose lock the cleaner takes for a swap). The broker runs such small appends inline
+        on its event loop. A hint read without the lock: a racing append can only make the
+        answer stale towards "a roll or flush happens", which the append then simply
+        performs."""
         config = self.config
         if config.compact_enabled or self._closed:
+            return False
+        latest_epoch = self._append_epoch
+        epoch = self._leader_epoch if leader_epoch is None else leader_epoch
+        if latest_epoch is None or epoch > latest_epoch:
             return False
         local = self._local
         log_end_offset = local.view.log_end_offset
@@ -842,6 +892,17 @@ class Log:
     def flush(self) -> None:
         with self._lock:
             self._local.flush(None)
+
+    def flush_up_to(self, offset: int) -> int:
+        """Make every record below ``offset`` durable (the sole-ISR leader's fsync before
+        it advances the high watermark): nothing when the recovery point already reaches it,
+        else an fsync of everything written (the recovery point becomes the log end). Returns
+        the recovery point: all records below it are on disk."""
+        with self._lock:
+            local = self._local
+            if offset > local.recovery_point and not self._closed:
+                local.flush(None)
+            return local.recovery_point
 
     def flush_if_due(self, now_ms: int) -> None:
         """Time-based flush (flush.ms), and the flush Kafka schedules after a roll."""
@@ -954,11 +1015,18 @@ class Log:
         return deletable
 
     def _deletable_prefix(self, now_ms: int) -> int:
+        """How many of the oldest sealed segments retention deletes: never one whose
+        records are not all below the high watermark (Kafka's ``deletableSegments``: a
+        leader keeps what its followers may still need to copy; on a single node the high
+        watermark is the log end, which every sealed segment lies below)."""
         segments, config = self._local.segments, self.config
         log_start = self._local.view.log_start_offset
+        high_watermark = self.high_watermark
         count = 0
         excess_bytes = self.size_bytes - config.retention_bytes
         for index, segment in enumerate(segments[:-1]):
+            if segments[index + 1].base_offset > high_watermark:
+                break
             below_start = segments[index + 1].base_offset <= log_start
             by_time = config.delete_enabled and config.retention_ms >= 0 and \
                 now_ms - segment.largest_timestamp_ms() > config.retention_ms
