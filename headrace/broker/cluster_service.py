@@ -90,7 +90,7 @@ class ClusterService:
         self.local_logs = state.log_manager
         self.leader_replicas = LeaderReplicas(
             self.broker_id, zk, state.clock, state.config.get_int("replica.lag.time.max.ms"),
-            state.run_append, state.appended.notify)
+            state.run_append, state.appended.notify, self.local_logs.initial_high_watermark)
         self.replicas = ReplicaManager(self.broker_id, self.local_logs, self.cache,
                                        state.run_append, self.leader_replicas)
         self.fetchers = ReplicaFetcherManager(state, self.cache, self.local_logs)

@@ -1,7 +1,9 @@
 """The broker's side of the cluster controller: start and stop it, and await its work.
 
 Owns the one ``headrace.cluster.controller.Controller`` of a broker in cluster mode (on the
-broker's ZooKeeper session, with ``unclean.leader.election.enable``), started once the broker
+broker's ZooKeeper session, with ``unclean.leader.election.enable`` and the automatic leader
+rebalance's ``auto.leader.rebalance.enable``, ``leader.imbalance.check.interval.seconds`` and
+``leader.imbalance.per.broker.percentage``), started once the broker
 is registered in ``/brokers/ids`` (as Kafka starts its controller after registering) and
 stopped before the session is closed. ``run`` hands an action to the controller's event thread
 and awaits it from the event loop, bounded by ``timeout_ms``: REQUEST_TIMED_OUT past it or
@@ -20,7 +22,7 @@ from typing import Any, TypeVar
 
 from kazoo.exceptions import KazooException, SessionExpiredError
 
-from headrace.cluster.controller import Controller, ControllerFenced
+from headrace.cluster.controller import Controller, ControllerFenced, LeaderRebalance
 from headrace.cluster.zookeeper_session import ZooKeeperClientError
 from headrace.errors import NotController, RequestTimedOut
 
@@ -31,7 +33,11 @@ class ControllerService:
     def __init__(self, membership: Any, config: Any) -> None:
         self.controller = Controller(
             membership.session.client, membership.broker_id,
-            unclean_leader_election=config.get_bool("unclean.leader.election.enable"),
+            unclean_leader_election=lambda: config.get_bool("unclean.leader.election.enable"),
+            leader_rebalance=LeaderRebalance(
+                enable=config.get_bool("auto.leader.rebalance.enable"),
+                check_interval_s=config.get_int("leader.imbalance.check.interval.seconds"),
+                imbalance_per_broker_percentage=config.get_int("leader.imbalance.per.broker.percentage")),
         )
 
     def start(self) -> None:

@@ -14,6 +14,7 @@ topic admin places replicas on live brokers only). Waits are on observed states,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import select
 import time
@@ -225,9 +226,16 @@ def test_acks_all_times_out_while_a_follower_lags_and_acks_one_does_not_wait(clu
 def test_the_leader_stamps_its_leader_epoch_into_appended_batches(cluster):
     leader = PATIENT_BROKER
     topic = cluster.create_topic((leader, 15), min_insync_replicas=1)
-    epoch = cluster.state(topic).leader_epoch
-    assert produce(cluster.bootstrap(leader), topic, [b"e"], acks=1).error_code == 0
-    copied = fetch(cluster.bootstrap(leader), topic, 0, 15, leader_epoch=epoch)
+    # a later epoch, as a controller's re-election would write it (same leader)
+    state = cluster.state(topic)
+    epoch = state.leader_epoch + 3
+    cluster.zk.set(paths.partition_state_path(topic, 0), records.encode_partition_state(
+        dataclasses.replace(state, leader_epoch=epoch)))
+    bootstrap = cluster.bootstrap(leader)
+    wait_until(lambda: fetch(bootstrap, topic, 0, 15, leader_epoch=epoch).error_code == 0,
+               f"the leader to be in epoch {epoch}")
+    assert produce(bootstrap, topic, [b"e"], acks=1).error_code == 0
+    copied = fetch(bootstrap, topic, 0, 15, leader_epoch=epoch)
     assert copied.error_code == 0
     partition_leader_epoch = int.from_bytes(copied.records[12:16], "big", signed=True)
     assert partition_leader_epoch == epoch
