@@ -1,9 +1,13 @@
 """The leader side of replication, driven by raw followers: a real broker process leads
 partitions whose other replicas are ids of no running broker, and a raw wire client fetches
 for them with their replica id (Fetch v12's ``replica_id``), so each test decides when each
-follower has which records: the high watermark, what consumers see, when acks=all is
-answered, ISR expansion and shrink as the partition state znode shows them,
-NOT_ENOUGH_REPLICAS before and after the append, REQUEST_TIMED_OUT.
+follower has which records: the high watermark, what consumers see (a waiting consumer
+fetch wakes when the high watermark passes new records), when acks=all is answered, ISR
+expansion and shrink as the partition state znode shows them, NOT_ENOUGH_REPLICAS before and
+after the append, REQUEST_TIMED_OUT, the leader epoch stamped into batches, and the last
+replica standing (``cluster.partition_leader``): a leader alone in its ISR keeps every record
+it acknowledged through a power cut (broker 2 runs under the power-cut shim,
+``tests/power_cut.py``).
 
 One ZooKeeper ensemble and two brokers under one chroot serve the module: broker 1 keeps
 Kafka's replica.lag.time.max.ms (30 s: no follower leaves its ISRs during a test), broker 2 a
@@ -33,9 +37,10 @@ from headrace.errors import (
 )
 from headrace.protocol import records as record_codec
 from headrace.protocol import wire
-from tests.broker.raw_client import RawClient
+from tests.broker.raw_client import SOCKET_TIMEOUT_S, RawClient
 from tests.cluster import cluster_helpers
 from tests.conftest import BrokerProcess
+from tests.power_cut import PowerCutBroker, build_shim
 from tests.record_reading import iter_records
 
 PRODUCE, FETCH, LIST_OFFSETS = 0, 1, 2
@@ -49,21 +54,25 @@ NO_EPOCH = -1
 
 
 class LeaderCluster:
-    def __init__(self, base_dir, ensemble) -> None:
+    def __init__(self, base_dir, ensemble, shim) -> None:
         chroot = f"/replication-leader-{uuid.uuid4().hex[:8]}"
         connect = ensemble.connect_string + chroot
         self.brokers = {}
         for broker_id, lag_ms in ((PATIENT_BROKER, 30_000), (IMPATIENT_BROKER, SHORT_LAG_TIME_MS)):
             data_dir = base_dir / f"broker-{broker_id}"
             data_dir.mkdir()
-            self.brokers[broker_id] = BrokerProcess(data_dir, {
+            overrides = {
                 "broker.id": str(broker_id), "zookeeper.connect": connect,
                 "zookeeper.session.timeout.ms": "4000",
                 "replica.lag.time.max.ms": str(lag_ms),
                 # the raw followers are no brokers: no leadership could move at shutdown
-                "controlled.shutdown.enable": "false"})
+                "controlled.shutdown.enable": "false"}
+            self.brokers[broker_id] = (
+                BrokerProcess(data_dir, overrides) if broker_id == PATIENT_BROKER
+                else PowerCutBroker(data_dir, shim, overrides))
         self.zk = None
         self.connect = connect
+        self.topic_ids: dict[str, uuid.UUID] = {}
 
     def start(self) -> None:
         for broker in self.brokers.values():
@@ -92,6 +101,7 @@ class LeaderCluster:
         transaction.create(paths.topic_config_path(name), records.encode_entity_config(configs))
         transaction.create(paths.topic_path(name), records.encode_topic_assignment(assignment))
         assert not any(isinstance(result, Exception) for result in transaction.commit())
+        self.topic_ids[name] = uuid.UUID(bytes=assignment.topic_id)
         wait_until(lambda: self.state(name) is not None, f"{name}'s state")
         wait_until(lambda: list_offset(self.bootstrap(replicas[0]), name) == (0, 0),
                    f"broker {replicas[0]} to serve {name}")
@@ -108,7 +118,8 @@ class LeaderCluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, zookeeper_ensemble):
-    cluster = LeaderCluster(tmp_path_factory.mktemp("leader"), zookeeper_ensemble)
+    shim = build_shim(tmp_path_factory.mktemp("power-cut-shim"))
+    cluster = LeaderCluster(tmp_path_factory.mktemp("leader"), zookeeper_ensemble, shim)
     try:
         cluster.start()
         yield cluster
@@ -119,18 +130,23 @@ def cluster(tmp_path_factory, zookeeper_ensemble):
 # --- raw requests ------------------------------------------------------------------------------
 
 
-def fetch(bootstrap: str, topic: str, offset: int, replica_id: int,
-          leader_epoch: int = NO_EPOCH, isolation_level: int = 0):
-    """One partition's Fetch v12 answer, for a follower (``replica_id`` >= 0) or a consumer."""
-    with RawClient(bootstrap) as client:
-        answer = client.request(FETCH, FETCH_VERSION, {
-            "replica_id": replica_id, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
-            "isolation_level": isolation_level, "session_id": 0, "session_epoch": -1,
+def fetch_request(topic: str, offset: int, replica_id: int, leader_epoch: int = NO_EPOCH,
+                  max_wait_ms: int = 0) -> dict:
+    return {"replica_id": replica_id, "max_wait": max_wait_ms, "min_bytes": 1,
+            "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
             "rack_id": "", "forgotten_topics_data": [],
             "topics": [{"topic": topic, "partitions": [{
                 "partition": 0, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
                 "current_leader_epoch": leader_epoch, "last_fetched_epoch": -1,
-                "log_start_offset": -1}]}]})
+                "log_start_offset": -1}]}]}
+
+
+def fetch(bootstrap: str, topic: str, offset: int, replica_id: int,
+          leader_epoch: int = NO_EPOCH):
+    """One partition's Fetch v12 answer, for a follower (``replica_id`` >= 0) or a consumer."""
+    with RawClient(bootstrap) as client:
+        answer = client.request(FETCH, FETCH_VERSION,
+                                fetch_request(topic, offset, replica_id, leader_epoch))
     return answer.responses[0].partitions[0]
 
 
@@ -223,6 +239,40 @@ def test_acks_all_times_out_while_a_follower_lags_and_acks_one_does_not_wait(clu
     assert list_offset(bootstrap, topic) == (0, 0)  # neither is committed yet
 
 
+def test_a_waiting_consumer_fetch_returns_once_the_high_watermark_passes_new_records(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 17), min_insync_replicas=1)
+    join_isr(cluster, topic, leader, (17,))
+    bootstrap = cluster.bootstrap(leader)
+    with RawClient(bootstrap) as consumer:
+        # a long poll far beyond the socket timeout: only a wake-up answers it in time
+        correlation_id = consumer.send(FETCH, FETCH_VERSION, fetch_request(
+            topic, 0, CONSUMER, max_wait_ms=10 * int(SOCKET_TIMEOUT_S * 1000)))
+        assert produce(bootstrap, topic, [b"p"], acks=1).error_code == 0
+        assert not answered(consumer)  # appended, but above the high watermark
+        assert fetch(bootstrap, topic, 1, 17).high_watermark == 1
+        received_id, answer = wire.decode_response(FETCH, FETCH_VERSION,
+                                                   consumer.receive_frame())
+    assert received_id == correlation_id
+    assert fetched_values(answer.responses[0].partitions[0]) == [b"p"]
+
+
+def test_a_follower_fetching_with_replica_state_of_fetch_v15_joins_the_isr(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 18), min_insync_replicas=1)
+    with RawClient(cluster.bootstrap(leader)) as follower:
+        answer = follower.request(FETCH, 15, {
+            "replica_state": {"replica_id": 18, "replica_epoch": -1}, "max_wait": 0,
+            "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+            "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+            "topics": [{"topic_id": cluster.topic_ids[topic], "partitions": [{
+                "partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20,
+                "current_leader_epoch": -1, "last_fetched_epoch": -1,
+                "log_start_offset": -1}]}]})
+    assert answer.responses[0].partitions[0].error_code == 0
+    cluster.wait_for_isr(topic, {leader, 18})
+
+
 def test_the_leader_stamps_its_leader_epoch_into_appended_batches(cluster):
     leader = PATIENT_BROKER
     topic = cluster.create_topic((leader, 15), min_insync_replicas=1)
@@ -279,3 +329,25 @@ def test_acks_all_waiting_when_the_isr_shrinks_below_min_insync_is_not_enough_af
         response = receive_produce(producer, correlation_id)  # 23 never fetches it
     assert (response.error_code, response.base_offset) == (NotEnoughReplicasAfterAppend.code, 0)
     assert set(cluster.state(topic).isr) == {leader}
+
+
+def test_the_last_replica_standing_keeps_what_it_acknowledged_through_a_power_cut(cluster):
+    leader = IMPATIENT_BROKER
+    topic = cluster.create_topic((leader, 25), min_insync_replicas=1)
+    join_isr(cluster, topic, leader, (25,))
+    bootstrap = cluster.bootstrap(leader)
+    assert produce(bootstrap, topic, [b"before"], acks=1).error_code == 0
+    cluster.wait_for_isr(topic, {leader})  # 25 never fetches it: the leader stands alone
+    values = [b"acked-%d" % index for index in range(20)]
+    for value in values:
+        assert produce(bootstrap, topic, [value], acks=-1).error_code == 0
+    epoch = cluster.state(topic).leader_epoch
+    cluster.brokers[leader].power_cut()  # only what it fsynced survives
+    wait_until(lambda: str(leader) not in cluster.zk.get_children(paths.BROKER_IDS),
+               f"broker {leader}'s session to expire")
+    cluster.brokers[leader].start()
+    wait_until(lambda: (state := cluster.state(topic)).leader == leader
+               and state.leader_epoch > epoch, f"broker {leader} to lead {topic} again")
+    read = wait_until(lambda: fetched_values(fetch(bootstrap, topic, 0, CONSUMER)) or None,
+                      "the records after the cut")
+    assert read == [b"before", *values]
