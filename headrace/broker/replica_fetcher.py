@@ -73,21 +73,23 @@ UNDEFINED_EPOCH_OFFSET = -1
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
 FOLLOWER_THROTTLED_REPLICAS = "follower.replication.throttled.replicas"
 FOLLOWER_THROTTLED_RATE = "follower.replication.throttled.rate"
-# The largest batch a leader can hold is bounded by its socket.request.max.bytes (100 MiB):
-# a fetch response may exceed replica.fetch.response.max.bytes by one batch (KIP-74).
-MAX_BATCH_BYTES = 100 * 1024 * 1024
 ERROR_LOG_INTERVAL_MS = 5000
 _errors = RateLimitedLog(log, ERROR_LOG_INTERVAL_MS)
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaFetcherConfig:
-    fetch_max_bytes: int = 1048576
-    response_max_bytes: int = 10485760
-    wait_max_ms: int = 500
-    min_bytes: int = 1
-    backoff_ms: int = 1000
-    socket_timeout_ms: int = 30000
+    """The replica.fetch.* configs (defaults in ``headrace.broker.config``)."""
+
+    fetch_max_bytes: int
+    response_max_bytes: int
+    wait_max_ms: int
+    min_bytes: int
+    backoff_ms: int
+    socket_timeout_ms: int
+    # A response may pass response_max_bytes by one batch (KIP-74), which the leader's
+    # socket.request.max.bytes bounds; this broker's stands in for it.
+    max_batch_bytes: int
 
     @classmethod
     def from_broker_config(cls, config) -> ReplicaFetcherConfig:
@@ -96,7 +98,8 @@ class ReplicaFetcherConfig:
                    config.get_int("replica.fetch.wait.max.ms"),
                    config.get_int("replica.fetch.min.bytes"),
                    config.get_int("replica.fetch.backoff.ms"),
-                   config.get_int("replica.socket.timeout.ms"))
+                   config.get_int("replica.socket.timeout.ms"),
+                   config.get_int("socket.request.max.bytes"))
 
 
 def truncation_offset(log_end_offset: int, high_watermark: int, leader_epoch: int,
@@ -209,6 +212,10 @@ class ReplicaFetcher:
                               "%r; backing off", self._manager.broker_id, self.leader_id, error)
                 self._close()
                 self._delay(list(self._partitions.values()))
+            except Exception as error:  # a log that failed (closed, storage): never the loop
+                _errors.event(logging.ERROR, "broker %d: replicating from leader %d failed: "
+                              "%r; backing off", self._manager.broker_id, self.leader_id, error)
+                self._delay(list(self._partitions.values()))
 
     def _next_ready_ms(self, now_ms: int) -> int | None:
         if not self._partitions:
@@ -237,7 +244,7 @@ class ReplicaFetcher:
         config = self._manager.config
         self._connection = ReplicaConnection(
             endpoint[0], endpoint[1], f"broker-{self._manager.broker_id}-fetcher-0",
-            config.socket_timeout_ms, config.response_max_bytes + MAX_BATCH_BYTES)
+            config.socket_timeout_ms, config.response_max_bytes + config.max_batch_bytes)
         await self._connection.open()
 
     def _current(self, state: _PartitionFetch) -> bool:
