@@ -9,6 +9,9 @@ Owns ``ReplicaManager``: on every metadata snapshot (``metadata_cache``) it
 * creates the local logs of partitions whose state names this broker leader
   (``LogManager.create_local_partitions``, with the topic's id and config from ZooKeeper) and
   then serves them: ``served`` is the set of partitions this broker leads and holds a log for;
+* creates the logs of partitions assigned here and led by another broker and hands them,
+  with their leader and leader epoch, to the replica fetchers (``fetchers.follow``, the
+  broker's ``replica_fetcher``): the become-follower path, ``_apply_follower_states``;
 * applies changed topic configs (``/config/topics/<t>``) to the local logs;
 * tells its listeners ``(gained, lost)`` partitions after each change of ``served`` (the group
   coordinator loads and unloads its ``__consumer_offsets`` partitions on it).
@@ -30,6 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache
+from headrace.cluster.zookeeper_records import NO_LEADER
 from headrace.errors import KafkaError
 from headrace.storage.config import validate_topic_overrides
 
@@ -53,6 +57,9 @@ class ReplicaManager:
         self._applied: ClusterMetadata | None = None
         self.applied_once = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # headrace.broker.replica_fetcher.ReplicaFetcherManager, set by the broker (a layer
+        # above): ``async follow({partition: (leader, leader epoch)})``
+        self.fetchers = None
 
     def start(self) -> None:
         self._cache.listeners.append(self._on_snapshot)
@@ -83,10 +90,38 @@ class ReplicaManager:
         wanted = {key for key in snapshot.partitions_led_by(self.broker_id)
                   if key[0] in snapshot.topics}
         await self._create_missing_logs(snapshot, wanted)
+        await self._apply_follower_states(snapshot)
         await self._apply_configs(snapshot)
         offline = self._manager.offline_partitions()
         local = {key for key in wanted if self._has_log(key) or key in offline}
         self._set_served(frozenset(local))
+
+    # --- the become-follower path ---------------------------------------------------------
+
+    def followed_partitions(self, snapshot: ClusterMetadata) -> dict[tuple[str, int],
+                                                                     tuple[int, int]]:
+        """The partitions this broker follows: assigned here, led by another broker (not
+        -1), with (leader, leader epoch)."""
+        followed = {}
+        offline = self._manager.offline_partitions()
+        for key, state in snapshot.states.items():
+            topic = snapshot.topics.get(key[0])
+            if (topic is None or not 0 <= key[1] < topic.partition_count or key in offline
+                    or self.broker_id not in topic.replicas[key[1]]
+                    or state.leader in (self.broker_id, NO_LEADER)):
+                continue
+            followed[key] = (state.leader, state.leader_epoch)
+        return followed
+
+    async def _apply_follower_states(self, snapshot: ClusterMetadata) -> None:
+        """Create the logs of followed partitions and hand them to the replica fetchers,
+        which stop fetching every partition not followed any more (one this broker is about
+        to lead among them) before this returns."""
+        if self.fetchers is None:
+            return
+        followed = self.followed_partitions(snapshot)
+        await self._create_missing_logs(snapshot, set(followed))
+        await self.fetchers.follow(followed)
 
     def _has_log(self, key: tuple[str, int]) -> bool:
         try:
