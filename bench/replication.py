@@ -60,7 +60,7 @@ CHROOT = "/replication-bench"
 def create(cluster: ReplicatedCluster, name: str, assignment: list[list[int]],
            min_insync_replicas: int) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_of(cluster.running())})
-    topic = NewTopic(name, replica_assignment=assignment,
+    topic = NewTopic(name, len(assignment), -1, replica_assignment=assignment,
                      config={"min.insync.replicas": str(min_insync_replicas)})
     for future in admin.create_topics([topic]).values():
         future.result(timeout=harness.WAIT_TIMEOUT_S)

@@ -190,7 +190,7 @@ class ReplicatedCluster:
     def create_topic(self, name: str, replicas: Sequence[int], configs: dict[str, str]) -> None:
         """One partition on ``replicas`` (the first is the preferred leader)."""
         admin = AdminClient({"bootstrap.servers": self.bootstrap_of(self.running())})
-        topic = NewTopic(name, replica_assignment=[list(replicas)], config=configs)
+        topic = NewTopic(name, 1, -1, replica_assignment=[list(replicas)], config=configs)
         for future in admin.create_topics([topic]).values():
             future.result(timeout=WAIT_TIMEOUT_S)
 
