@@ -177,6 +177,7 @@ _SERVER_DEFS = (
     _static("log.flush.scheduler.interval.ms", "long", str(LONG_MAX)),
     _static("log.flush.offset.checkpoint.interval.ms", "int", "60000"),
     _static("log.flush.start.offset.checkpoint.interval.ms", "int", "60000"),
+    _static("replica.high.watermark.checkpoint.interval.ms", "long", "5000"),
     _internal("log.initial.task.delay.ms", "long", "30000"),
     _static("log.cleaner.enable", "boolean", "true"),
     _dynamic("log.cleaner.threads", "int", "1"),
