@@ -42,6 +42,7 @@ from kazoo.exceptions import KazooException
 
 from headrace.broker.replica_fetcher import ReplicaFetcherManager
 from headrace.cluster.controlled_shutdown import ControlledShutdownPolicy, shut_down_controlled
+from headrace.cluster.leader_replicas import LeaderReplicas
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache, MetadataWatcher
 from headrace.cluster.replica_manager import ReplicaManager
 from headrace.cluster.served_logs import ServedLogs
@@ -72,8 +73,11 @@ class ClusterService:
         self.cache = MetadataCache()
         self._watcher = MetadataWatcher(zk, asyncio.get_running_loop(), self.cache)
         self.local_logs = state.log_manager
+        self.leader_replicas = LeaderReplicas(
+            self.broker_id, zk, state.clock, state.config.get_int("replica.lag.time.max.ms"),
+            state.run_append, state.appended.notify)
         self.replicas = ReplicaManager(self.broker_id, self.local_logs, self.cache,
-                                       state.run_append)
+                                       state.run_append, self.leader_replicas)
         self.fetchers = ReplicaFetcherManager(state, self.cache, self.local_logs)
         self.replicas.fetchers = self.fetchers
         self._creating: dict[str, asyncio.Task] = {}

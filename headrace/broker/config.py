@@ -160,6 +160,9 @@ _SERVER_DEFS = (
     _static("zookeeper.connect", "string", None),
     _static("zookeeper.session.timeout.ms", "int", "18000"),
     _static("zookeeper.connection.timeout.ms", "int", None),  # None: the session timeout
+    # The leader's ISR rule (headrace.cluster.partition_leader): a follower not caught up for
+    # this long leaves the ISR (checked every half of it).
+    _static("replica.lag.time.max.ms", "long", "30000"),
     _static("log.dirs", "list", None),
     _static("log.dir", "string", "./data"),
     _static("num.partitions", "int", "1"),

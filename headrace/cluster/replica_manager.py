@@ -16,10 +16,11 @@ Owns ``ReplicaManager``: on every metadata snapshot (``metadata_cache``) it
 * tells its listeners ``(gained, lost)`` partitions after each change of ``served`` (the group
   coordinator loads and unloads its ``__consumer_offsets`` partitions on it).
 
-Replication is a later issue: every partition has one replica (RF=1), so a partition's log
-lives on its one replica and leadership only moves between that broker and none (-1). A
-partition this broker no longer leads keeps its log (it is still its replica) but is not
-served: requests for it answer NOT_LEADER_OR_FOLLOWER (``served_logs.ServedLogs``).
+The become-leader path hands the partitions led here, with their logs, to
+``leader_replicas.LeaderReplicas`` (leader epoch, ISR, high watermark, acks=all) before they
+are served. A partition this broker no longer leads keeps its log (it is still its replica)
+but is not served: requests for it answer NOT_LEADER_OR_FOLLOWER (``served_logs.ServedLogs``);
+following a leader is the follower path's.
 
 Thread-safety: event loop thread; one applier task applies the latest snapshot at a time,
 its log creations and deletions run on the broker's append thread (``run_append``).
@@ -32,6 +33,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from headrace.cluster.leader_replicas import LeaderReplicas
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache
 from headrace.cluster.zookeeper_records import NO_LEADER
 from headrace.errors import KafkaError
@@ -45,8 +47,10 @@ LeadershipListener = Callable[[Partitions, Partitions], None]
 
 class ReplicaManager:
     def __init__(self, broker_id: int, log_manager, cache: MetadataCache,
-                 run_append: Callable[..., Awaitable]) -> None:
+                 run_append: Callable[..., Awaitable],
+                 leader_replicas: LeaderReplicas | None = None) -> None:
         self.broker_id = broker_id
+        self.leader_replicas = leader_replicas
         self._manager = log_manager
         self._cache = cache
         self._run_append = run_append
@@ -64,12 +68,16 @@ class ReplicaManager:
     def start(self) -> None:
         self._cache.listeners.append(self._on_snapshot)
         self._task = asyncio.get_running_loop().create_task(self._apply_loop())
+        if self.leader_replicas is not None:
+            self.leader_replicas.start()
         if self._cache.loaded:
             self._snapshot_waiting.set()
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self.leader_replicas is not None:
+            await self.leader_replicas.stop()
 
     def _on_snapshot(self, _snapshot: ClusterMetadata) -> None:
         self._snapshot_waiting.set()
@@ -94,7 +102,15 @@ class ReplicaManager:
         await self._apply_configs(snapshot)
         offline = self._manager.offline_partitions()
         local = {key for key in wanted if self._has_log(key) or key in offline}
+        self._become_leader(snapshot, local - offline)
         self._set_served(frozenset(local))
+
+    def _become_leader(self, snapshot: ClusterMetadata, led: set[tuple[str, int]]) -> None:
+        """The leader side of the partitions led here with a log (``leader_replicas``):
+        leader epoch, ISR, high watermark; before they are served."""
+        if self.leader_replicas is not None:
+            self.leader_replicas.apply(snapshot, {key: self._manager.get_log(*key)
+                                                  for key in led})
 
     # --- the become-follower path ---------------------------------------------------------
 
