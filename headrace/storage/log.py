@@ -2,13 +2,30 @@
 cleaner, the scrub and the tools use. It composes ``LogLoader`` (opening and recovering the
 directory, rebuilding producer state), ``LocalLog`` (the segment list, its published
 snapshot, reads, rolls, flushes, deletions and swaps) and ``RollPolicy`` (when to roll), and
-owns the appends, the offsets (log start, log end = high watermark on this single-replica
-broker), retention, DeleteRecords, the cleaner's segment swaps and the cleaning guard.
+owns the appends, the offsets (log start, log end, high watermark), retention, DeleteRecords,
+the cleaner's segment swaps and the cleaning guard, and replication's storage side (below).
 
 Files: the partition directory ``<topic>-<partition>/`` holds the segments (see ``segment``,
 ``local_log``), producer-state snapshots (``<20-digit offset>.snapshot``; see
-``producer_state``), ``accepted-gaps`` (see ``log_loader``) and ``partition.metadata``
-(written by the log manager).
+``producer_state``), ``leader-epoch-checkpoint`` (see ``leader_epoch_cache``),
+``accepted-gaps`` (see ``log_loader``) and ``partition.metadata`` (written by the log manager).
+
+Replication (Kafka's ``UnifiedLog``): every append stamps the caller's ``leader_epoch`` (0 on a
+single node) into each batch as partitionLeaderEpoch (header bytes 12..15, outside the CRC;
+the kernel's single-batch writev carries it with the base offset, so this costs no Python
+per append) and the first append of an epoch records (epoch, log end) in
+``leader_epoch_cache`` before any of its batches is written; an older epoch is fenced.
+``append_as_follower`` copies the leader's batches with their offsets and epochs,
+``truncate_to`` / ``truncate_fully_and_start_at`` cut the log as a follower must (producer
+state rebuilt from the newest snapshot at or below the cut, the epoch cache truncated). The
+high watermark is the log end offset until replication manages it
+(``manage_high_watermark``; ``update_high_watermark`` only moves it forward, within [log
+start, log end]; truncation lowers it; the log manager checkpoints it in
+``replication-offset-checkpoint``); the last stable offset and DeleteRecords stay below it, and
+``read(max_offset=...)`` bounds a consumer's read by it. ``flush_up_to`` makes a prefix
+durable (the sole in-sync replica acknowledges only durable records). After a crash the epoch
+cache is truncated to the recovered log end (its checkpoint is written before the epoch's
+data, so it never lacks an epoch the log holds) and moved to the log start.
 
 Appends are serialized by one lock and do no per-record work in Python: one compiled-kernel call
 checks every batch of the request (whole batches, magic, CRC-32C, and Kafka's LogValidator
@@ -58,9 +75,11 @@ Rolls happen on the appending thread only (at append, or in ``maintain`` called 
 broker's maintenance on that same thread, which rolls by creation time, and by timestamp only
 on compact-only logs so their records become cleanable within max.compaction.lag.ms).
 
-Thread-safety: ``append``, ``roll``, ``flush``, retention and ``close`` take the log's lock;
-``read``, ``offset_for_timestamp`` and the properties work on the published snapshot from any
-thread.
+Thread-safety: ``append``, ``append_as_follower``, ``truncate_to``, ``roll``, ``flush``,
+retention and ``close`` take the log's lock; ``read``, ``offset_for_timestamp``, the
+leader-epoch cache's readers and the properties work on the published snapshot from any
+thread; the managed high watermark changes under its own small lock (never held across I/O),
+so ``update_high_watermark`` never waits for an append.
 
 Cleaning guard: a cleaner thread brackets a cleaning with ``begin_cleaning``/``end_cleaning``
 (a per-log lock, separate from the append lock, so appends never wait for a cleaning) and calls
@@ -519,7 +538,7 @@ class Log:
                 return True
             self._single_batch_window = None
             log_end_offset = local.truncate_to(offset, now_ms)
-            self.producer_state.remove_snapshots(above_offset=log_end_offset)
+            # from the newest snapshot at or below the new end; later ones deleted
             rebuild_producer_state(self.producer_state, local.segments, log_end_offset,
                                    log_end_offset)
             self.leader_epoch_cache.truncate_from_end(log_end_offset)
@@ -836,6 +855,17 @@ class Log:
     def flush(self) -> None:
         with self._lock:
             self._local.flush(None)
+
+    def flush_up_to(self, offset: int) -> int:
+        """Make every record below ``offset`` durable (the sole-ISR leader's fsync before
+        it advances the high watermark): nothing when the recovery point already reaches it,
+        else an fsync of everything written (the recovery point becomes the log end). Returns
+        the recovery point: all records below it are on disk."""
+        with self._lock:
+            local = self._local
+            if offset > local.recovery_point and not self._closed:
+                local.flush(None)
+            return local.recovery_point
 
     def flush_if_due(self, now_ms: int) -> None:
         """Time-based flush (flush.ms), and the flush Kafka schedules after a roll."""

@@ -6,10 +6,13 @@ DeleteRecords keep the cache within the log."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from headrace.errors import FencedLeaderEpoch
 from headrace.storage.checkpoint import CheckpointCorrupt
+from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.leader_epoch_cache import (
     LEADER_EPOCH_CHECKPOINT,
@@ -17,8 +20,12 @@ from headrace.storage.leader_epoch_cache import (
     EpochEntry,
     LeaderEpochCache,
 )
+from headrace.storage.log import Log
+from headrace.storage.log_loader import rebuild_producer_state
+from headrace.storage.producer_state import ProducerStateManager
 from tests.record_reading import iter_headers
 from tests.storage.batches import build_batch
+from tests.storage.faulty_fs import CrashingFileSystem
 from tests.storage.helpers import NOW_MS, open_log, read_all, reopen
 
 UNDEFINED = (-1, -1)
@@ -220,4 +227,59 @@ def test_retention_and_delete_records_move_the_first_entry(scratch):
     assert log.leader_epoch_cache.entries()[0].start_offset == log.log_start_offset
     log = reopen(log)
     assert log.leader_epoch_cache.entries() == ((2, log.log_start_offset), (3, 6))
+    log.close()
+
+
+def _epochs_of_batches(log) -> tuple[EpochEntry, ...]:
+    """The cache the log's batches imply: each epoch from its first batch on."""
+    entries: list[EpochEntry] = []
+    for offset, epoch in _stored_epochs(log):
+        if not entries or epoch > entries[-1].epoch:
+            entries.append(EpochEntry(epoch, offset))
+    return tuple(entries)
+
+
+def _replayed_producers(log) -> bytes:
+    """The producer state a replay of the whole log (no snapshot) computes."""
+    replayed = ProducerStateManager(RealFileSystem(), log.dir / "no-snapshots")
+    rebuild_producer_state(replayed, list(log.segments), -1, log.log_end_offset)
+    return replayed.encode()
+
+
+def test_epochs_and_producer_state_match_the_log_after_crashes(scratch):
+    """Seeded crashes losing the unsynced tail (torn, garbled) of a log written across
+    epochs by idempotent producers: after recovery the epoch cache is exactly what the
+    surviving batches say, and producer state is what a full replay computes."""
+    rng = random.Random(4242)
+    for round_number in range(12):
+        fs = CrashingFileSystem(rng)
+        path = scratch / f"round-{round_number}"
+        (path / "no-snapshots").mkdir(parents=True)
+        log = Log("t", 0, path, LogConfig(segment_bytes=600), fs, NOW_MS, clean_shutdown=True)
+        epoch, sequences = 0, {1: 0, 2: 0}
+        for _ in range(rng.randint(5, 30)):
+            epoch += rng.random() < 0.3
+            producer_id = rng.choice([1, 2])
+            log.append(build_batch([b"v"] * 2, producer_id=producer_id, producer_epoch=0,
+                                   base_sequence=sequences[producer_id]), NOW_MS,
+                       leader_epoch=epoch)
+            sequences[producer_id] += 2
+            if rng.random() < 0.2:
+                log.flush()
+        recovery_point = log.recovery_point
+        log.close_without_flush()
+        fs.crash()
+        log = Log("t", 0, path, LogConfig(segment_bytes=600), RealFileSystem(), NOW_MS,
+                  recovery_point=recovery_point, clean_shutdown=False)
+        assert log.leader_epoch_cache.entries() == _epochs_of_batches(log)
+        assert log.producer_state.encode() == _replayed_producers(log)
+        log.close()
+
+
+def test_retention_moves_the_first_entry_to_the_new_log_start(scratch):
+    log = open_log(scratch, segment_bytes=200, retention_bytes=250)
+    for epoch in (1, 1, 1, 2, 2, 2, 3, 3):
+        log.append(build_batch([b"v" * 40]), NOW_MS, leader_epoch=epoch)
+    assert log.delete_old_segments(NOW_MS) > 0 and log.log_start_offset > 3
+    assert log.leader_epoch_cache.entries()[0] == (2, log.log_start_offset)
     log.close()

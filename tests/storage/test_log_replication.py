@@ -9,7 +9,9 @@ import pytest
 
 from headrace.errors import CorruptMessage, OffsetOutOfRange
 from headrace.protocol.records import build_batch
-from headrace.storage.log import UnexpectedAppendOffset
+from headrace.storage.config import LogConfig
+from headrace.storage.fs import RealFileSystem
+from headrace.storage.log import Log, UnexpectedAppendOffset
 from tests.record_reading import iter_headers
 from tests.storage.helpers import NOW_MS, assert_indexes_match_scan, open_log, read_all, reopen
 
@@ -139,11 +141,18 @@ def test_a_follower_turned_leader_recognises_an_idempotent_retry(scratch):
     leader.close()
 
 
-def test_a_follower_refuses_a_gap_an_overlap_and_a_bad_crc(scratch):
+def _three_leader_batches(scratch) -> list[tuple[int, bytes]]:
+    """(offset, bytes) of three two-record batches a leader of epoch 1 wrote."""
     leader = open_log(scratch / "leader")
     for _ in range(3):
         leader.append(_plain(2), NOW_MS, leader_epoch=1)
     batches = read_all(leader)
+    leader.close()
+    return batches
+
+
+def test_a_follower_refuses_a_gap_an_overlap_and_a_bad_crc(scratch):
+    batches = _three_leader_batches(scratch)
     follower = open_log(scratch / "follower")
     with pytest.raises(UnexpectedAppendOffset):
         follower.append_as_follower(batches[1][1], NOW_MS)  # offsets 2..3 onto an empty log
@@ -160,28 +169,24 @@ def test_a_follower_refuses_a_gap_an_overlap_and_a_bad_crc(scratch):
     follower.append_as_follower(batches[1][1] + batches[2][1][:30], NOW_MS)  # partial tail
     assert _offsets(follower) == [0, 2] and follower.log_end_offset == 4
     follower.close()
-    leader.close()
 
 
 def test_a_compacted_follower_takes_the_gaps_the_leaders_cleaner_left(scratch):
-    leader = open_log(scratch / "leader")
-    for _ in range(3):
-        leader.append(_plain(2), NOW_MS, leader_epoch=1)
-    batches = read_all(leader)
+    batches = _three_leader_batches(scratch)
     follower = open_log(scratch / "follower", cleanup_policy="compact")
     follower.append_as_follower(batches[0][1] + batches[2][1], NOW_MS)
     assert _offsets(follower) == [0, 4] and follower.log_end_offset == 6
     follower.close()
-    leader.close()
 
 
 # ---- truncation -------------------------------------------------------------------------
 
 def test_truncate_to_mid_segment_and_across_segments(scratch):
     leader = _leader_with_history(scratch)
-    follower = open_log(scratch / "follower", segment_bytes=200)
+    follower = open_log(scratch / "follower", segment_bytes=200, index_interval_bytes=1)
     _copy(leader, follower, batch_by_batch=True)
     assert len(follower.segments) >= 3
+    assert all(segment.offset_index.entries for segment in follower.segments)
     expected = [(offset, batch) for offset, batch in read_all(leader) if offset < 6]
     follower.manage_high_watermark(15)
     assert follower.truncate_to(6, NOW_MS)  # drops the abort marker at 6 and everything after
@@ -238,4 +243,50 @@ def test_truncate_fully_and_start_at_restarts_an_empty_log(scratch):
     assert (log.log_start_offset, log.log_end_offset) == (50, 50)
     log.append(_plain(2), NOW_MS, leader_epoch=5)
     assert _offsets(log) == [50]
+    log.close()
+
+
+def test_a_segment_truncated_mid_way_keeps_only_what_lies_below(scratch):
+    """``LogSegment.truncate_to`` on its own: file, offset and time index entries and the
+    aborted-transaction entries of the dropped batches go."""
+    log = open_log(scratch, index_interval_bytes=1)
+    log.append(_idempotent(0, transactional=True), NOW_MS)
+    log.append_transaction_marker(PRODUCER_ID, PRODUCER_EPOCH, False, 0, NOW_MS)  # at 2
+    log.append(_idempotent(2, transactional=True), NOW_MS)
+    log.append_transaction_marker(PRODUCER_ID, PRODUCER_EPOCH, False, 0, NOW_MS)  # at 5
+    log.append(_plain(2), NOW_MS)
+    segment = log.segments[-1]
+    assert [entry.last_offset for entry in segment.txn_index.entries] == [2, 5]
+    positions = {header.base_offset: position for position, header in segment.iter_batches()}
+    assert list(segment.offset_index.positions) == [positions[2], positions[3], positions[5],
+                                                    positions[6]]
+    size_before = segment.size_bytes
+    assert segment.truncate_to(4) == size_before - positions[3]  # the bytes removed
+    assert segment.size_bytes == positions[3]
+    assert [entry.last_offset for entry in segment.txn_index.entries] == [2]
+    assert list(segment.offset_index.positions) == [positions[2]]  # none past the cut
+    assert segment.truncate_to(10) == 0
+    log.close_without_flush()
+
+
+class SyncCountingFileSystem(RealFileSystem):
+    def __init__(self) -> None:
+        self.fsyncs = 0
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+def test_flush_up_to_syncs_only_what_is_not_yet_durable(scratch):
+    fs = SyncCountingFileSystem()
+    log = Log("t", 0, scratch / "t-0", LogConfig(), fs, NOW_MS, clean_shutdown=True)
+    log.append(_plain(3), NOW_MS)
+    log.append(_plain(2), NOW_MS)
+    assert log.recovery_point == 0
+    before = fs.fsyncs
+    assert log.flush_up_to(3) == 5 and log.recovery_point == 5
+    assert fs.fsyncs > before
+    synced = fs.fsyncs
+    assert log.flush_up_to(5) == 5 and fs.fsyncs == synced  # already durable: no fsync
     log.close()
