@@ -73,7 +73,7 @@ def write_isr_change(zk, topic: str, partition: int, broker_id: int, state: Part
             return isr, version
         proposed = replace(current, isr=tuple(sorted(wanted)))
         try:
-            stat = zk.retry(zk.set_data, path, records.encode_partition_state(proposed),
+            stat = zk.retry(zk.set, path, records.encode_partition_state(proposed),
                             version=version)
         except BadVersionError:
             version = UNKNOWN_ZK_VERSION
@@ -257,6 +257,9 @@ class LeaderReplicas:
                 self.broker_id, leader.state, leader.zk_version, change)
         except (KazooException, OSError, ValueError) as error:
             log.warning("the ISR change of %s-%d failed: %r", *key, error)
+            written = None
+        except Exception:  # the proposal must not stay in flight
+            log.exception("the ISR change of %s-%d failed", *key)
             written = None
         if written is None:
             leader.proposal_dropped()

@@ -102,7 +102,7 @@ class ReplicaManager:
         await self._apply_configs(snapshot)
         offline = self._manager.offline_partitions()
         local = {key for key in wanted if self._has_log(key) or key in offline}
-        self._become_leader(snapshot, local - offline)
+        self._become_leader(snapshot, {key for key in local if key not in offline})
         self._set_served(frozenset(local))
 
     def _become_leader(self, snapshot: ClusterMetadata, led: set[tuple[str, int]]) -> None:

@@ -83,7 +83,7 @@ from headrace.errors import (
     UnknownServerError,
     error_for_code,
 )
-from headrace.protocol import message_format, wire
+from headrace.protocol import message_format
 from headrace.protocol import records as record_codec
 from headrace.protocol.batch import BATCH_HEADER_BYTES, TRANSACTIONAL_BIT, parse_header
 from headrace.protocol.varint import encode_unsigned
@@ -295,7 +295,7 @@ async def handle(ctx, request):
                 _append_all, manager, request.topic_data, acks, ctx.now_ms, ctx.api_version,
                 refused, leaders)
         if replication is not None:
-            await _replicated(replication, responses, acks, wire.milliseconds(request.timeout))
+            await _replicated(replication, responses, acks, request.timeout_ms)
     if acks == 0:
         return None
     if ctx.api_version < FIRST_STORAGE_ERROR_VERSION:
