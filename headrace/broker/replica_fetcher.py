@@ -136,7 +136,7 @@ class _PartitionFetch:
     """One followed partition's fetch state (Kafka's ``PartitionFetchState``)."""
 
     __slots__ = ("topic", "partition", "log", "leader_epoch", "truncating", "fetch_offset",
-                 "delayed_until_ms", "lag", "was_throttled")
+                 "delayed_until_ms", "lag")
 
     def __init__(self, topic: str, partition: int, log, leader_epoch: int) -> None:
         self.topic, self.partition, self.log = topic, partition, log
@@ -145,7 +145,6 @@ class _PartitionFetch:
         self.fetch_offset = log.log_end_offset
         self.delayed_until_ms = 0
         self.lag: int | None = None  # the leader's HW - fetch offset, at the last fetch
-        self.was_throttled = False
 
     @property
     def in_sync(self) -> bool:
@@ -322,13 +321,8 @@ class ReplicaFetcher:
         quota = self._manager.follower_quota
         if not quota.is_exceeded(now_ms):
             return states
-        unthrottled = []
-        for state in states:
-            if state.in_sync or not self._manager.throttled(state.topic, state.partition):
-                unthrottled.append(state)
-            else:
-                state.was_throttled = True
-        return unthrottled
+        return [s for s in states
+                if s.in_sync or not self._manager.throttled(s.topic, s.partition)]
 
     async def _fetch(self, states: list[_PartitionFetch]) -> None:
         config = self._manager.config
@@ -372,7 +366,7 @@ class ReplicaFetcher:
         try:
             state.fetch_offset = await manager.run_append(
                 append_fetched, state.log, memoryview(records)[:size], data.high_watermark,
-                data.log_start_offset, manager.now_ms())
+                data.log_start_offset, manager.wall_clock_ms())
         except KafkaError as error:
             _errors.event(logging.ERROR, "broker %d: appending %d bytes fetched from leader %d "
                           "to %s-%d failed: %s", manager.broker_id, size, self.leader_id,
@@ -383,8 +377,8 @@ class ReplicaFetcher:
             manager.follower_quota.record(size, manager.now_ms())
         was_in_sync = state.in_sync
         state.lag = max(0, data.high_watermark - state.fetch_offset)
-        if state.in_sync and not was_in_sync and state.was_throttled:
-            state.was_throttled = False
+        if state.in_sync and not was_in_sync and manager.throttled(state.topic,
+                                                                   state.partition):
             self._log_throttled_catch_up(state)
 
     def _log_throttled_catch_up(self, state: _PartitionFetch) -> None:
@@ -461,7 +455,12 @@ class ReplicaFetcherManager:
         self._followed: dict[tuple[str, int], tuple[int, int]] = {}
 
     def now_ms(self) -> int:
+        """Monotonic: backoffs and the quota's windows."""
         return self._state.clock.monotonic_ms()
+
+    def wall_clock_ms(self) -> int:
+        """Wall time, for the log (segment roll and retention times)."""
+        return self._state.clock.now_ms()
 
     async def run_append(self, function, *args):
         return await self._state.run_append(function, *args)
