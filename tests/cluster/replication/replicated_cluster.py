@@ -334,6 +334,7 @@ class AckedProducer:
     def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         remaining = self.producer.flush(timeout_s)
         assert remaining == 0, f"{remaining} records still unacknowledged after {timeout_s} s"
+        assert not self.failed, f"{len(self.failed)} records failed, first: {self.failed[0]}"
 
     def wait_for_acked(self, count: int, what: str) -> None:
         wait_until(lambda: self.producer.poll(0.05) is not None and len(self.acked) >= count,
