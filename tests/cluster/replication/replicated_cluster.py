@@ -352,9 +352,10 @@ def consumer_of(bootstrap: str, topic: str, partition: int = 0,
 
 def consume_at_least(consumer: Consumer, count: int, what: str,
                      timeout_s: float = WAIT_TIMEOUT_S) -> list[bytes]:
-    """Values consumed until ``count`` were (bounded); partition errors are retried by the
-    client and skipped here, a truncation detected by the consumer fails the test."""
+    """Values consumed until ``count`` were (bounded). Errors the client retries are kept for
+    the failure message; a fatal one fails the test."""
     values: list[bytes] = []
+    errors: list[str] = []
 
     def enough() -> bool:
         for message in consumer.consume(500, timeout=0.2):
@@ -362,11 +363,14 @@ def consume_at_least(consumer: Consumer, count: int, what: str,
             if error is None:
                 values.append(message.value())
             elif error.code() != KafkaError._PARTITION_EOF:
-                assert error.retriable() or not error.fatal(), f"consumer error: {error}"
+                assert not error.fatal(), f"consumer error: {error}"
+                errors.append(str(error))
         return len(values) >= count
 
-    wait_until(enough, f"{count} records of {what} to be consumed (got {len(values)})",
-               timeout_s)
+    try:
+        wait_until(enough, f"{count} records of {what} to be consumed", timeout_s)
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}: got {len(values)}, errors {errors[-3:]}") from None
     return values
 
 
