@@ -53,11 +53,9 @@ def new_topic(cluster, prefix: str) -> tuple[str, int]:
 
 
 def produce(cluster, topic: str, values: list[bytes], acks: str = "all") -> None:
-    """A producer of its own per phase, not idempotent: producer ids are allocated per broker
-    from a local file, so producers that got theirs from different brokers may share one, and
-    these scenarios are about the log, not about idempotence (the failover tests keep one
-    idempotent producer across leaders)."""
-    producer = AckedProducer(cluster.bootstrap, topic, acks=acks, **{"enable.idempotence": False})
+    """A producer of its own per phase: idempotent with acks=all, plain with acks=1."""
+    settings = {} if acks == "all" else {"acks": acks, "enable.idempotence": False}
+    producer = AckedProducer(cluster.bootstrap, topic, **settings)
     producer.send(values)
     producer.flush()
     assert producer.acked == values
