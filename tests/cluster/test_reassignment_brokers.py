@@ -1,13 +1,17 @@
 """AlterPartitionReassignments (45) and ListPartitionReassignments (46) on real broker processes
 and a real ZooKeeper, through the raw wire client and ``headrace cluster reassign|decommission``:
 a reassignment started on the controller shows in the listing (and in ZooKeeper's assignment)
-until cancelled, NOT_CONTROLLER from the other brokers, Kafka's errors per partition, a
-decommission plan that moves every replica off a broker; on a single node, the only possible
-target is the node itself."""
+until cancelled (its new replica paused meanwhile), NOT_CONTROLLER from the other brokers,
+Kafka's errors per partition; a partition moved from broker 1 to 3 whose records the new replica
+copies and serves once it leads; a decommission that moves every replica and its records off a
+broker; on a single node, the only possible target is the node itself."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from datetime import timedelta
 
 import pytest
@@ -64,8 +68,8 @@ def listed(broker: BrokerProcess, topics=None):
 
 
 class ThreeBrokers:
-    def __init__(self, cluster_brokers) -> None:
-        self.brokers = {b: cluster_brokers.start(b) for b in (1, 2, 3)}
+    def __init__(self, cluster_brokers, **overrides: str) -> None:
+        self.brokers = {b: cluster_brokers.start(b, **overrides) for b in (1, 2, 3)}
         self.zk = zookeeper_client(cluster_brokers.zookeeper_connect)
         wait_until(lambda: all(metadata_brokers(b) == {1, 2, 3} for b in self.brokers.values()),
                    "every broker sees the three")
@@ -79,41 +83,53 @@ class ThreeBrokers:
 
 
 @pytest.fixture
-def three(cluster_brokers):
-    cluster = ThreeBrokers(cluster_brokers)
+def three(cluster_brokers, request):
+    cluster = ThreeBrokers(cluster_brokers, **getattr(request, "param", {}))
     yield cluster
     close(cluster.zk)
 
 
+@contextlib.contextmanager
+def paused(broker: BrokerProcess):
+    """SIGSTOP the broker (its ZooKeeper session outlives the pause), SIGCONT after."""
+    os.kill(broker.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+
+
+# a paused broker stays registered meanwhile: the sessions outlive the test's pause
+@pytest.mark.parametrize("three", [{"zookeeper.session.timeout.ms": "30000"}], indirect=True)
 def test_a_reassignment_is_listed_until_cancelled_and_errors_are_kafkas(three):
     active = three.controller()
     controller = three.brokers[active]
-    # the replica that is added never catches up here: its broker does not host the partition
-    # yet when the reassignment is cancelled
-    assert create_assigned_topic(controller, "moving", {0: [1], 1: [2]}) == 0
+    leader, spare = sorted(b for b in three.brokers if b != active)
+    assert create_assigned_topic(controller, "moving", {0: [leader], 1: [leader]}) == 0
     wait_until(lambda: topic_states(three.zk, "moving", 2), "the states")
-    response = alter(controller, "moving", {0: [3, 1], 1: [], 5: [1]})
-    assert response.error_code == 0
-    assert alter_codes(response) == {0: 0, 1: INVALID_REPLICA_ASSIGNMENT, 5: UNKNOWN_TOPIC_OR_PARTITION}
-    ongoing = three.assignment("moving")
-    assert ongoing.partitions[0] == (3, 1) and ongoing.adding_replicas == {0: (3,)}
-    [topic] = listed(controller).topics
-    [entry] = topic.partitions
-    assert (topic.name, entry.partition_index, list(entry.replicas), list(entry.adding_replicas),
-            list(entry.removing_replicas)) == ("moving", 0, [3, 1], [3], [])
-    for other in (b for b in three.brokers if b != active):
-        assert alter(three.brokers[other], "moving", {0: None}).error_code == NOT_CONTROLLER
-        assert listed(three.brokers[other]).error_code == NOT_CONTROLLER
+    with paused(three.brokers[spare]):  # the added replica cannot catch up meanwhile
+        response = alter(controller, "moving", {0: [spare, leader], 1: [], 5: [1]})
+        assert response.error_code == 0
+        assert alter_codes(response) == {0: 0, 1: INVALID_REPLICA_ASSIGNMENT,
+                                         5: UNKNOWN_TOPIC_OR_PARTITION}
+        ongoing = three.assignment("moving")
+        assert ongoing.partitions[0] == (spare, leader) and ongoing.adding_replicas == {0: (spare,)}
+        [topic] = listed(controller).topics
+        [entry] = topic.partitions
+        assert (topic.name, entry.partition_index, list(entry.replicas), list(entry.adding_replicas),
+                list(entry.removing_replicas)) == ("moving", 0, [spare, leader], [spare], [])
+        assert alter(three.brokers[leader], "moving", {0: None}).error_code == NOT_CONTROLLER
+        assert listed(three.brokers[leader]).error_code == NOT_CONTROLLER
 
-    rows = run_json("cluster", "reassign", "--list", "--bootstrap-server", controller.bootstrap)
-    assert rows == [{"topic": "moving", "partition": 0, "replicas": [3, 1],
-                     "adding_replicas": [3], "removing_replicas": []}]
-    rows = run_json("cluster", "reassign", "--cancel", "--topic", "moving", "--partition", "0",
-                    "--replicas", "3,1", "--bootstrap-server", three.brokers[1].bootstrap)
-    assert rows == [{"topic": "moving", "partition": 0, "result": "ok"}]
-    assert three.assignment("moving").partitions[0] == (1,)
-    assert listed(controller).topics == ()
-    assert alter_codes(alter(controller, "moving", {0: None})) == {0: NO_REASSIGNMENT_IN_PROGRESS}
+        rows = run_json("cluster", "reassign", "--list", "--bootstrap-server", controller.bootstrap)
+        assert rows == [{"topic": "moving", "partition": 0, "replicas": [spare, leader],
+                         "adding_replicas": [spare], "removing_replicas": []}]
+        rows = run_json("cluster", "reassign", "--cancel", "--topic", "moving", "--partition", "0",
+                        "--replicas", f"{spare},{leader}", "--bootstrap-server", controller.bootstrap)
+        assert rows == [{"topic": "moving", "partition": 0, "result": "ok"}]
+        assert three.assignment("moving").partitions[0] == (leader,)
+        assert listed(controller).topics == ()
+        assert alter_codes(alter(controller, "moving", {0: None})) == {0: NO_REASSIGNMENT_IN_PROGRESS}
 
 
 def test_reassign_command_from_a_json_file_and_its_user_errors(three, tmp_path):
@@ -194,6 +210,46 @@ def test_reassigning_a_partition_from_broker_1_to_3_copies_its_records(three):
         wait_until(lambda: received.extend(m.value() for m in consumer.consume(100, timeout=1.0)
                                            if m.error() is None) or len(received) >= RECORDS,
                    "every record from broker 3")
+        assert received == values
+    finally:
+        consumer.close()
+
+
+def test_decommission_moves_every_replica_and_its_records_off_the_broker(three):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    controller = three.brokers[three.controller()]
+    assert create_assigned_topic(controller, "emptied", {0: [1, 3], 1: [3, 2]}) == 0
+    wait_until(lambda: topic_states(three.zk, "emptied", 2), "the states")
+    bootstrap = ",".join(b.bootstrap for b in three.brokers.values())
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    values = {p: [b"%d-%d" % (p, i) for i in range(RECORDS)] for p in (0, 1)}
+    for p, partition_values in values.items():
+        for value in partition_values:
+            producer.produce("emptied", value, partition=p)
+    assert producer.flush(30) == 0
+
+    document = run_json("cluster", "decommission", "--broker-id", "3",
+                        "--bootstrap-server", controller.bootstrap)
+    assert {r["result"] for r in document["results"]} == {"ok"}
+    wait_until(lambda: all(3 not in r for r in three.assignment("emptied").partitions.values())
+               and not listed(controller).topics, "no replica left on broker 3")
+    states = topic_states(three.zk, "emptied", 2)
+    assert all(3 not in s.isr and s.leader != 3 for s in states.values())
+
+    consumer = Consumer({"bootstrap.servers": three.brokers[1].bootstrap, "group.id": "emptied",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition("emptied", p, 0) for p in (0, 1)])
+        received: dict[int, list[bytes]] = {0: [], 1: []}
+
+        def all_received() -> bool:
+            for message in consumer.consume(100, timeout=1.0):
+                if message.error() is None:
+                    received[message.partition()].append(message.value())
+            return all(len(v) >= RECORDS for v in received.values())
+
+        wait_until(all_received, "every record from the remaining replicas")
         assert received == values
     finally:
         consumer.close()

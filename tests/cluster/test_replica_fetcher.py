@@ -377,56 +377,50 @@ def test_a_follower_below_the_leaders_log_start_restarts_its_log_there(cluster):
 def test_a_throttled_follower_catches_up_within_its_rate(cluster):
     topic = cluster.create_topic([1, 2, 3],
                                  follower_replication_throttled_replicas="0:3")
-    follower = cluster.brokers[3]
-    follower.stop()
-    saved = dict(follower.overrides)
-    follower.overrides.update({
-        "follower.replication.throttled.rate": str(THROTTLE_BYTES_PER_SECOND),
-        "replica.fetch.max.bytes": str(THROTTLED_FETCH_MAX_BYTES)})
-    try:
-        value = b"x" * 10_000
-        cluster.produce(1, topic, [value] * (CATCH_UP_BYTES // len(value)))
-        mark = follower.log_bytes()
-        follower.start()
-        cluster.wait_for_identical_logs(topic, (1, 3))
-        line = wait_until(lambda: re.search(
-            rf"caught up with {topic}-0 under the follower replication quota: window rate "
-            r"(\d+) bytes/s \(bound (\d+)\), (\d+) bytes recorded, throttled (\d+) ms",
-            follower.log_text(mark)), "the follower's quota accounting")
-    finally:
-        follower.stop()
-        follower.overrides = saved
-        follower.start()
-        cluster.wait_for_brokers()
+    line = throttled_catch_up(cluster, topic, {
+        "follower.replication.throttled.rate": str(THROTTLE_BYTES_PER_SECOND)},
+        cluster.brokers[3], "broker 3", "the follower")
     assert_within_rate(line)
 
 
 def test_a_leader_throttles_a_follower_catching_up_within_its_rate(cluster):
     topic = cluster.create_topic([1, 2, 3], leader_replication_throttled_replicas="0:1")
-    leader, follower = cluster.brokers[1], cluster.brokers[3]
-    follower.kill()
-    saved = dict(follower.overrides)
-    follower.overrides["replica.fetch.max.bytes"] = str(THROTTLED_FETCH_MAX_BYTES)
     set_broker_config(cluster, 1, "leader.replication.throttled.rate",
                       str(THROTTLE_BYTES_PER_SECOND))
     try:
-        wait_until(lambda: 3 not in cluster.live_brokers(1), "broker 3's session to expire")
-        value = b"x" * 10_000
-        cluster.produce(1, topic, [value] * (CATCH_UP_BYTES // len(value)))
-        mark = leader.log_bytes()
-        follower.start()
-        cluster.wait_for_identical_logs(topic, (1, 3))
-        line = wait_until(lambda: re.search(
-            rf"follower 3 caught up with {topic}-0 under the leader replication quota: window "
-            r"rate (\d+) bytes/s \(bound (\d+)\), (\d+) bytes recorded, throttled (\d+) ms",
-            leader.log_text(mark)), "the leader's quota accounting")
+        line = throttled_catch_up(cluster, topic, {}, cluster.brokers[1], "follower 3",
+                                  "the leader")
     finally:
         set_broker_config(cluster, 1, "leader.replication.throttled.rate", None)
+    assert_within_rate(line)
+
+
+def throttled_catch_up(cluster: Cluster, topic: str, follower_overrides: dict[str, str],
+                       accountant: BrokerProcess, who: str, quota: str) -> re.Match:
+    """Broker 3 stopped while CATCH_UP_BYTES go to leader 1, then started again with
+    ``follower_overrides`` (and small fetches) until its log is the leader's; the line in which
+    ``accountant`` reports ``quota``'s accounting when ``who`` caught up. Broker 3 is restarted
+    with its own settings afterwards."""
+    follower = cluster.brokers[3]
+    follower.stop()
+    saved = dict(follower.overrides)
+    follower.overrides.update(follower_overrides)
+    follower.overrides["replica.fetch.max.bytes"] = str(THROTTLED_FETCH_MAX_BYTES)
+    try:
+        value = b"x" * 10_000
+        cluster.produce(1, topic, [value] * (CATCH_UP_BYTES // len(value)))
+        mark = accountant.log_bytes()
+        follower.start()
+        cluster.wait_for_identical_logs(topic, (1, 3))
+        return wait_until(lambda: re.search(
+            rf"{who} caught up with {topic}-0 under {quota} replication quota: window rate "
+            r"(\d+) bytes/s \(bound (\d+)\), (\d+) bytes recorded, throttled (\d+) ms",
+            accountant.log_text(mark)), f"{quota}'s quota accounting")
+    finally:
         follower.stop()
         follower.overrides = saved
         follower.start()
         cluster.wait_for_brokers()
-    assert_within_rate(line)
 
 
 def set_broker_config(cluster: Cluster, broker_id: int, name: str, value: str | None) -> None:
