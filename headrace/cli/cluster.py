@@ -16,8 +16,11 @@ row per partition: ``elected`` or Kafka's error name (ELECTION_NOT_NEEDED, ...).
 ``reassign (--execute|--cancel|--verify) (--reassignment-json-file F | --topic T --partition P
 --replicas 3,1)`` and ``reassign --list [--topic T]``: kafka-reassign-partitions' modes through
 AlterPartitionReassignments / ListPartitionReassignments on the controller (``reassignments``):
-execute starts (or replaces) the reassignments, cancel reverts them to their original
-replicas, verify reports each one completed, in progress, or neither; one row per partition.
+execute starts (or replaces) the reassignments (``--throttle B``: Kafka's replication throttles,
+``leader/follower.replication.throttled.rate`` B bytes/s on the brokers involved and the
+moving partitions' replicas in the topics' ``*.replication.throttled.replicas``), cancel reverts
+them to their original replicas, verify reports each one completed, in progress, or neither
+(and removes the throttles once none is in progress); one row per partition.
 
 ``decommission --broker-id B [--dry-run]``: every replica on broker B reassigned to the other
 brokers (``reassignments.plan_decommission``); the plan is printed (as Kafka's reassignment JSON
@@ -274,6 +277,9 @@ def reassign(
     topic: Annotated[str | None, typer.Option("--topic", help="one partition's topic (or --list's)")] = None,
     partition: Annotated[int | None, typer.Option("--partition", min=0)] = None,
     replicas: Annotated[str | None, typer.Option("--replicas", help="target broker ids, e.g. 3,1")] = None,
+    throttle: Annotated[int | None, typer.Option(
+        "--throttle", min=1, help="with --execute: replication bytes/s for the moving replicas "
+        "(removed by --verify once every listed reassignment completed)")] = None,
     connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
@@ -283,17 +289,28 @@ def reassign(
     with user_errors():
         if sum((execute, cancel, verify, list_)) != 1:
             raise UserError("give exactly one of --execute, --cancel, --verify, --list")
-        _admin, metadata = connection.admin()
+        admin, metadata = connection.admin()
         if list_:
             ongoing = reassignments.list_ongoing(metadata, connection.request_timeout_ms,
                                                  None if topic is None else [topic])
             _emit_ongoing(output, ongoing)
             return
         targets = _requested_reassignments(reassignment_json_file, topic, partition, replicas)
+        current = reassignments.current_replicas(metadata)
         if verify:
-            _emit_verification(output, targets, reassignments.current_replicas(metadata),
-                               reassignments.list_ongoing(metadata, connection.request_timeout_ms))
+            ongoing = reassignments.list_ongoing(metadata, connection.request_timeout_ms)
+            _emit_verification(output, targets, current, ongoing)
+            if not any(key in ongoing for key in targets):  # as Kafka's --verify: throttles off
+                reassignments.clear_throttles(
+                    admin, {t for t, _ in targets},
+                    {b for key, r in targets.items() for b in (*r, *current.get(key, ()))
+                     if b in metadata.brokers},
+                    connection.request_timeout_ms)
             return
+        if throttle is not None and execute:
+            topic_configs, brokers = reassignments.throttle_plan(current, targets)
+            reassignments.set_throttles(admin, topic_configs, brokers, throttle,
+                                        connection.request_timeout_ms)
         results = reassignments.alter(
             metadata, dict.fromkeys(targets) if cancel else targets, connection.request_timeout_ms)
         rows = sorted((t, p, result) for (t, p), result in results.items())

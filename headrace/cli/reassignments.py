@@ -152,3 +152,65 @@ def _result_name(code: int, message: str | None) -> str:
     if not code:
         return "ok"
     return f"{error_name(code)}: {message}" if message else error_name(code)
+
+
+# --- throttles, as kafka-reassign-partitions --throttle sets and --verify removes them -------
+
+LEADER_RATE, FOLLOWER_RATE = "leader.replication.throttled.rate", "follower.replication.throttled.rate"
+LEADER_REPLICAS = "leader.replication.throttled.replicas"
+FOLLOWER_REPLICAS = "follower.replication.throttled.replicas"
+
+
+def throttle_plan(current: dict[tuple[str, int], tuple[int, ...]], targets: Targets
+                  ) -> tuple[dict[str, dict[str, str]], set[int]]:
+    """(topic -> its throttled-replica configs, the brokers whose rates to set) for the
+    partitions that move: the leader side throttles their current replicas, the follower side
+    the replicas being added ("partition:broker" lists), on every broker involved."""
+    leader_entries: dict[str, list[str]] = {}
+    follower_entries: dict[str, list[str]] = {}
+    brokers: set[int] = set()
+    for (topic, partition), target in sorted(targets.items()):
+        existing = current.get((topic, partition), ())
+        moving = [b for b in target or () if b not in existing]
+        if not moving:
+            continue
+        leader_entries.setdefault(topic, []).extend(f"{partition}:{b}" for b in existing)
+        follower_entries.setdefault(topic, []).extend(f"{partition}:{b}" for b in moving)
+        brokers |= set(existing) | set(moving)
+    configs = {topic: {LEADER_REPLICAS: ",".join(leader_entries[topic]),
+                       FOLLOWER_REPLICAS: ",".join(follower_entries[topic])}
+               for topic in leader_entries}
+    return configs, brokers
+
+
+def set_throttles(admin: Any, topic_configs: dict[str, dict[str, str]], brokers: set[int],
+                  rate_bytes_per_s: int, timeout_ms: int) -> None:
+    rates = {LEADER_RATE: str(rate_bytes_per_s), FOLLOWER_RATE: str(rate_bytes_per_s)}
+    _alter_configs(admin, [("topic", topic, configs) for topic, configs in topic_configs.items()]
+                   + [("broker", str(broker), rates) for broker in sorted(brokers)], timeout_ms)
+
+
+def clear_throttles(admin: Any, topics: set[str], brokers: set[int], timeout_ms: int) -> None:
+    _alter_configs(admin, [("topic", t, dict.fromkeys((LEADER_REPLICAS, FOLLOWER_REPLICAS)))
+                           for t in sorted(topics)]
+                   + [("broker", str(b), dict.fromkeys((LEADER_RATE, FOLLOWER_RATE)))
+                      for b in sorted(brokers)], timeout_ms)
+
+
+def _alter_configs(admin: Any, changes: list[tuple[str, str, dict[str, str | None]]],
+                   timeout_ms: int) -> None:
+    """IncrementalAlterConfigs: a value SETs, None DELETEs."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    from headrace.cli.common import wait_all
+
+    kinds = {"topic": ResourceType.TOPIC, "broker": ResourceType.BROKER}
+    resources = [ConfigResource(kinds[kind], name, incremental_configs=[
+        ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET if value is not None
+                    else AlterConfigOpType.DELETE) for key, value in configs.items()])
+        for kind, name, configs in changes]
+    # librdkafka sends a broker's configs to that broker: one broker resource per call
+    topics = [r for r in resources if r.restype == ResourceType.TOPIC]
+    batches = ([topics] if topics else []) + [[r] for r in resources if r.restype == ResourceType.BROKER]
+    for batch in batches:
+        wait_all(admin.incremental_alter_configs(batch, request_timeout=timeout_ms / 1000), timeout_ms)

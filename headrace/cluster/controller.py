@@ -852,7 +852,9 @@ class Controller:
 
     def _complete_reassignment(self, context: ControllerContext, topic: str, partition: int,
                                done: reassignment.ReplicaAssignment) -> None:
-        """TRS is in the ISR: leadership into TRS, RR out of the ISR, then RS = TRS."""
+        """TRS is in the ISR: leadership into TRS, then RS = TRS (the brokers learn the new
+        replica set from the assignment, as Kafka's learn it from B3's LeaderAndIsr, so the
+        leader no longer takes RR back into the ISR), then RR out of the ISR."""
         final = done.completed()
         electable = context.electable_brokers()
         led = self._update_state(context, topic, partition, lambda state: leadership.elect_reassigned_leader(
@@ -861,12 +863,13 @@ class Controller:
             log.warning("controller %d: no live leader in %s for reassigned %s-%d; completed later",
                         self.broker_id, list(final.replicas), topic, partition)
             return
+        if not self._write_replica_assignment(context, topic, partition, final):
+            return
         if done.removing:
             self._update_state(context, topic, partition, lambda state: leadership.remove_replicas_from_isr(
                 state, done.removing, context.epoch) if state is not None else None)
-        if self._write_replica_assignment(context, topic, partition, final):
-            log.info("controller %d: reassignment of %s-%d to %s completed", self.broker_id, topic,
-                     partition, list(final.replicas))
+        log.info("controller %d: reassignment of %s-%d to %s completed", self.broker_id, topic,
+                 partition, list(final.replicas))
 
     def _write_replica_assignment(self, context: ControllerContext, topic: str, partition: int,
                                   wanted: reassignment.ReplicaAssignment) -> bool:

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import pytest
 
+from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
 from tests.broker.raw_client import RawClient
@@ -33,6 +34,15 @@ METADATA, CREATE_TOPICS, ALTER_REASSIGNMENTS, LIST_REASSIGNMENTS = 3, 19, 45, 46
 NOT_CONTROLLER, INVALID_REPLICA_ASSIGNMENT, NO_REASSIGNMENT_IN_PROGRESS = 41, 39, 85
 UNKNOWN_TOPIC_OR_PARTITION = 3
 RECORDS = 500
+THROTTLE_BYTES_PER_S = 10_000_000  # far above what 500 small records need: nothing waits
+
+
+def broker_config(broker: BrokerProcess, broker_id: int, name: str) -> str | None:
+    """The broker's dynamic value of ``name`` (None when not set dynamically)."""
+    rows = run_json("configs", "describe", "broker", str(broker_id), "--bootstrap-server",
+                    broker.bootstrap)
+    return next((r["value"] for r in rows if r["name"] == name
+                 and r["source"] == "DYNAMIC_BROKER_CONFIG"), None)
 REQUEST_TIMEOUT = timedelta(seconds=30)
 
 
@@ -192,15 +202,23 @@ def test_reassigning_a_partition_from_broker_1_to_3_copies_its_records(three):
     assert producer.flush(30) == 0
 
     rows = run_json("cluster", "reassign", "--execute", "--topic", "carried", "--partition", "0",
-                    "--replicas", "3", "--bootstrap-server", controller.bootstrap)
+                    "--replicas", "3", "--throttle", str(THROTTLE_BYTES_PER_S),
+                    "--bootstrap-server", controller.bootstrap)
     assert rows == [{"topic": "carried", "partition": 0, "result": "ok"}]
+    throttled = topic_admin.read_topic_config(three.zk, "carried")
+    assert (throttled["leader.replication.throttled.replicas"],
+            throttled["follower.replication.throttled.replicas"]) == ("0:1", "0:3")
+    assert {b: broker_config(three.brokers[b], b, "follower.replication.throttled.rate")
+            for b in (1, 2, 3)} == {1: str(THROTTLE_BYTES_PER_S), 2: None, 3: str(THROTTLE_BYTES_PER_S)}
     wait_until(lambda: three.assignment("carried").partitions[0] == (3,), "RS = [3]")
     assert three.assignment("carried").adding_replicas == {}
-    state = wait_until(lambda: topic_states(three.zk, "carried", 1), "the state")[0]
-    assert (state.leader, state.isr) == (3, (3,))
+    wait_until(lambda: (lambda s: (s.leader, s.isr) == (3, (3,)))(topic_states(three.zk, "carried", 1)[0]),
+               "broker 3 leads, alone in the ISR")
     [row] = run_json("cluster", "reassign", "--verify", "--topic", "carried", "--partition", "0",
                      "--replicas", "3", "--bootstrap-server", controller.bootstrap)
     assert row["status"] == "completed"
+    assert "follower.replication.throttled.replicas" not in topic_admin.read_topic_config(three.zk, "carried")
+    assert broker_config(three.brokers[3], 3, "follower.replication.throttled.rate") is None
 
     consumer = Consumer({"bootstrap.servers": three.brokers[3].bootstrap, "group.id": "carried",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
@@ -234,8 +252,9 @@ def test_decommission_moves_every_replica_and_its_records_off_the_broker(three):
     assert {r["result"] for r in document["results"]} == {"ok"}
     wait_until(lambda: all(3 not in r for r in three.assignment("emptied").partitions.values())
                and not listed(controller).topics, "no replica left on broker 3")
-    states = topic_states(three.zk, "emptied", 2)
-    assert all(3 not in s.isr and s.leader != 3 for s in states.values())
+    wait_until(lambda: all(3 not in s.isr and s.leader != 3
+                           for s in topic_states(three.zk, "emptied", 2).values()),
+               "broker 3 out of every ISR")
 
     consumer = Consumer({"bootstrap.servers": three.brokers[1].bootstrap, "group.id": "emptied",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})

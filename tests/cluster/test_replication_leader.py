@@ -7,7 +7,9 @@ expansion and shrink as the partition state znode shows them, NOT_ENOUGH_REPLICA
 after the append, REQUEST_TIMED_OUT, the leader epoch stamped into batches, and the last
 replica standing (``cluster.partition_leader``): a leader alone in its ISR keeps every record
 it acknowledged through a power cut (broker 2 runs under the power-cut shim,
-``tests/power_cut.py``).
+``tests/power_cut.py``); an offset commit is answered once the offsets topic's followers have
+it (the brokers take one offsets partition, which a test creates on broker 1 and a raw
+follower), and so are transaction markers (WriteTxnMarkers).
 
 One ZooKeeper ensemble and two brokers under one chroot serve the module: broker 1 keeps
 Kafka's replica.lag.time.max.ms (30 s: no follower leaves its ISRs during a test), broker 2 a
@@ -28,6 +30,7 @@ import pytest
 
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
+from headrace.coordinator.records import OFFSETS_TOPIC_NAME
 from headrace.errors import (
     NotEnoughReplicas,
     NotEnoughReplicasAfterAppend,
@@ -43,7 +46,8 @@ from tests.conftest import BrokerProcess
 from tests.power_cut import PowerCutBroker, build_shim
 from tests.record_reading import iter_records
 
-PRODUCE, FETCH, LIST_OFFSETS = 0, 1, 2
+PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 8, 9
+INIT_PRODUCER_ID, WRITE_TXN_MARKERS = 22, 27
 FETCH_VERSION = 12  # the last version with the replica_id body field
 PATIENT_BROKER, IMPATIENT_BROKER = 1, 2
 SHORT_LAG_TIME_MS = 1500
@@ -66,7 +70,11 @@ class LeaderCluster:
                 "zookeeper.session.timeout.ms": "4000",
                 "replica.lag.time.max.ms": str(lag_ms),
                 # the raw followers are no brokers: no leadership could move at shutdown
-                "controlled.shutdown.enable": "false"}
+                "controlled.shutdown.enable": "false",
+                "offsets.topic.num.partitions": "1",  # the offsets topic a test writes
+                # transactions are not coordinated in a cluster yet: a test writes a
+                # transaction's batches and markers as producer and coordinator would
+                "transaction.partition.verification.enable": "false"}
             self.brokers[broker_id] = (
                 BrokerProcess(data_dir, overrides) if broker_id == PATIENT_BROKER
                 else PowerCutBroker(data_dir, shim, overrides))
@@ -90,11 +98,12 @@ class LeaderCluster:
     def bootstrap(self, broker_id: int) -> str:
         return self.brokers[broker_id].bootstrap
 
-    def create_topic(self, replicas: tuple[int, ...], min_insync_replicas: int) -> str:
+    def create_topic(self, replicas: tuple[int, ...], min_insync_replicas: int,
+                     name: str | None = None, configs: dict[str, str] | None = None) -> str:
         """One partition on ``replicas`` (the first leads), as Kafka's AdminZkClient writes
         a topic: config then assignment; then until its leader serves it."""
-        name = f"replicated-{uuid.uuid4().hex[:10]}"
-        configs = {"min.insync.replicas": str(min_insync_replicas)}
+        name = name or f"replicated-{uuid.uuid4().hex[:10]}"
+        configs = {**(configs or {}), "min.insync.replicas": str(min_insync_replicas)}
         assignment = records.TopicAssignment(topic_id=records.new_topic_id(),
                                              partitions={0: replicas})
         transaction = self.zk.transaction()
@@ -165,11 +174,16 @@ def list_offset(bootstrap: str, topic: str) -> tuple[int, int]:
     return partition.error_code, partition.offset
 
 
-def produce_request(topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000):
-    batch = record_codec.build_batch([(b"k", value, [], int(time.time() * 1000))
-                                      for value in values])
-    return {"acks": acks, "timeout": timeout_ms, "transactional_id": None, "topic_data": [
-        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
+def produce_request(topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000,
+                    producer_id: int = -1):
+    """One batch of ``values``; with a ``producer_id``, a transactional one (epoch 0)."""
+    batch = record_codec.build_batch(
+        [(b"k", value, [], int(time.time() * 1000)) for value in values],
+        producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+        base_sequence=0 if producer_id >= 0 else -1, transactional=producer_id >= 0)
+    return {"acks": acks, "timeout": timeout_ms,
+            "transactional_id": f"txn-{topic}" if producer_id >= 0 else None, "topic_data": [
+                {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000):
@@ -351,3 +365,63 @@ def test_the_last_replica_standing_keeps_what_it_acknowledged_through_a_power_cu
     read = wait_until(lambda: fetched_values(fetch(bootstrap, topic, 0, CONSUMER)) or None,
                       "the records after the cut")
     assert read == [b"before", *values]
+
+
+def test_an_offset_commit_is_answered_once_the_offsets_topic_followers_have_it(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 31), min_insync_replicas=1, name=OFFSETS_TOPIC_NAME,
+                                 configs={"cleanup.policy": "compact"})
+    join_isr(cluster, topic, leader, (31,))
+    committed_topic = cluster.create_topic((leader,), min_insync_replicas=1)
+    bootstrap, group = cluster.bootstrap(leader), f"group-{uuid.uuid4().hex[:8]}"
+    with RawClient(bootstrap) as committer:
+        wait_until(lambda: committer.request(OFFSET_FETCH, 3, {
+            "group_id": group, "topics": None}).error_code == 0,
+            "the coordinator to load its offsets partition")
+        correlation_id = committer.send(OFFSET_COMMIT, 2, {
+            "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+            "retention_time": -1, "topics": [{"name": committed_topic, "partitions": [{
+                "partition_index": 0, "committed_offset": 42, "committed_metadata": ""}]}]})
+        wait_until(lambda: fetch(bootstrap, topic, 0, 31).records, "the commit's append")
+        assert fetch(bootstrap, topic, 0, 31).high_watermark == 0
+        assert not answered(committer)
+        assert fetch(bootstrap, topic, 0, CONSUMER).high_watermark == 0
+        log_end = _log_end_offset(bootstrap, topic)
+        assert fetch(bootstrap, topic, log_end, 31).high_watermark == log_end
+        received_id, answer = wire.decode_response(OFFSET_COMMIT, 2, committer.receive_frame())
+    assert received_id == correlation_id
+    assert answer.topics[0].partitions[0].error_code == 0
+
+
+def _log_end_offset(bootstrap: str, topic: str) -> int:
+    """The leader's log end offset, as a replica is told it (ListOffsets with a replica id)."""
+    with RawClient(bootstrap) as client:
+        answer = client.request(LIST_OFFSETS, 7, {
+            "replica_id": 31, "isolation_level": 0, "topics": [{
+                "name": topic, "partitions": [{"partition_index": 0, "timestamp": -1,
+                                               "current_leader_epoch": -1}]}]})
+    return answer.topics[0].partitions[0].offset
+
+
+def test_transaction_markers_are_answered_once_the_followers_have_them(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 34), min_insync_replicas=1)
+    join_isr(cluster, topic, leader, (34,))
+    bootstrap = cluster.bootstrap(leader)
+    with RawClient(bootstrap) as client:
+        producer_id = client.request(INIT_PRODUCER_ID, 4, {
+            "transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
+            "producer_epoch": -1}).producer_id
+        produced = client.request(PRODUCE, 9, produce_request(topic, [b"t"], 1,
+                                                              producer_id=producer_id))
+        assert produced.responses[0].partition_responses[0].error_code == 0
+        assert fetch(bootstrap, topic, 1, 34).high_watermark == 1
+        correlation_id = client.send(WRITE_TXN_MARKERS, 1, {"markers": [{
+            "producer_id": producer_id, "producer_epoch": 0, "transaction_result": True,
+            "coordinator_epoch": 0, "topics": [{"name": topic, "partition_indexes": [0]}]}]})
+        wait_until(lambda: fetch(bootstrap, topic, 1, 34).records, "the marker's append")
+        assert not answered(client)
+        assert fetch(bootstrap, topic, 2, 34).high_watermark == 2
+        received_id, answer = wire.decode_response(WRITE_TXN_MARKERS, 1, client.receive_frame())
+    assert received_id == correlation_id
+    assert answer.markers[0].topics[0].partitions[0].error_code == 0
