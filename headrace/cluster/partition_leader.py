@@ -29,7 +29,8 @@ Rules, as Kafka's ZooKeeper-mode ``Partition`` and ``Replica``:
   min.insync.replicas; after it the request waits here (a future per partition and required
   offset, completed by the high watermark passing it: no polling) and is answered
   NOT_ENOUGH_REPLICAS_AFTER_APPEND when the maximal ISR is then below min.insync.replicas
-  (``checkEnoughReplicasReachOffset``); leadership lost: NOT_LEADER_OR_FOLLOWER.
+  (``checkEnoughReplicasReachOffset``); leadership lost: NOT_LEADER_OR_FOLLOWER. Waits that
+  ended otherwise (the request timed out) are purged every ``PURGE_INTERVAL_REQUESTS``.
 
 The last replica standing (KIP-966's case), decided: a replicated partition whose maximal ISR
 is the leader alone counts the leader's log end offset as its recovery point (what is fsynced)
@@ -65,6 +66,9 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_OFFSET = -1
 NO_LEADER_EPOCH = -1
+# Kafka's producer.purgatory.purge.interval.requests default: waits that ended otherwise
+# (timed out, cancelled) are dropped from the purgatory every this many new waits
+PURGE_INTERVAL_REQUESTS = 1000
 
 
 @dataclass(slots=True)
@@ -250,9 +254,18 @@ class PartitionLeader:
         """A future completed with an error code (0: every maximal ISR member has the
         records below ``required_offset``) once the high watermark reaches it."""
         future = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (required_offset, next(self._waiter_numbers), future))
+        number = next(self._waiter_numbers)
+        if number % PURGE_INTERVAL_REQUESTS == PURGE_INTERVAL_REQUESTS - 1:
+            self._waiters = [entry for entry in self._waiters if not entry[2].done()]
+            heapq.heapify(self._waiters)
+        heapq.heappush(self._waiters, (required_offset, number, future))
         self.complete_waiters()
         return future
+
+    @property
+    def waiter_count(self) -> int:
+        """Entries in the purgatory, ended ones not yet purged (a read for tests, metrics)."""
+        return len(self._waiters)
 
     def complete_waiters(self) -> None:
         high_watermark = self.log.high_watermark

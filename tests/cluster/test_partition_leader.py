@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from headrace.cluster.partition_leader import PartitionLeader
+from headrace.cluster.partition_leader import PURGE_INTERVAL_REQUESTS, PartitionLeader
 from headrace.cluster.zookeeper_records import PartitionState
 from headrace.errors import NotEnoughReplicasAfterAppend
 from headrace.protocol.records import build_batch
@@ -88,3 +88,13 @@ def test_acks_all_waits_complete_with_the_isr_they_end_with(tmp_path):
         return replicated.result(), after_shrink.result()
 
     assert asyncio.run(scenario()) == (0, NotEnoughReplicasAfterAppend.code)
+
+
+def test_waits_that_timed_out_are_purged_from_the_purgatory(tmp_path):
+    async def scenario() -> int:
+        leader = _leader(tmp_path)
+        for _ in range(3 * PURGE_INTERVAL_REQUESTS):
+            leader.wait_for(1).cancel()  # as a produce request's timeout does
+        return leader.waiter_count
+
+    assert asyncio.run(scenario()) <= PURGE_INTERVAL_REQUESTS
