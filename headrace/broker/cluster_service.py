@@ -27,6 +27,10 @@ same way); auto-created topics get ``default.replication.factor`` replicas, and 
 the creation's error (INVALID_REPLICATION_FACTOR when too few brokers are alive) or
 LEADER_NOT_AVAILABLE once it is written, as Kafka's ``AutoTopicCreationManager.createTopicsInZk``.
 
+Replication's follower side runs here too: ``fetchers`` (``broker.replica_fetcher``) copy the
+partitions the replica manager hands them, and ``leader_throttle``
+(``broker.replication_quota``) holds back throttled followers' fetches of partitions led here.
+
 On SIGTERM the server calls ``controlled_shutdown`` before stopping: the controller is asked to
 move this broker's leaderships away (``cluster.controlled_shutdown``).
 

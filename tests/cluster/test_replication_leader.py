@@ -9,7 +9,9 @@ replica standing (``cluster.partition_leader``): a leader alone in its ISR keeps
 it acknowledged through a power cut (broker 2 runs under the power-cut shim,
 ``tests/power_cut.py``); an offset commit is answered once the offsets topic's followers have
 it (the brokers take one offsets partition, which a test creates on broker 1 and a raw
-follower).
+follower), and so are transaction markers (WriteTxnMarkers); DeleteRecords is answered once
+the followers on live brokers report log starts past the offset (a raw follower registered as
+a broker).
 
 One ZooKeeper ensemble and two brokers under one chroot serve the module: broker 1 keeps
 Kafka's replica.lag.time.max.ms (30 s: no follower leaves its ISRs during a test), broker 2 a
@@ -47,6 +49,7 @@ from tests.power_cut import PowerCutBroker, build_shim
 from tests.record_reading import iter_records
 
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 8, 9
+INIT_PRODUCER_ID, WRITE_TXN_MARKERS, DELETE_RECORDS, METADATA = 22, 27, 21, 3
 FETCH_VERSION = 12  # the last version with the replica_id body field
 PATIENT_BROKER, IMPATIENT_BROKER = 1, 2
 SHORT_LAG_TIME_MS = 1500
@@ -70,7 +73,10 @@ class LeaderCluster:
                 "replica.lag.time.max.ms": str(lag_ms),
                 # the raw followers are no brokers: no leadership could move at shutdown
                 "controlled.shutdown.enable": "false",
-                "offsets.topic.num.partitions": "1"}  # the offsets topic a test writes
+                "offsets.topic.num.partitions": "1",  # the offsets topic a test writes
+                # transactions are not coordinated in a cluster yet: a test writes a
+                # transaction's batches and markers as producer and coordinator would
+                "transaction.partition.verification.enable": "false"}
             self.brokers[broker_id] = (
                 BrokerProcess(data_dir, overrides) if broker_id == PATIENT_BROKER
                 else PowerCutBroker(data_dir, shim, overrides))
@@ -136,22 +142,22 @@ def cluster(tmp_path_factory, zookeeper_ensemble):
 
 
 def fetch_request(topic: str, offset: int, replica_id: int, leader_epoch: int = NO_EPOCH,
-                  max_wait_ms: int = 0) -> dict:
+                  max_wait_ms: int = 0, log_start_offset: int = -1) -> dict:
     return {"replica_id": replica_id, "max_wait": max_wait_ms, "min_bytes": 1,
             "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
             "rack_id": "", "forgotten_topics_data": [],
             "topics": [{"topic": topic, "partitions": [{
                 "partition": 0, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
                 "current_leader_epoch": leader_epoch, "last_fetched_epoch": -1,
-                "log_start_offset": -1}]}]}
+                "log_start_offset": log_start_offset}]}]}
 
 
 def fetch(bootstrap: str, topic: str, offset: int, replica_id: int,
-          leader_epoch: int = NO_EPOCH):
+          leader_epoch: int = NO_EPOCH, log_start_offset: int = -1):
     """One partition's Fetch v12 answer, for a follower (``replica_id`` >= 0) or a consumer."""
     with RawClient(bootstrap) as client:
-        answer = client.request(FETCH, FETCH_VERSION,
-                                fetch_request(topic, offset, replica_id, leader_epoch))
+        answer = client.request(FETCH, FETCH_VERSION, fetch_request(
+            topic, offset, replica_id, leader_epoch, log_start_offset=log_start_offset))
     return answer.responses[0].partitions[0]
 
 
@@ -170,11 +176,16 @@ def list_offset(bootstrap: str, topic: str) -> tuple[int, int]:
     return partition.error_code, partition.offset
 
 
-def produce_request(topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000):
-    batch = record_codec.build_batch([(b"k", value, [], int(time.time() * 1000))
-                                      for value in values])
-    return {"acks": acks, "timeout": timeout_ms, "transactional_id": None, "topic_data": [
-        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
+def produce_request(topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000,
+                    producer_id: int = -1):
+    """One batch of ``values``; with a ``producer_id``, a transactional one (epoch 0)."""
+    batch = record_codec.build_batch(
+        [(b"k", value, [], int(time.time() * 1000)) for value in values],
+        producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+        base_sequence=0 if producer_id >= 0 else -1, transactional=producer_id >= 0)
+    return {"acks": acks, "timeout": timeout_ms,
+            "transactional_id": f"txn-{topic}" if producer_id >= 0 else None, "topic_data": [
+                {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000):
@@ -392,3 +403,77 @@ def _log_end_offset(bootstrap: str, topic: str) -> int:
                 "name": topic, "partitions": [{"partition_index": 0, "timestamp": -1,
                                                "current_leader_epoch": -1}]}]})
     return answer.topics[0].partitions[0].offset
+
+
+def test_transaction_markers_are_answered_once_the_followers_have_them(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 34), min_insync_replicas=1)
+    join_isr(cluster, topic, leader, (34,))
+    bootstrap = cluster.bootstrap(leader)
+    with RawClient(bootstrap) as client:
+        producer_id = client.request(INIT_PRODUCER_ID, 4, {
+            "transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
+            "producer_epoch": -1}).producer_id
+        produced = client.request(PRODUCE, 9, produce_request(topic, [b"t"], 1,
+                                                              producer_id=producer_id))
+        assert produced.responses[0].partition_responses[0].error_code == 0
+        assert fetch(bootstrap, topic, 1, 34).high_watermark == 1
+        correlation_id = client.send(WRITE_TXN_MARKERS, 1, {"markers": [{
+            "producer_id": producer_id, "producer_epoch": 0, "transaction_result": True,
+            "coordinator_epoch": 0, "topics": [{"name": topic, "partition_indexes": [0]}]}]})
+        wait_until(lambda: fetch(bootstrap, topic, 1, 34).records, "the marker's append")
+        assert not answered(client)
+        assert fetch(bootstrap, topic, 2, 34).high_watermark == 2
+        received_id, answer = wire.decode_response(WRITE_TXN_MARKERS, 1, client.receive_frame())
+    assert received_id == correlation_id
+    assert answer.markers[0].topics[0].partitions[0].error_code == 0
+
+
+def test_delete_records_is_answered_once_live_followers_start_their_logs_past_the_offset(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 36), min_insync_replicas=1)
+    join_isr(cluster, topic, leader, (36,))
+    bootstrap = cluster.bootstrap(leader)
+    end = 0
+    for value in (b"a", b"b", b"c"):
+        end = produce(bootstrap, topic, [value], acks=1).base_offset + 1
+    assert fetch(bootstrap, topic, end, 36, log_start_offset=0).high_watermark == end
+    with RawClient(bootstrap) as client:  # 36 is no live broker: its log start does not count
+        unregistered = client.request(DELETE_RECORDS, 2, {"timeout": 30_000, "topics": [
+            {"name": topic, "partitions": [{"partition_index": 0, "offset": 1}]}]})
+    assert unregistered.topics[0].partitions[0].low_watermark == 1
+    registration = cluster_helpers.register_broker(cluster.connect, 36)  # 36 is alive now
+    try:
+        wait_until(lambda: 36 in live_brokers(bootstrap), f"broker {leader} to see 36 alive")
+        with RawClient(bootstrap) as client:
+            correlation_id = client.send(DELETE_RECORDS, 2, {"timeout": 30_000, "topics": [
+                {"name": topic, "partitions": [{"partition_index": 0, "offset": 2}]}]})
+            wait_until(lambda: list_offset_earliest(bootstrap, topic) == 2,
+                       "the leader's log start to move")
+            fetch(bootstrap, topic, end, 36, log_start_offset=0)
+            assert not answered(client)  # 36's log still starts at 0
+            fetch(bootstrap, topic, end, 36, log_start_offset=2)
+            received_id, answer = wire.decode_response(DELETE_RECORDS, 2, client.receive_frame())
+    finally:
+        cluster_helpers.close(registration)
+    assert received_id == correlation_id
+    partition = answer.topics[0].partitions[0]
+    assert (partition.error_code, partition.low_watermark) == (0, 2)
+
+
+def list_offset_earliest(bootstrap: str, topic: str) -> int:
+    with RawClient(bootstrap) as client:
+        answer = client.request(LIST_OFFSETS, 7, {
+            "replica_id": CONSUMER, "isolation_level": 0, "topics": [{
+                "name": topic, "partitions": [{"partition_index": 0, "timestamp": -2,
+                                               "current_leader_epoch": -1}]}]})
+    return answer.topics[0].partitions[0].offset
+
+
+def live_brokers(bootstrap: str) -> set[int]:
+    """The brokers alive in the view of the broker at ``bootstrap`` (its Metadata)."""
+    with RawClient(bootstrap) as client:
+        answer = client.request(METADATA, 12, {
+            "topics": [], "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False})
+    return {broker.node_id for broker in answer.brokers}
