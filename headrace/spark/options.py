@@ -5,8 +5,10 @@ pyspark 4.3) into frozen dataclasses with the names and defaults of Spark's own 
 connector (``kafka.bootstrap.servers``, ``subscribe`` / ``subscribePattern`` / ``assign``,
 ``startingOffsets``, ``endingOffsets``, ``startingOffsetsByTimestamp``, ``startingTimestamp``,
 ``endingOffsetsByTimestamp``, ``endingTimestamp``, ``minPartitions``, ``failOnDataLoss``,
-``includeHeaders``, ``maxOffsetsPerTrigger``, ``topic``). Every ``kafka.*`` option is passed to
-the client with the prefix removed.
+``includeHeaders``, ``maxOffsetsPerTrigger``, ``topic``, and the sink's ``exactlyOnce`` and
+``transactionalIdPrefix``). Every ``kafka.*`` option is passed to the client with the prefix
+removed; ``kafka.isolation.level`` (read_uncommitted by default, as Kafka's consumer) is
+checked here.
 
 Offset specifications are kept unresolved (``OffsetSpec``); resolving them needs a broker
 (``headrace.spark.offsets``). Option values are JSON where Spark's are JSON.
@@ -208,6 +210,10 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
     for key in SOURCE_UNSUPPORTED_KAFKA_KEYS:
         if KAFKA_OPTION_PREFIX + key in lowered:
             raise OptionError(f"Kafka option '{key}' is not supported: the source manages it")
+    isolation = lowered.get(KAFKA_OPTION_PREFIX + "isolation.level", "read_uncommitted")
+    if isolation.strip().lower() not in ("read_uncommitted", "read_committed"):
+        raise OptionError("option 'kafka.isolation.level' must be read_uncommitted or "
+                          f"read_committed, got {isolation!r}")
     starting = _parse_offset_spec(lowered, "starting", "latest" if streaming else "earliest")
     ending = _parse_offset_spec(lowered, "ending", "latest")
     _check_offset_kinds(starting, ending, streaming, lowered)
