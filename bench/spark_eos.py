@@ -1,6 +1,7 @@
 """The Spark sink's exactlyOnce mode against its at-least-once mode, in one run.
 
-Fills a --partitions-partition input topic with --records records of --record-bytes, then each
+Fills a --partitions-partition input topic with --records records of spark_read's
+RECORD_BYTES (spark_read.produce_plain), then each
 of the --repeat rounds runs the same streaming query twice, in alternating order: the headrace
 source (Trigger.AvailableNow, maxOffsetsPerTrigger = records / --batches) into
 writeStream.format("headrace") at least once, and with exactlyOnce=true (each task a
@@ -19,34 +20,9 @@ import json
 import statistics
 import tempfile
 import time
-import uuid
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
-from spark_read import spark_session
-
-PRODUCE_FLUSH_TIMEOUT_S = 120
-
-
-def _new_topic(admin: AdminClient, partitions: int, prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
-        future.result(timeout=30)
-    return name
-
-
-def _fill(bootstrap: str, topic: str, records: int, record_bytes: int, partitions: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
-                         "batch.size": 1024 * 1024})
-    value = b"x" * record_bytes
-    for index in range(records):
-        while True:
-            try:
-                producer.produce(topic, value, partition=index % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(PRODUCE_FLUSH_TIMEOUT_S) == 0
+from confluent_kafka.admin import AdminClient
+from spark_read import RECORD_BYTES, _create_topic, produce_plain, spark_session
 
 
 def run_query(spark, bootstrap: str, source: str, output: str, records_per_batch: int,
@@ -74,7 +50,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--record-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
@@ -82,13 +57,13 @@ def main() -> None:
     args = parser.parse_args()
     spark = spark_session(args.master)
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
-    source = _new_topic(admin, args.partitions, "bench-eos-in")
-    _fill(args.bootstrap, source, args.records, args.record_bytes, args.partitions)
+    source = _create_topic(admin, args.partitions)
+    produce_plain(args.bootstrap, source, args.records, args.partitions)
     records_per_batch = max(1, args.records // args.batches)
     seconds: dict[bool, list[float]] = {False: [], True: []}
     for round_index in range(args.repeat + 1):  # round 0 warms Spark and the broker up
         for exactly_once in ((False, True) if round_index % 2 else (True, False)):
-            output = _new_topic(admin, args.partitions, "bench-eos-out")
+            output = _create_topic(admin, args.partitions)
             elapsed = run_query(spark, args.bootstrap, source, output, records_per_batch,
                                 exactly_once)
             if round_index:
@@ -96,7 +71,7 @@ def main() -> None:
     at_least_once = args.records / statistics.median(seconds[False])
     exactly_once = args.records / statistics.median(seconds[True])
     print(json.dumps({
-        "records": args.records, "record_bytes": args.record_bytes,
+        "records": args.records, "record_bytes": RECORD_BYTES,
         "partitions": args.partitions, "micro_batches": args.batches, "repeat": args.repeat,
         "at_least_once_rows_per_s": round(at_least_once),
         "exactly_once_rows_per_s": round(exactly_once),

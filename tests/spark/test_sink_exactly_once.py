@@ -8,15 +8,14 @@ import os
 import time
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from conftest import append, new_topic
 
 from headrace.spark.options import OptionError, parse_sink_options
 from headrace.spark.sink import BATCH_ID_HEADER
+from tests.client.conftest import read_committed_messages
 
 pytestmark = pytest.mark.spark
 
-READ_TIMEOUT_S = 60.0
 POLL_TIMEOUT_S = 0.5
 KILL_WAIT_S = 60.0
 RECORDS_PER_PARTITION = 6
@@ -29,26 +28,9 @@ KILL_AT_INDEX = 14_000
 
 
 def _read_committed(bootstrap: str, topic: str, partitions: int) -> list[tuple[bytes, bytes]]:
-    """Every committed (value, batch id header) of ``topic``, read until each partition's
-    position reaches its last stable offset (bounded by READ_TIMEOUT_S)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eos-reader",
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
-    try:
-        assigned = [TopicPartition(topic, partition, 0) for partition in range(partitions)]
-        consumer.assign(assigned)
-        ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in assigned}
-        got: list[tuple[bytes, bytes]] = []
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while time.monotonic() < deadline:
-            positions = {p.partition: p.offset for p in consumer.position(assigned)}
-            if all(end == 0 or positions[p] >= end for p, end in ends.items()):
-                return got
-            message = consumer.poll(POLL_TIMEOUT_S)
-            if message is not None and message.error() is None:
-                got.append((message.value(), dict(message.headers())[BATCH_ID_HEADER]))
-        raise AssertionError(f"read_committed did not reach {ends} in {READ_TIMEOUT_S} s")
-    finally:
-        consumer.close()
+    """Every committed (value, batch id header) of ``topic``."""
+    return [(message.value(), dict(message.headers())[BATCH_ID_HEADER])
+            for message in read_committed_messages(bootstrap, topic, partitions)]
 
 
 def _source(spark, bootstrap: str, topic: str, max_offsets_per_trigger: int | None = 4):
