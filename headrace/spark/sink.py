@@ -73,6 +73,7 @@ Each write() call owns its producer; writers hold only options and are safe to p
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
@@ -87,7 +88,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from headrace.errors import InvalidRecord, UnsupportedVersion
+from headrace.errors import InvalidRecord, KafkaError, UnsupportedVersion
 from headrace.spark.options import OptionError, SinkOptions
 from headrace.spark.sink_wire import WireTaskWriter
 from headrace.spark.wire_produce import ProduceClientConfig, UnsupportedProducerConfig
@@ -97,6 +98,7 @@ from headrace.spark.wire_transaction import (
     end_transactions,
 )
 
+_log = logging.getLogger(__name__)
 BATCH_ID_HEADER = "headrace.batch.id"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"  # the query's id, kept in its checkpoint
@@ -337,6 +339,10 @@ class HeadraceStreamWriter(DataSourceStreamArrowWriter):
         """Exactly once: abort the finished tasks' transactions (the others are aborted by
         their next attempt or their timeout). Otherwise records already acknowledged stay
         in the log (see the module docstring)."""
-        if self.options.exactly_once:
+        if not self.options.exactly_once:
+            return
+        try:
             end_transactions(_exactly_once_config(self.options), _transactions(messages),
                              commit=False)
+        except (KafkaError, OSError) as error:  # aborted anyway by the next attempt or timeout
+            _log.warning("aborting micro-batch %s's transactions failed: %s", batchId, error)
