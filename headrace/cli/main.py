@@ -60,11 +60,12 @@ BROKER_COMMAND = "broker"
 
 def register_client_commands() -> None:
     """The client commands (topics, produce, consume, ...) live in their own modules."""
-    from headrace.cli import cleaner, client_commands, groups
+    from headrace.cli import cleaner, client_commands, groups, transactions
 
     client_commands.register(app)
     app.add_typer(groups.app, name="groups")
     app.add_typer(cleaner.app, name="cleaner")
+    app.add_typer(transactions.app, name="transactions")
     from headrace.cli.spark import app as spark_app
     app.add_typer(spark_app, name="spark")
 

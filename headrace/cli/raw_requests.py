@@ -7,12 +7,15 @@ version both sides speak, for the topic's partitions that broker leads.
 
 A broker that does not implement DescribeLogDirs, or answers with an error, yields no sizes
 for its partitions (shown as unknown), never an exception. An unreachable broker, or one that
-fails mid-request, is a ``UserError``. Stateless; used from the CLI's main thread.
+fails mid-request, is a ``UserError`` (``connect_broker`` and ``broker_failures``, shared with
+``headrace transactions``). Stateless; used from the CLI's main thread.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from headrace.cli.common import UserError
@@ -36,14 +39,28 @@ def partition_sizes(metadata: Any, topic: str, partition_ids: list[int],
     sizes: dict[int, int] = {}
     for leader, led in partitions_by_leader.items():
         broker = metadata.brokers[leader]
-        address = f"{broker.host}:{broker.port}"
-        try:
-            with BrokerConnection((broker.host, broker.port), CLIENT_ID,
-                                  request_timeout_ms=timeout_ms) as connection:
-                sizes.update(_leader_sizes(connection, topic, led))
-        except (OSError, WireClientError) as error:
-            raise UserError(f"broker {address} failed: {error}") from None
+        with connect_broker(broker.host, broker.port, timeout_ms) as connection, \
+                broker_failures(connection):
+            sizes.update(_leader_sizes(connection, topic, led))
     return sizes
+
+
+def connect_broker(host: str, port: int, timeout_ms: int) -> BrokerConnection:
+    """A connection to one broker, its API versions negotiated; UserError if it fails."""
+    try:
+        return BrokerConnection((host, port), CLIENT_ID, request_timeout_ms=timeout_ms)
+    except (OSError, WireClientError) as error:
+        raise UserError(f"broker {host}:{port} failed: {error}") from None
+
+
+@contextmanager
+def broker_failures(connection: BrokerConnection) -> Iterator[None]:
+    """A connection that fails mid-request (or a version neither side speaks) as a
+    UserError naming the broker."""
+    try:
+        yield
+    except (OSError, WireClientError, UnsupportedVersion) as error:
+        raise UserError(f"broker {connection.address_text} failed: {error}") from None
 
 
 def _leader_sizes(connection: BrokerConnection, topic: str, partitions: list[int]

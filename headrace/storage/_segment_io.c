@@ -783,6 +783,68 @@ static int map_build_drain(MapBuild *m)
     return 0;
 }
 
+/* ---- pass 2: transaction markers (Kafka's CleanedTransactionMetadata)
+ * Pass 2 walks the log from its start in offset order; per producer id it notes whether a
+ * transactional data batch (an emptied one too) was seen since the producer's last marker.
+ * A commit or abort marker can be discarded once no data of its transaction remains: when
+ * no such batch of its producer was seen since the producer's previous marker (Kafka tells
+ * aborted from committed data by the aborted-transaction index; one bit per producer judges
+ * alike on a well-formed log and never drops a marker whose data remains, whatever the
+ * index still lists); an emptied control batch always. Such a marker gets its delete
+ * horizon (KIP-534: DELETE_HORIZON_BIT, base timestamp = new_horizon_ms) in the first
+ * cleaning that finds it discardable, and is removed by a cleaning at or after that
+ * horizon -- unless it is its producer's last record at the producer's epoch
+ * (protected_markers: Kafka keeps it for fencing) or the last batch below end_offset. The
+ * table outlives one call: the caller passes the same one to every call of a rewrite. A full
+ * table answers "seen" (the marker stays). Capacity 0: markers are copied. */
+
+#define MARKER_TXN_DATA 1
+#define CONTROL_TYPE_ABORT 0
+#define CONTROL_TYPE_COMMIT 1
+#define PRODUCER_EPOCH_AT 51
+
+typedef struct {
+    int64_t *slots;    /* pairs: producer id + 1 (0: empty slot), MARKER_TXN_DATA */
+    uint64_t capacity; /* a power of two, or 0 */
+    const int64_t *protected_markers; /* (producer id, epoch) pairs sorted by producer id */
+    Py_ssize_t protected_count;
+} TxnMarkers;
+
+/* The producer's bits in the table (inserted, clear, when new); NULL when the table is off
+ * or full, or for a producer id no producer has (negative, or too large to store + 1). */
+static int64_t *marker_bits(TxnMarkers *t, int64_t producer_id)
+{
+    if (t->capacity == 0 || producer_id < 0 || producer_id == INT64_MAX)
+        return NULL;
+    uint64_t mask = t->capacity - 1;
+    uint64_t slot = ((uint64_t)producer_id * 0x9E3779B97F4A7C15ULL) >> 17 & mask;
+    for (uint64_t probes = 0; probes < t->capacity; probes++, slot = (slot + 1) & mask) {
+        int64_t *entry = t->slots + 2 * slot;
+        if (entry[0] == 0) {
+            entry[0] = producer_id + 1;
+            entry[1] = 0;
+        }
+        if (entry[0] == producer_id + 1)
+            return entry + 1;
+    }
+    return NULL;
+}
+
+/* 1 if the marker is the last record of its producer, at the producer's epoch. */
+static int marker_is_protected(const TxnMarkers *t, int64_t producer_id, int16_t epoch)
+{
+    Py_ssize_t low = 0, high = t->protected_count;
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        if (t->protected_markers[2 * middle] < producer_id)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < t->protected_count && t->protected_markers[2 * low] == producer_id &&
+           t->protected_markers[2 * low + 1] == epoch;
+}
+
 /* ---- pass 2: filter batches */
 
 typedef struct {
@@ -807,6 +869,7 @@ typedef struct {
     size_t decision_at;  /* the next record's decision */
     ProbeQueue queue;
     int64_t records_read, records_kept;
+    TxnMarkers markers;
 } BatchFilter;
 
 static int is_protected(const BatchFilter *bf, int64_t last_offset)
@@ -895,6 +958,16 @@ typedef struct {
     int64_t first_timestamp, max_timestamp;
 } BatchTally;
 
+/* The record read from [start, end) of batch b, to copy into a rebuilt batch. */
+static KeptRecord kept_record(const Batch *b, const Record *r, const uint8_t *start,
+                              const uint8_t *end)
+{
+    KeptRecord k = {start, NULL, end,
+                    (int64_t)((uint64_t)b->base_timestamp + (uint64_t)r->timestamp_delta), 0};
+    k.tail = record_tail(start, end, &k.attributes);
+    return k;
+}
+
 static int filter_records(BatchFilter *bf, const Batch *b, Cursor records, BatchTally *t,
                           Failure *f)
 {
@@ -911,9 +984,7 @@ static int filter_records(BatchFilter *bf, const Batch *b, Cursor records, Batch
                         (long long)b->position);
         if (!(bf->decisions.data[bf->decision_at++] & DECISION_KEEP))
             continue;
-        KeptRecord k = {start, NULL, records.p,
-                        (int64_t)((uint64_t)b->base_timestamp + (uint64_t)r.timestamp_delta), 0};
-        k.tail = record_tail(start, records.p, &k.attributes);
+        KeptRecord k = kept_record(b, &r, start, records.p);
         if (t->kept == 0 || k.timestamp > t->max_timestamp)
             t->max_timestamp = k.timestamp;
         if (t->kept == 0)
@@ -1026,18 +1097,91 @@ static int filter_batch(BatchFilter *bf, const uint8_t *raw, const Batch *b, Cur
     bf->records_read += t.total;
     bf->records_kept += t.kept;
     int has_horizon = (b->attributes & ATTR_DELETE_HORIZON) != 0;
-    if (t.kept == t.total && (t.tombstones_kept == 0 || has_horizon))
+    if (t.total > 0 && t.kept == t.total && (t.tombstones_kept == 0 || has_horizon))
         return buf_put(&bf->out, raw, b->size_bytes) ? fail_no_memory(f) : 0;
     if (t.kept > 0)
         return rebuild_batch(bf, raw, b, &t, f);
     int64_t producer_id = (int64_t)be64(raw + PRODUCER_ID_AT);
     if (producer_id >= 0 && is_protected(bf, batch_next_offset(b) - 1)) {
-        /* the producer's last batch stays, empty, so its state survives */
+        /* the producer's last batch stays, empty, so its state survives (an emptied batch
+         * that no longer is goes, as Kafka's DELETE_EMPTY) */
         NewHeader h = {(int16_t)(b->attributes & ~ATTR_COMPRESSION_MASK), b->base_timestamp,
                        b->max_timestamp, 0};
         return write_batch(&bf->out, raw, &h, NULL, 0, 1, f);
     }
     return 0;
+}
+
+/* Note a transactional data batch of its producer for the marker after. */
+static void note_txn_data(BatchFilter *bf, const Batch *b)
+{
+    if (!(b->attributes & ATTR_TRANSACTIONAL) || b->producer_id < 0)
+        return;
+    int64_t *bits = marker_bits(&bf->markers, b->producer_id);
+    if (bits != NULL)
+        *bits |= MARKER_TXN_DATA;
+}
+
+/* Whether the control batch can be discarded (no data of its transaction was seen since
+ * the producer's previous marker); clears what the producer's marker ends. */
+static int marker_is_discardable(BatchFilter *bf, const Batch *b, Cursor records)
+{
+    if (b->records_count == 0)
+        return 1; /* emptied by an earlier cleaning */
+    Record r;
+    if (read_record(&records, &r) || r.key.len < 4)
+        return 0;
+    int16_t type = (int16_t)be16(r.key.data + 2);
+    int64_t *bits = marker_bits(&bf->markers, b->producer_id);
+    if ((type != CONTROL_TYPE_ABORT && type != CONTROL_TYPE_COMMIT) || bits == NULL)
+        return 0;
+    int seen = (*bits & MARKER_TXN_DATA) != 0;
+    *bits &= ~(int64_t)MARKER_TXN_DATA;
+    return !seen;
+}
+
+/* The control batch with its delete horizon: same records, base timestamp new_horizon_ms,
+ * each record's timestamp delta rebased on it (Kafka rebuilds it so). */
+static int stamp_marker(BatchFilter *bf, const uint8_t *raw, const Batch *b, Cursor records,
+                        Failure *f)
+{
+    bf->kept.len = 0;
+    for (int32_t i = 0; i < b->records_count; i++) {
+        const uint8_t *start = records.p;
+        Record r;
+        if (read_record(&records, &r))
+            return fail(f, FAIL_CORRUPT, "control record %d of the batch at byte %lld is "
+                        "malformed", (int)i, (long long)b->position);
+        KeptRecord k = kept_record(b, &r, start, records.p);
+        if (buf_put(&bf->kept, &k, sizeof k))
+            return fail_no_memory(f);
+    }
+    NewHeader h = {(int16_t)(b->attributes | ATTR_DELETE_HORIZON), bf->new_horizon_ms,
+                   b->max_timestamp, b->records_count};
+    return write_batch(&bf->out, raw, &h, (const KeptRecord *)bf->kept.data, b->records_count,
+                       1, f);
+}
+
+/* A control batch: copied, stamped with its delete horizon, or removed (see above). */
+static int filter_control(BatchFilter *bf, const uint8_t *raw, const Batch *b, const Input *in,
+                          Failure *f)
+{
+    if (bf->markers.capacity == 0 || (b->attributes & ATTR_COMPRESSION_MASK))
+        return buf_put(&bf->out, raw, b->size_bytes) ? fail_no_memory(f) : 0;
+    Cursor records = {raw + BATCH_HEADER_BYTES, raw + b->size_bytes};
+    int discardable = marker_is_discardable(bf, b, records);
+    int protected = marker_is_protected(&bf->markers, b->producer_id,
+                                        (int16_t)be16(raw + PRODUCER_EPOCH_AT));
+    if (!discardable || protected || batch_next_offset(b) >= bf->scope.end_offset)
+        return buf_put(&bf->out, raw, b->size_bytes) ? fail_no_memory(f) : 0;
+    if (b->attributes & ATTR_DELETE_HORIZON) {
+        if (b->base_timestamp <= bf->now_ms)
+            return 0; /* past its delete horizon: removed */
+        return buf_put(&bf->out, raw, b->size_bytes) ? fail_no_memory(f) : 0;
+    }
+    if (check_batch_crc(in->buf, b->position, b->size_bytes, b->crc, f))
+        return -1;
+    return stamp_marker(bf, raw, b, records, f);
 }
 
 static int filter_batches(const Input *in, BatchFilter *bf, Failure *f)
@@ -1053,10 +1197,11 @@ static int filter_batches(const Input *in, BatchFilter *bf, Failure *f)
     while ((status = next_batch(in->buf, in->len, &pos, &b, f)) == 1) {
         const uint8_t *raw = in->buf + b.position;
         if (b.attributes & ATTR_CONTROL) {
-            if (buf_put(&bf->out, raw, b.size_bytes))
-                return fail_no_memory(f);
+            if (filter_control(bf, raw, &b, in, f))
+                return -1;
             continue;
         }
+        note_txn_data(bf, &b);
         Cursor records;
         if (batch_records(in, &b, pos, &section, &records, f))
             return -1;
@@ -1073,13 +1218,14 @@ static int filter_batches(const Input *in, BatchFilter *bf, Failure *f)
 
 typedef struct {
     Held held;
-    Py_buffer fps, words, protected_last_offsets, aborted;
+    Py_buffer fps, words, protected_last_offsets, aborted, marker_slots, protected_markers;
 } CleanerArgs;
 
 static void release_cleaner_args(CleanerArgs *a)
 {
-    Py_buffer *all[] = {&a->fps, &a->words, &a->protected_last_offsets, &a->aborted};
-    for (int i = 0; i < 4; i++)
+    Py_buffer *all[] = {&a->fps, &a->words, &a->protected_last_offsets, &a->aborted,
+                        &a->marker_slots, &a->protected_markers};
+    for (int i = 0; i < 6; i++)
         if (all[i]->obj != NULL)
             PyBuffer_Release(all[i]);
     release_held(&a->held);
@@ -1104,6 +1250,29 @@ static int hold_map_tables(CleanerArgs *a, PyObject *fps, PyObject *words, PassS
     scope->fps = a->fps.buf;
     scope->words = a->words.buf;
     scope->capacity = (uint64_t)capacity;
+    return 0;
+}
+
+/* Hold the marker table (writable int64 pairs, a power of two of them, or none) and the
+ * protected markers' (producer id, epoch) pairs; point `t` at them. */
+static int hold_markers(CleanerArgs *a, PyObject *slots, PyObject *protected_markers,
+                        TxnMarkers *t)
+{
+    if (PyObject_GetBuffer(slots, &a->marker_slots, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0 ||
+        PyObject_GetBuffer(protected_markers, &a->protected_markers, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    uint64_t capacity = (uint64_t)a->marker_slots.len / (2 * sizeof(int64_t));
+    if (a->marker_slots.len % (2 * (Py_ssize_t)sizeof(int64_t)) != 0 ||
+        (capacity & (capacity - 1)) != 0 ||
+        a->protected_markers.len % (2 * (Py_ssize_t)sizeof(int64_t)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "cleaner pass: the marker table is not a power of "
+                        "two of int64 pairs, or the protected markers are not pairs");
+        return -1;
+    }
+    t->slots = a->marker_slots.buf;
+    t->capacity = capacity;
+    t->protected_markers = a->protected_markers.buf;
+    t->protected_count = a->protected_markers.len / (2 * (Py_ssize_t)sizeof(int64_t));
     return 0;
 }
 
@@ -1168,7 +1337,8 @@ static PyObject *py_map_batches(PyObject *self, PyObject *args)
 static PyObject *py_filter_batches(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *buf, *sections, *fps, *words, *protected_offsets, *aborted;
+    PyObject *buf, *sections, *fps, *words, *protected_offsets, *aborted, *marker_slots,
+        *protected_markers;
     long long first, end, ordinal, now_ms, horizon_ms;
     unsigned long long low, high;
     CleanerArgs held;
@@ -1176,15 +1346,16 @@ static PyObject *py_filter_batches(PyObject *self, PyObject *args)
     Failure failure = {FAIL_NONE, ""};
     memset(&held, 0, sizeof held);
     memset(&bf, 0, sizeof bf);
-    if (!PyArg_ParseTuple(args, "OOOOLLKKLLLOO", &buf, &sections, &fps, &words, &first, &end,
-                          &low, &high, &ordinal, &now_ms, &horizon_ms, &protected_offsets,
-                          &aborted))
+    if (!PyArg_ParseTuple(args, "OOOOLLKKLLLOOOO", &buf, &sections, &fps, &words, &first,
+                          &end, &low, &high, &ordinal, &now_ms, &horizon_ms, &protected_offsets,
+                          &aborted, &marker_slots, &protected_markers))
         return NULL;
     bf.scope = (PassScope){NULL, NULL, 0, first, end, low, high, ordinal, NULL, 0};
     bf.now_ms = now_ms;
     bf.new_horizon_ms = horizon_ms;
     if (hold_cleaner_args(&held, buf, sections, fps, words, &bf.scope) ||
         hold_aborted(&held, aborted, &bf.scope) ||
+        hold_markers(&held, marker_slots, protected_markers, &bf.markers) ||
         PyObject_GetBuffer(protected_offsets, &held.protected_last_offsets,
                            PyBUF_C_CONTIGUOUS) < 0) {
         release_cleaner_args(&held);
@@ -1805,7 +1976,8 @@ static PyObject *py_map_span(PyObject *self, PyObject *args)
 static PyObject *py_filter_span(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *buffer, *fps, *words, *protected_offsets, *stage, *aborted;
+    PyObject *buffer, *fps, *words, *protected_offsets, *stage, *aborted, *marker_slots,
+        *protected_markers;
     long long first, end, ordinal, now_ms, horizon_ms;
     unsigned long long low, high;
     Py_ssize_t stage_fill;
@@ -1819,7 +1991,7 @@ static PyObject *py_filter_span(PyObject *self, PyObject *args)
     memset(&span, 0, sizeof span);
     IndexState *st = &sf.index.state;
     int niceness;
-    if (!PyArg_ParseTuple(args, "iiOLLLOOLLKKLLLOLLL(LLLLp)OniiO", &span.fd, &sf.out_fd,
+    if (!PyArg_ParseTuple(args, "iiOLLLOOLLKKLLLOLLL(LLLLp)OniiOOO", &span.fd, &sf.out_fd,
                           &buffer, &span.position, &span.end_position, &span.span_bytes, &fps,
                           &words, &first, &end, &low, &high, &ordinal, &now_ms, &horizon_ms,
                           &protected_offsets, &sf.index_in.buffer_position,
@@ -1827,7 +1999,7 @@ static PyObject *py_filter_span(PyObject *self, PyObject *args)
                           &st->bytes_since_last_entry, &st->max_timestamp,
                           &st->offset_of_max_timestamp, &st->last_time_entry,
                           &st->has_time_entry, &stage, &stage_fill, &niceness,
-                          &span.direct_fd, &aborted))
+                          &span.direct_fd, &aborted, &marker_slots, &protected_markers))
         return NULL;
     if (stage != Py_None) {
         if (PyObject_GetBuffer(stage, &stage_view, PyBUF_WRITABLE) < 0)
@@ -1848,6 +2020,7 @@ static PyObject *py_filter_span(PyObject *self, PyObject *args)
     sf.bf.new_horizon_ms = horizon_ms;
     if (hold_span_args(&held, buffer, &span, &sf.bf.scope, fps, words) ||
         hold_aborted(&held, aborted, &sf.bf.scope) ||
+        hold_markers(&held, marker_slots, protected_markers, &sf.bf.markers) ||
         PyObject_GetBuffer(protected_offsets, &held.protected_last_offsets,
                            PyBUF_C_CONTIGUOUS) < 0) {
         release_cleaner_args(&held);
@@ -1916,7 +2089,8 @@ static PyMethodDef segment_io_methods[] = {
      "the cleaner's pass 1 -- map each dirty in-range key to its latest ordinal."},
     {"filter_batches", py_filter_batches, METH_VARARGS,
      "filter_batches(buf, sections, fingerprints, words, first_offset, end_offset, range_low, "
-     "range_high, first_ordinal, now_ms, new_horizon_ms, protected_last_offsets) -> ((out, "
+     "range_high, first_ordinal, now_ms, new_horizon_ms, protected_last_offsets, aborted, "
+     "marker_slots, protected_markers) -> ((out, "
      "pending, pending_batches), records_read, records_kept, next_ordinal): the cleaner's "
      "pass 2; pending holds int64 (out position, start, end, codec) of compressed batches to "
      "recompress and seal."},
@@ -1932,7 +2106,8 @@ static PyMethodDef segment_io_methods[] = {
      "filter_span(fd, out_fd, buffer, position, end_position, span_bytes, fingerprints, "
      "words, first_offset, end_offset, range_low, range_high, first_ordinal, now_ms, "
      "new_horizon_ms, protected_last_offsets, out_position, next_offset, interval_bytes, "
-     "index_state, stage, stage_fill, niceness, direct_fd) -> (position, stop, stop_bytes, "
+     "index_state, stage, stage_fill, niceness, direct_fd, aborted, marker_slots, "
+     "protected_markers) -> (position, stop, stop_bytes, "
      "records_read, records_kept, next_ordinal, bytes_written, ...): pass 2 over about "
      "span_bytes of a segment file read as map_span reads it, the cleaned bytes written to "
      "out_fd; stop as for map_span (never 3)."},

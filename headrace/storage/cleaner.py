@@ -43,8 +43,19 @@ rebased. Tombstones (KIP-534): the first cleaning that sees a batch holding tomb
 transactions (Kafka's ``CleanedTransactionMetadata``): the data batches of the transactions
 the aborted-transaction indexes list, below the cleanable end, are neither mapped in pass 1
 (so an aborted record never shadows a committed one) nor numbered, and are removed in pass 2
-(a producer's last batch stays, empty, as above). Control batches (transaction markers) are
-copied unchanged: Kafka's removal of markers after delete.retention.ms is not done.
+(a producer's last batch stays, empty, as above; an emptied batch that no longer is its
+producer's last goes, as Kafka's DELETE_EMPTY). Transaction markers (Kafka 3.x's
+``CleanedTransactionMetadata`` with KIP-534's horizon): pass 2 notes, per producer, the
+transactional data batches it meets from the log start on (``TxnMarkerState``, carried
+across the rewrite's spans, chunks and groups); a marker stays while any transactional batch
+of its producer (an emptied one too) lies between it and the producer's previous marker.
+Once none does, the first cleaning that finds it so stamps its delete horizon (clean time +
+``delete.retention.ms``), and a cleaning at or after that horizon removes it. A marker that
+is its producer's last record at the producer's epoch stays whole, for fencing (Kafka empties
+it, keeping the batch). The cleaned segments keep the aborted-transaction entries of the
+replaced ones except those whose marker lies below the cleanable end: their data is gone,
+and an entry outliving its marker would make read_committed consumers skip the producer's
+next, committed transaction.
 
 I/O: both passes read segments chunk by chunk into one reused, aligned buffer of
 ``io_chunk_bytes`` (no bytes object per chunk): a chunk in the page cache with ``pread``, one
@@ -120,12 +131,14 @@ from headrace.storage.segment_io import (
     MapSpan,
     OutputIndex,
     PassScope,
+    TxnMarkerState,
     aborted_txn_triples,
     aligned_buffer,
     filter_batches,
     filter_span,
     index_batches,
     read_chunk,
+    txn_marker_state,
 )
 
 logger = logging.getLogger(__name__)
@@ -553,22 +566,25 @@ class Cleaner:
     def _rewrite(self, log: Log, scope: PassScope, first_ordinals: dict[int, int], now_ms: int,
                  stats: CleanerStats) -> None:
         protected = _producers_last_offsets(log)
+        markers = _txn_marker_state(log)
         for group in group_segments(log, scope.end_offset):
             cleaned_path = group[0].directory / segment_file_name(
                 group[0].base_offset, LOG_SUFFIX + CLEANED_SUFFIX)
             try:
                 index = self._write_group(log, group, cleaned_path, scope, first_ordinals,
-                                          now_ms, protected, stats)
+                                          now_ms, protected, markers, stats)
             except BaseException:
                 if log.fs.exists(cleaned_path):
                     log.fs.remove(cleaned_path)
                 raise
-            log.replace_segments(group, cleaned_path, now_ms, index)
+            log.replace_segments(group, cleaned_path, now_ms, index,
+                                 aborted_data_removed_below=scope.end_offset)
             stats.groups.append(len(group))
 
     def _write_group(self, log: Log, group: list[LogSegment], cleaned_path: Path,
                      scope: PassScope, first_ordinals: dict[int, int], now_ms: int,
-                     protected: np.ndarray, stats: CleanerStats) -> IndexedBatches:
+                     protected: np.ndarray, markers: TxnMarkerState,
+                     stats: CleanerStats) -> IndexedBatches:
         """Write the group's cleaned records to ``cleaned_path`` and fsync it; returns the
         file's index."""
         horizon_ms = now_ms + log.config.delete_retention_ms
@@ -587,7 +603,8 @@ class Cleaner:
                                        self.span_bytes, offset_map.fingerprints,
                                        offset_map.words, scope, ordinal, now_ms, horizon_ms,
                                        protected, index.output(), cleaned.stage,
-                                       cleaned.stage_fill, self.span_niceness, direct_fd)
+                                       cleaned.stage_fill, self.span_niceness, direct_fd,
+                                       markers)
                     cleaned.took(span)
                     index.add(span.indexed, span.bytes_written)
                     ordinal = span.next_ordinal
@@ -600,7 +617,8 @@ class Cleaner:
                 def filter_chunk(chunk: memoryview) -> bool:
                     nonlocal ordinal
                     filtered = filter_batches(chunk, offset_map.fingerprints, offset_map.words,
-                                              scope, ordinal, now_ms, horizon_ms, protected)
+                                              scope, ordinal, now_ms, horizon_ms, protected,
+                                              markers=markers)
                     ordinal = filtered.next_ordinal
                     stats.bytes_read += len(chunk)
                     stats.messages_read += filtered.records_read
@@ -703,3 +721,12 @@ def _producers_last_offsets(log: Log) -> np.ndarray:
     producers = log.producer_state.producers.values()
     return np.sort(np.fromiter((entry.batches[-1].last_offset for entry in producers
                                 if entry.batches), np.int64))
+
+
+def _txn_marker_state(log: Log) -> TxnMarkerState:
+    """A rewrite's marker state: room for every producer of the log, and the producers
+    whose last record is a marker (no batch, so no last sequence, at their epoch), whose
+    marker stays. The producers are read under the log's lock (appends add to them)."""
+    producers = log.active_producers()
+    return txn_marker_state(len(producers), [(p.producer_id, p.producer_epoch)
+                                             for p in producers if p.last_sequence < 0])

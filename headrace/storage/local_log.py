@@ -366,20 +366,26 @@ class LocalLog:
     # ---- swapping in a cleaned segment ---------------------------------------------------
 
     def replace_segments(self, old: list[LogSegment], cleaned_path: Path, now_ms: int,
-                         index: IndexedBatches | None = None) -> LogSegment:
+                         index: IndexedBatches | None = None,
+                         aborted_data_removed_below: int = -1) -> LogSegment:
         """Swap the cleaner's fsynced ``<base>.log.cleaned`` (base = ``old[0]``'s) in for the
         consecutive sealed segments ``old`` (see the module docstring). The indexes are
         ``index`` (the cleaner's, computed as it wrote the file) if given and it covers the
         file, else rebuilt by a scan of the file (either way written and fsynced at the same
         step, so the crash rules stay). Raises ``CleaningAborted`` (nothing changed) if
-        ``old`` is no longer in the log."""
+        ``old`` is no longer in the log. The replaced segments' aborted-transaction entries
+        carry over, but for those whose marker lies below ``aborted_data_removed_below``: the
+        cleaning removed their data, and once a later one removes their marker too, an entry
+        left behind would make read_committed consumers skip the producer's next, committed
+        transaction (Kafka's cleaner writes the cleaned index likewise)."""
         first = self._position_of(old)
         swap_path = cleaned_path.with_name(
             segment_file_name(old[0].base_offset, LOG_SUFFIX + SWAP_SUFFIX))
         # Kafka's cleaner keeps the replaced segments' last-modified time (the time-based
         # decisions for batches without timestamps read it); set before the commit point.
         self.fs.set_mtime_ms(cleaned_path, old[-1].last_modified_ms())
-        aborted = tuple(entry for segment in old for entry in segment.txn_index.entries)
+        aborted = tuple(entry for segment in old for entry in segment.txn_index.entries
+                        if entry.last_offset >= aborted_data_removed_below)
         self.fs.rename(cleaned_path, swap_path)
         self.fs.fsync_dir(self.dir)
         for segment in old:

@@ -115,6 +115,7 @@ from headrace.storage.local_log import (
 from headrace.storage.log_loader import LogLoader, rebuild_producer_state
 from headrace.storage.producer_state import (
     SEQUENCE_MODULUS,
+    ActiveProducer,
     CompletedTxn,
     ProducerStateManager,
 )
@@ -251,6 +252,11 @@ class Log:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def active_producers(self) -> tuple[ActiveProducer, ...]:
+        """The producers' states (DescribeProducers), read under the log's lock."""
+        with self._lock:
+            return self.producer_state.active_producers()
 
     def add_append_listener(self, callback: Callable[[int], None]) -> None:
         self._listeners.append(callback)
@@ -707,12 +713,14 @@ class Log:
     # ---- compaction ----------------------------------------------------------------------
 
     def replace_segments(self, old: list[LogSegment], cleaned_path: Path, now_ms: int,
-                         index: IndexedBatches | None = None) -> LogSegment:
+                         index: IndexedBatches | None = None,
+                         aborted_data_removed_below: int = -1) -> LogSegment:
         """Swap the cleaner's fsynced ``<base>.log.cleaned`` in for the consecutive sealed
         segments ``old`` (``LocalLog.replace_segments``) under the log's lock. Raises
         ``CleaningAborted`` (nothing changed) if ``old`` is no longer in the log."""
         with self._lock:
-            return self._local.replace_segments(old, cleaned_path, now_ms, index)
+            return self._local.replace_segments(old, cleaned_path, now_ms, index,
+                                                aborted_data_removed_below)
 
     # ---- cleaning guard ------------------------------------------------------------------
 

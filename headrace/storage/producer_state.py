@@ -104,6 +104,20 @@ class ProducerEntry:
         return self.batches[-1].last_seq if self.batches else -1
 
 
+@dataclass(frozen=True, slots=True)
+class ActiveProducer:
+    """One producer's state as DescribeProducers reports it (Kafka's ``activeProducers``):
+    -1 for a last sequence, timestamp or coordinator epoch not known, and for no ongoing
+    transaction."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp_ms: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
+
+
 def snapshot_file_name(offset: int) -> str:
     return f"{offset:020d}{SNAPSHOT_SUFFIX}"
 
@@ -215,6 +229,13 @@ class ProducerStateManager:
         if first_offset == NO_TXN:
             return None
         return CompletedTxn(producer_id, first_offset, offset, not commit)
+
+    def active_producers(self) -> tuple[ActiveProducer, ...]:
+        """Every producer's state, by producer id (call under the log's lock)."""
+        return tuple(ActiveProducer(producer_id, entry.epoch, entry.last_seq,
+                                    entry.last_timestamp_ms, entry.coordinator_epoch,
+                                    entry.current_txn_first_offset)
+                     for producer_id, entry in sorted(self.producers.items()))
 
     def first_unstable_offset(self) -> int | None:
         """The first offset of the earliest ongoing transaction; None when there is none.

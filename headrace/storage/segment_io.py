@@ -144,6 +144,32 @@ def aborted_txn_triples(aborted: list[tuple[int, int, int]]) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class TxnMarkerState:
+    """What pass 2 carries from call to call of one rewrite to judge transaction markers
+    (Kafka's ``CleanedTransactionMetadata``; see ``filter_batches``): ``slots``, an int64
+    table of ``(producer id + 1, bits)`` pairs, a power of two of them, zeroed at the start
+    of the rewrite and updated in place by each call; ``protected_markers``, sorted
+    ``(producer id, epoch)`` pairs of the producers whose last record is a marker at that
+    epoch (kept for fencing). Not thread-safe: one rewrite's calls, one after another."""
+
+    slots: np.ndarray
+    protected_markers: np.ndarray
+
+
+MARKERS_COPIED = TxnMarkerState(np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64))
+MIN_MARKER_SLOTS = 64
+
+
+def txn_marker_state(producer_count: int, protected_markers: list[tuple[int, int]]
+                     ) -> TxnMarkerState:
+    """A fresh state with room for ``producer_count`` producer ids at half load (a
+    producer beyond the room keeps its markers)."""
+    slots = max(MIN_MARKER_SLOTS, 1 << (2 * producer_count).bit_length())
+    return TxnMarkerState(np.zeros((slots, 2), np.int64),
+                          np.array(sorted(protected_markers), np.int64).reshape(-1, 2))
+
+
+@dataclass(frozen=True, slots=True)
 class MapBuild:
     """What ``map_batches`` did: records walked, the ordinal after the last one numbered,
     keys new to the map, and whether it stopped because the map is full (room, slot reach
@@ -185,7 +211,8 @@ def map_batches(
 def filter_batches(
     buf: BufferLike, fingerprints: np.ndarray, words: np.ndarray, scope: PassScope,
     first_ordinal: int, now_ms: int, new_delete_horizon_ms: int,
-    protected_last_offsets: np.ndarray, *, verify_crc: bool = True
+    protected_last_offsets: np.ndarray, *, verify_crc: bool = True,
+    markers: TxnMarkerState = MARKERS_COPIED
 ) -> FilteredBatches:
     """The cleaner's pass 2 over the whole batches of ``buf`` (numbering ``scope``'s records
     from ``first_ordinal`` as ``map_batches`` did). A record is kept iff it has a key and is
@@ -193,8 +220,13 @@ def filter_batches(
     the mapped ordinal -- except a tombstone whose batch's delete horizon is <= ``now_ms``.
 
     Data of ``scope.aborted_txns`` below ``end_offset`` is removed (Kafka's cleaner drops
-    aborted transactions' records; their markers stay). Per batch: control batches and
-    batches keeping every record (and needing no new delete
+    aborted transactions' records). Control batches (transaction markers) are copied, unless
+    ``markers`` has slots: then a marker none of whose transaction's data batches the
+    rewrite met (since its producer's previous marker, in this call or an earlier one given
+    the same ``markers``) is stamped with the delete horizon (``new_delete_horizon_ms``)
+    when it has none and removed once its horizon is <= ``now_ms`` -- except a producer's
+    last record at its epoch (``markers.protected_markers``) and the last batch below
+    ``end_offset``. Per batch: batches keeping every record (and needing no new delete
     horizon) are copied byte for byte; a batch keeping none disappears, unless its last
     offset is in the sorted ``protected_last_offsets`` (a producer's last batch), which stays
     as an empty batch; any other batch is rebuilt with the same base offset, last offset
@@ -208,7 +240,7 @@ def filter_batches(
         (out, pending, pending_batches), read, kept, next_ordinal = _segment_io.filter_batches(
             view, scan.sections, fingerprints, words, scope.first_offset, scope.end_offset,
             scope.range_low, scope.range_high, first_ordinal, now_ms, new_delete_horizon_ms,
-            protected, scope.aborted_txns)
+            protected, scope.aborted_txns, markers.slots, markers.protected_markers)
     return FilteredBatches(_insert_compressed(out, pending, pending_batches), read, kept,
                            next_ordinal)
 
@@ -349,7 +381,7 @@ def filter_span(
     first_ordinal: int, now_ms: int, new_delete_horizon_ms: int,
     protected_last_offsets: np.ndarray, output: OutputIndex,
     stage: WritableBuffer | None = None, stage_fill: int = 0, niceness: int = 0,
-    direct_fd: int = -1
+    direct_fd: int = -1, markers: TxnMarkerState = MARKERS_COPIED
 ) -> FilterSpan:
     """``filter_batches`` over the file ``fd`` as ``map_span`` walks it, writing each chunk's
     cleaned bytes to ``out_fd`` at its current offset (so the output needs one chunk of
@@ -360,7 +392,8 @@ def filter_span(
     is appended to the stage and only whole stages are written. Stops early before a
     compressed batch (``SPAN_COMPRESSED``: filter it with ``filter_batches``, which
     recompresses) and before a batch larger than ``buffer`` (``SPAN_GROW``). A failed read
-    or write raises ``OSError``. ``niceness`` and ``direct_fd`` as for ``map_span``."""
+    or write raises ``OSError``. ``niceness`` and ``direct_fd`` as for ``map_span``;
+    ``markers`` as for ``filter_batches``."""
     protected = np.ascontiguousarray(protected_last_offsets, np.int64)
     state = output.state
     *counts, (next_offset, has_first, first_max_timestamp, raw_state,
@@ -371,7 +404,7 @@ def filter_span(
         output.next_offset, output.index_interval_bytes,
         (state.bytes_since_last_entry, state.max_timestamp_ms, state.offset_of_max_timestamp,
          state.last_time_entry_ms, state.has_time_entry), stage, stage_fill, niceness,
-        direct_fd, scope.aborted_txns)
+        direct_fd, scope.aborted_txns, markers.slots, markers.protected_markers)
     indexed = IndexedBatches(
         counts[-2], next_offset, False, first_max_timestamp if has_first else None,
         IndexState(*raw_state[:4], bool(raw_state[4])),

@@ -357,10 +357,14 @@ def test_a_hanging_transaction_is_aborted_when_it_times_out(tmp_path):
         hanging.begin_transaction()
         hanging.produce(topic, b"hanging", partition=0)
         hanging.flush(TIMEOUT_S)
+        plain = Producer({"bootstrap.servers": broker.bootstrap})
+        plain.produce(topic, b"after", partition=0)  # behind the open transaction's LSO
+        plain.flush(TIMEOUT_S)
         described = _wait_for_state(broker.bootstrap, transactional_id, "CompleteAbort")
         assert described.transaction_state == "CompleteAbort"
         assert _markers(broker.bootstrap, topic, 0) == [(described.producer_id, 1, False)]
-        assert _read_values(broker.bootstrap, topic, "read_committed", 1) == []
+        # the LSO moved past the aborted transaction: read_committed reaches the plain record
+        assert _read_values(broker.bootstrap, topic, "read_committed", 2) == [b"after"]
         with pytest.raises(KafkaException):  # its epoch was bumped: fenced
             hanging.commit_transaction(TIMEOUT_S)
     finally:
@@ -502,8 +506,9 @@ ZOMBIE_SCRIPT = """
 import sys
 from confluent_kafka import Producer
 bootstrap, topic, transactional_id = sys.argv[1:4]
+timeout_ms = int(sys.argv[4]) if len(sys.argv) > 4 else 60000
 producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
-                     "transaction.timeout.ms": 60000})
+                     "transaction.timeout.ms": timeout_ms})
 producer.init_transactions(30)
 producer.begin_transaction()
 producer.produce(topic, b"from-the-killed-producer", partition=0)

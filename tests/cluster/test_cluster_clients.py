@@ -43,6 +43,7 @@ OFFSETS_PARTITIONS = 6
 RECORDS_PER_PARTITION = 25
 METADATA_KEY, PRODUCE_KEY, FETCH_KEY, LIST_OFFSETS_KEY, FIND_COORDINATOR_KEY = 3, 0, 1, 2, 10
 DESCRIBE_CONFIGS_KEY = 32
+DESCRIBE_PRODUCERS_KEY = 61
 
 
 class Cluster:
@@ -173,6 +174,19 @@ def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster):
     assert listed.topics[0].partitions[0].error_code == NotLeaderOrFollower.code
     unknown = cluster.metadata(other, [f"absent-{uuid.uuid4().hex[:8]}"])
     assert unknown.topics[0].error_code == UnknownTopicOrPartition.code
+
+
+def test_describe_producers_answers_on_the_leader_and_not_leader_or_follower_elsewhere(cluster):
+    topic, leaders = create_topic(cluster, 3)
+    partition, leader = next(iter(leaders.items()))
+    other = next(b for b in BROKER_IDS if b != leader)
+    request = {"topics": [{"name": topic, "partition_indexes": [partition]}]}
+    codes = {}
+    for broker_id in (leader, other):
+        with RawClient(cluster.brokers[broker_id].bootstrap) as client:
+            answer = client.request(DESCRIBE_PRODUCERS_KEY, 0, request)
+        codes[broker_id] = answer.topics[0].partitions[0].error_code
+    assert codes == {leader: 0, other: NotLeaderOrFollower.code}
 
 
 def leader_and_epoch(cluster: Cluster, topic: str, partition: int) -> tuple[int, int]:

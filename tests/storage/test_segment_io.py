@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from headrace.errors import CorruptMessage
 from headrace.protocol import compression, kernel
+from headrace.protocol.control_records import build_end_txn_marker_batch
+from headrace.protocol.records import build_batch
 from headrace.storage import segment_io
 from tests.protocol.test_kernel import (
     CLEANER_PROPERTY,
@@ -123,7 +125,8 @@ def reference_clean(buf, scope, now_ms, horizon_ms, protected=()):
                     not expired and (key not in latest or latest[key] == mine)):
                 kept.append((offset, ts, key, value, headers))
         tombstones = any(value is None for _, _, _, value, _ in kept)
-        if len(kept) == len(records) and (not tombstones or attrs & DELETE_HORIZON_BIT):
+        if records and len(kept) == len(records) and (
+                not tombstones or attrs & DELETE_HORIZON_BIT):
             out.append(((base_offset, fields), None))
         elif kept:
             new_attrs, new_base = attrs, kept[0][1]
@@ -142,11 +145,12 @@ def reference_clean(buf, scope, now_ms, horizon_ms, protected=()):
     return latest, out
 
 
-def kernel_clean(buf, scope, now_ms, horizon_ms, slots=64):
+def kernel_clean(buf, scope, now_ms, horizon_ms, slots=64,
+                 markers=segment_io.MARKERS_COPIED):
     fingerprints, words = np.zeros(slots, np.uint64), np.zeros(slots, np.uint32)
     build = segment_io.map_batches(buf, fingerprints, words, scope, 0, slots)
     filtered = segment_io.filter_batches(buf, fingerprints, words, scope, 0, now_ms, horizon_ms,
-                                     np.empty(0, np.int64))
+                                     np.empty(0, np.int64), markers=markers)
     return build, filtered
 
 
@@ -234,6 +238,73 @@ def test_emptied_producer_batch_stays_only_if_it_is_the_producers_last():
         headers = [h for h, _, _ in raw_batches(bytes(filtered.data))]
         assert [base for base, _ in headers] == batches_out
         assert [fields[-1] for _, fields in headers] == [0, 1][-len(batches_out):]
+    # once no longer the producer's last, the emptied batch goes (Kafka's DELETE_EMPTY)
+    emptied = bytes(segment_io.filter_batches(buf, fingerprints, words, scope, 0, 0, 0,
+                                              np.asarray([10], np.int64)).data)
+    fingerprints, words = np.zeros(16, np.uint64), np.zeros(16, np.uint32)
+    segment_io.map_batches(emptied, fingerprints, words, scope, 0, 16)
+    for protected, batches_out in (([], [11]), ([10], [10, 11])):
+        again = segment_io.filter_batches(emptied, fingerprints, words, scope, 0, 0, 0,
+                                          np.asarray(protected, np.int64))
+        assert [base for (base, _), _, _ in raw_batches(bytes(again.data))] == batches_out
+
+
+MARKER_EPOCH = 3
+
+
+def _txn_log() -> list[bytes]:
+    """Producer 7's transactional batch (0) and commit marker (1), producer 8's commit marker
+    with no data (2), a plain batch (3)."""
+    data = build_batch([(b"k", b"v", (), 5)], base_offset=0, producer_id=7,
+                       producer_epoch=MARKER_EPOCH, base_sequence=0, transactional=True)
+    return [data, build_end_txn_marker_batch(7, MARKER_EPOCH, True, 0, 5, base_offset=1),
+            build_end_txn_marker_batch(8, MARKER_EPOCH, True, 0, 5, base_offset=2),
+            build_batch([(b"other", b"v", (), 5)], base_offset=3)]
+
+
+def _filter_markers(pieces: list[bytes], now_ms: int, markers) -> dict[int, tuple]:
+    """base offset -> (header fields, bytes) of the batches ``filter_batches`` keeps of
+    ``pieces``, one call per piece with the same ``markers``; every output CRC-32C checked."""
+    scope = segment_io.PassScope(0, 4, *FULL_RANGE)
+    fingerprints, words = np.zeros(16, np.uint64), np.zeros(16, np.uint32)
+    kept = {}
+    for piece in pieces:
+        segment_io.map_batches(piece, fingerprints, words, scope, 0, 16)
+        out = bytes(segment_io.filter_batches(piece, fingerprints, words, scope, 0, now_ms,
+                                              now_ms + 1000, np.empty(0, np.int64),
+                                              markers=markers).data)
+        for (base, fields), raw, _ in raw_batches(out):
+            assert struct.unpack_from(">I", raw, 17)[0] == crc32c.crc32c(raw[21:])
+            kept[base] = fields, raw
+    return kept
+
+
+def test_markers_without_data_get_a_horizon_and_go_once_it_passes():
+    pieces = _txn_log()
+    original = {base: fields for (base, fields), _, _ in raw_batches(b"".join(pieces))}
+    first = _filter_markers(pieces, 100, segment_io.txn_marker_state(2, []))
+    assert first[1][0] == original[1]  # its data is there: copied
+    attributes, _, base_timestamp, max_timestamp, *_ = first[2][0]
+    assert (attributes & DELETE_HORIZON_BIT, base_timestamp, max_timestamp) == (
+        DELETE_HORIZON_BIT, 1100, 5)
+    records = reference_records(first[2][1][61:], 1, 2, attributes & ~8, base_timestamp, 0)
+    assert [record.timestamp_ms for record in records] == [5]  # the record's time is kept
+    stamped_log = [pieces[0], pieces[1], first[2][1], pieces[3]]
+    assert first[2] == _filter_markers(stamped_log, 1099, segment_io.txn_marker_state(2, []))[2]
+    later = _filter_markers(stamped_log, 1100, segment_io.txn_marker_state(2, []))
+    assert sorted(later) == [0, 1, 3]
+    protected = segment_io.txn_marker_state(2, [(8, MARKER_EPOCH)])
+    assert _filter_markers(pieces, 100, protected)[2][0] == original[2]
+    copied = _filter_markers(pieces, 100, segment_io.MARKERS_COPIED)
+    assert {base: fields for base, (fields, _) in copied.items()} == original
+
+
+def test_the_marker_state_carries_from_call_to_call():
+    pieces = _txn_log()
+    shared = segment_io.txn_marker_state(2, [])
+    assert not _filter_markers(pieces, 100, shared)[1][0][0] & DELETE_HORIZON_BIT
+    fresh = segment_io.txn_marker_state(2, [])
+    assert _filter_markers(pieces[1:2], 100, fresh)[1][0][0] & DELETE_HORIZON_BIT
 
 
 def test_map_batches_reports_full_when_the_room_runs_out():
@@ -258,21 +329,24 @@ def _field_at(buf: bytes, position: int) -> str:
 
 
 @CLEANER_PROPERTY
-@given(cleaner_logs(), st.data())
-def test_cleaner_passes_reject_damage_without_crashing(buf, data):
+@given(transactional_cleaner_logs(), st.booleans(), st.data())
+def test_cleaner_passes_reject_damage_without_crashing(buf, judge_markers, data):
     """A flip the CRC or the magic byte covers is CorruptMessage; one in the leader epoch
-    (outside the CRC) cleans and writes whole batches; one in the framing either."""
+    (outside the CRC) cleans and writes whole batches; one in the framing either. Control
+    batches (random records, as damaged markers would have) are judged as markers or not."""
     position = data.draw(st.integers(0, len(buf) - 1))
     damaged = bytearray(buf)
     damaged[position] ^= 1 << data.draw(st.integers(0, 7))
     scope = segment_io.PassScope(0, 2**41, *FULL_RANGE)
+    markers = segment_io.txn_marker_state(len(PRODUCERS), []) if judge_markers \
+        else segment_io.MARKERS_COPIED
     field = _field_at(buf, position)
     if field == "checked":
         with pytest.raises(CorruptMessage):
-            kernel_clean(bytes(damaged), scope, 0, 0)
+            kernel_clean(bytes(damaged), scope, 2000, 2500, markers=markers)
         return
     try:
-        _, filtered = kernel_clean(bytes(damaged), scope, 0, 0)
+        _, filtered = kernel_clean(bytes(damaged), scope, 2000, 2500, markers=markers)
     except CorruptMessage:
         assert field == "offset-or-length", f"a leader-epoch flip at {position} was rejected"
         return
