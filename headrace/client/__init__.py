@@ -1,5 +1,6 @@
-"""Clients: the at-least-once ``ParallelConsumer`` on confluent-kafka, and the blocking wire
-client ``broker_connection`` that the command line and the Spark executors share.
+"""Clients: the ``ParallelConsumer`` on confluent-kafka (at least once, or exactly once with
+a transactional id), and the blocking wire client ``broker_connection`` that the command line
+and the Spark executors share.
 
 The consumer's names are imported on first use (PEP 562), so a process that needs only
 ``headrace.client.broker_connection`` (a Spark executor) does not load confluent-kafka.
@@ -11,6 +12,7 @@ _LAZY_NAMES = {
     "ConsumerMetrics": "headrace.client.parallel_consumer",
     "ParallelConsumer": "headrace.client.parallel_consumer",
     "ParallelConsumerOptions": "headrace.client.parallel_consumer",
+    "OutputRecord": "headrace.client.parallel_consumer",
     "BufferLimits": "headrace.client.work_scheduler",
     "Ordering": "headrace.client.work_scheduler",
     "PartitionMetrics": "headrace.client.work_scheduler",

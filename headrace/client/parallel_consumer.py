@@ -63,6 +63,26 @@ Owns the poll thread, the worker pool and the commit policy around a ``WorkSched
   ``max.poll.interval.ms``), their offsets committed, then the partitions released. Lost
   partitions (session expired) are dropped without a commit.
 
+Exactly-once mode (``transactional_id`` set; KIP-98 and KIP-447 consume-transform-produce):
+
+* The handler returns the records its input becomes (an iterable of ``OutputRecord``, or
+  None); the consumer produces them with one transactional producer (``transactional.id`` =
+  ``transactional_id``, which must be unique per running consumer) and commits the input
+  offsets in the same transaction (``send_offsets_to_transaction`` with the group's metadata,
+  so a member fenced by a rebalance cannot commit), one transaction per commit interval and
+  at each revocation and close. The input is read read_committed unless the config says
+  otherwise. Read read_committed, the output then holds each input record's results once
+  across crashes: a killed consumer's open transaction is aborted when its successor (the
+  same ``transactional_id``) initialises, or after ``transaction_timeout_ms``.
+* A run's outputs are held until the run ends and are then produced together with its
+  completion, inside a section commits wait for (``_CommitGate``): a transaction never holds
+  the output of a record whose offset it does not commit, nor the reverse. Every commit
+  therefore commits all assigned partitions' positions.
+* A failed commit or produce, and lost partitions (their records' outputs may sit in the
+  open transaction), stop the consumer: ``close()`` re-raises, and a new consumer resumes from
+  the last committed transaction. Dead-lettered records go through the separate dead-letter
+  producer, at least once.
+
 The consumer config is librdkafka's (``bootstrap.servers``, ``group.id``, ...); this class forces
 ``enable.auto.commit=false`` and defaults ``LIBRDKAFKA_CONFIG_DEFAULTS`` (a user's value wins):
 librdkafka stops fetching a partition for ``fetch.queue.backoff.ms`` (its default: 1,000 ms)
@@ -86,7 +106,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
@@ -132,6 +153,8 @@ INLINE_CHECK_MAX_RECORDS = 32
 SUCCEEDED, DEAD_LETTERED = "succeeded", "dead-lettered"  # outcomes of a retried record
 # librdkafka settings this class defaults (see module doc); a consumer_config value wins.
 LIBRDKAFKA_CONFIG_DEFAULTS: dict[str, Any] = {"fetch.queue.backoff.ms": 10}
+TRANSACTION_TIMEOUT_MS_DEFAULT = 60_000  # the Java producer's transaction.timeout.ms
+PRODUCE_QUEUE_FULL_WAIT_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +180,55 @@ class ParallelConsumerOptions:
     cpu_share_max: float = CPU_SHARE_MAX_DEFAULT
     parallelism_window_ms: int = PARALLELISM_WINDOW_MS_DEFAULT
     inline_min_duty: float = INLINE_MIN_DUTY_DEFAULT
+    transactional_id: str | None = None  # set: exactly-once mode (see module doc)
+    transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS_DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    """A record an exactly-once handler returns, produced in the consumer's transaction.
+    ``partition`` None: the producer's partitioner chooses."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None = None
+    partition: int | None = None
+    headers: list[tuple[str, bytes]] | None = None
+
+
+class _CommitGate:
+    """Sections that produce a run's outputs and complete it (any number at once) against
+    transaction commits (one at a time, waiting for the sections under way, holding new
+    ones back)."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._sections = 0
+        self._committing = False
+
+    @contextmanager
+    def section(self) -> Iterator[None]:
+        with self._condition:
+            self._condition.wait_for(lambda: not self._committing)
+            self._sections += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._sections -= 1
+                self._condition.notify_all()
+
+    @contextmanager
+    def commit(self) -> Iterator[None]:
+        with self._condition:
+            self._committing = True
+            self._condition.wait_for(lambda: self._sections == 0)
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._committing = False
+                self._condition.notify_all()
 
 
 class HandlerClock(Protocol):
@@ -203,8 +275,16 @@ class ParallelConsumer:
         self._validate(consumer_config, options)
         self._options = options
         self._topics = list(topics)
+        self._user_handler = handler
         self._handler = handler
         self._handler_is_async = inspect.iscoroutinefunction(handler)
+        self._transactional = options.transactional_id is not None
+        self._pending = threading.local()  # exactly once: each thread's run's outputs
+        self._commit_gate = _CommitGate()
+        self._outputs_since_commit = 0
+        self._transaction_producer = self._make_transaction_producer(consumer_config, options)
+        if self._transactional and not self._handler_is_async:
+            self._handler = self._collecting_handler
         self._clock = clock or SystemClock()
         self._handler_clock = handler_clock or SystemHandlerClock()
         self._scheduler = WorkScheduler(options.ordering, options.buffer_limits,
@@ -218,7 +298,8 @@ class ParallelConsumer:
         self._window_started_ms = 0
         self._single_topic = (self._topics[0] if len(self._topics) == 1
                               and not self._topics[0].startswith("^") else None)
-        self._consumer_config = {**LIBRDKAFKA_CONFIG_DEFAULTS, **consumer_config,
+        isolation = {"isolation.level": "read_committed"} if self._transactional else {}
+        self._consumer_config = {**LIBRDKAFKA_CONFIG_DEFAULTS, **isolation, **consumer_config,
                                  "enable.auto.commit": False,
                                  "on_commit": self._on_commit}
         self._consumer: Consumer | None = None
@@ -270,6 +351,86 @@ class ParallelConsumer:
         return Producer({"bootstrap.servers": consumer_config["bootstrap.servers"],
                          "enable.idempotence": True})
 
+    @staticmethod
+    def _make_transaction_producer(consumer_config: dict[str, Any],
+                                   options: ParallelConsumerOptions) -> Producer | None:
+        if options.transactional_id is None:
+            return None
+        return Producer({"bootstrap.servers": consumer_config["bootstrap.servers"],
+                         "transactional.id": options.transactional_id,
+                         "transaction.timeout.ms": options.transaction_timeout_ms})
+
+    # ---- exactly once ----
+
+    def _collecting_handler(self, message: Message) -> None:
+        self._collect(self._user_handler(message))
+
+    def _collect(self, outputs: Iterable[OutputRecord] | None) -> None:
+        if outputs is None:
+            return
+        pending = getattr(self._pending, "outputs", None)
+        if pending is None:
+            pending = self._pending.outputs = []
+        pending.extend(outputs)
+
+    def _take_outputs(self) -> list[OutputRecord]:
+        pending = getattr(self._pending, "outputs", None) or []
+        self._pending.outputs = []
+        return pending
+
+    def _produce_outputs(self) -> None:
+        """Produce this thread's held outputs into the open transaction (inside a section of
+        the commit gate, or on the poll thread, which alone commits)."""
+        outputs = self._take_outputs()
+        if not outputs:
+            return
+        producer = self._transaction_producer
+        assert producer is not None
+        for output in outputs:
+            arguments: dict[str, Any] = {"key": output.key, "headers": output.headers}
+            if output.partition is not None:
+                arguments["partition"] = output.partition
+            while True:
+                try:
+                    producer.produce(output.topic, output.value, **arguments)
+                    break
+                except BufferError:
+                    producer.poll(PRODUCE_QUEUE_FULL_WAIT_S)
+        producer.poll(0)
+        with self._counter_lock:
+            self._outputs_since_commit += len(outputs)
+
+    def _complete_with_outputs(self, run: Run, done_records: int, wall_ns: int,
+                               cpu_ns: int) -> None:
+        with self._commit_gate.section():
+            self._produce_outputs()
+            self._scheduler.complete(run, done_records, wall_ns, cpu_ns)
+
+    def _commit_transaction(self) -> None:
+        """Commit every assigned partition's position with the outputs produced so far, in
+        the open transaction, and open the next; raises (stopping the consumer) on failure."""
+        assert self._consumer is not None and self._transaction_producer is not None
+        metadata_max_bytes = (self._options.offset_metadata_max_bytes
+                              if self._options.encode_done_offsets_in_metadata else None)
+        timeout_s = self._options.close_timeout_ms / 1000
+        with self._commit_gate.commit():
+            candidates = self._scheduler.commit_candidates(None, metadata_max_bytes)
+            if not candidates and not self._outputs_since_commit:
+                return
+            offsets = [TopicPartition(t, p, offset, metadata) if metadata
+                       else TopicPartition(t, p, offset) for t, p, offset, metadata in candidates]
+            producer = self._transaction_producer
+            if offsets:
+                producer.send_offsets_to_transaction(
+                    offsets, self._consumer.consumer_group_metadata(), timeout_s)
+            producer.commit_transaction(timeout_s)
+            producer.begin_transaction()
+            self._outputs_since_commit = 0
+            with self._counter_lock:
+                self._commits += 1
+        for t, p, offset, _ in candidates:
+            self._scheduler.record_commit_result((t, p), offset, succeeded=True)
+
     # ---- lifecycle ----
 
     def start(self) -> ParallelConsumer:
@@ -320,6 +481,10 @@ class ParallelConsumer:
     def _poll_loop(self) -> None:
         try:
             self._consumer = Consumer(self._consumer_config)
+            if self._transaction_producer is not None:
+                self._transaction_producer.init_transactions(
+                    self._options.close_timeout_ms / 1000)
+                self._transaction_producer.begin_transaction()
             self._consumer.subscribe(self._topics, on_assign=self._on_assign,
                                      on_revoke=self._on_revoke, on_lost=self._on_lost)
             next_commit_ms = self._clock.monotonic_ms() + self._options.commit_interval_ms
@@ -385,6 +550,8 @@ class ParallelConsumer:
                     run, started_ns + self._inline_max_run_ns)
                 finished_ns = perf_counter_ns()
                 wall_ns = finished_ns - started_ns
+                if self._transactional:
+                    self._produce_outputs()  # the poll thread alone commits
                 if error is not None:
                     scheduler.put_back(pending)
                     pending = []
@@ -532,6 +699,9 @@ class ParallelConsumer:
 
     def _commit(self, tps: list[TopicPartitionKey] | None, asynchronous: bool) -> None:
         assert self._consumer is not None
+        if self._transactional:
+            self._commit_transaction()
+            return
         metadata_max_bytes = (self._options.offset_metadata_max_bytes
                               if self._options.encode_done_offsets_in_metadata else None)
         candidates = self._scheduler.commit_candidates(tps, metadata_max_bytes)
@@ -595,6 +765,11 @@ class ParallelConsumer:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._release([(tp.topic, tp.partition) for tp in partitions])
+        if self._transactional:
+            raise KafkaException(KafkaError(
+                KafkaError._STATE, f"lost partitions {[(tp.topic, tp.partition) for tp in partitions]}"
+                " with outputs in the open transaction: the consumer stops, a new one resumes "
+                "from the last committed transaction"))
 
     def _release(self, keys: list[TopicPartitionKey]) -> None:
         self._scheduler.remove(keys)
@@ -609,7 +784,9 @@ class ParallelConsumer:
         """Take runs while this worker is active. The handler's wall and CPU time are measured
         with the process's performance counter and this thread's CPU clock: figures about the
         handler, not time the consumer's logic depends on."""
-        take, complete = self._scheduler.take, self._scheduler.complete
+        take = self._scheduler.take
+        complete = (self._complete_with_outputs if self._transactional
+                    else self._scheduler.complete)
         handler_clock = self._handler_clock
         perf_counter_ns, thread_time_ns = handler_clock.wall_ns, handler_clock.thread_cpu_ns
         while True:
@@ -620,6 +797,9 @@ class ParallelConsumer:
             done_records = 0
             try:
                 done_records = self._process_run(run)
+            except BaseException:
+                self._take_outputs()  # no record of the run counts as done
+                raise
             finally:
                 complete(run, done_records, perf_counter_ns() - started_ns,
                          thread_time_ns() - started_cpu_ns)
@@ -688,7 +868,10 @@ class ParallelConsumer:
 
     def _run_async_handler(self, message: Message) -> None:
         assert self._event_loop is not None
-        asyncio.run_coroutine_threadsafe(self._handler(message), self._event_loop).result()
+        outputs = asyncio.run_coroutine_threadsafe(self._user_handler(message),
+                                                   self._event_loop).result()
+        if self._transactional:
+            self._collect(outputs)
 
     def _backoff_s(self, attempts: int) -> float:
         backoff_ms = min(self._options.retry_backoff_ms * 2 ** (attempts - 1),

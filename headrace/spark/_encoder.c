@@ -28,6 +28,7 @@
 #define NO_PARTITION_LEADER_EPOCH (-1)
 #define VARINT_MAX_BYTES 10
 #define ENCODE_SPEC_BUFFERS 7 /* the most buffers one column specification holds */
+#define ATTR_TRANSACTIONAL 0x10 /* the batch is part of a transaction (KIP-98) */
 
 /* Kafka's Utils.murmur2 (the Java producer's key hash), as an unsigned 32-bit word. */
 static uint32_t kafka_murmur2(const uint8_t *data, size_t len)
@@ -538,7 +539,7 @@ static PyObject *py_encode_batches(PyObject *self, PyObject *args)
     j.producer_id = producer_id;
     j.producer_epoch = (int16_t)producer_epoch;
     j.base_sequence = producer_id >= 0 ? base_sequence : NO_PRODUCER_SEQUENCE;
-    j.attributes = (int16_t)(attributes & ATTR_COMPRESSION_MASK);
+    j.attributes = (int16_t)(attributes & (ATTR_COMPRESSION_MASK | ATTR_TRANSACTIONAL));
     j.max_batch_bytes = max_batch_bytes;
     int status;
     Py_BEGIN_ALLOW_THREADS

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from headrace.protocol.batch import TRANSACTIONAL_BIT
 from headrace.protocol.compression import NONE
 from headrace.protocol.kernel import BufferLike, seal_compressed
 from headrace.spark import _encoder
@@ -66,11 +67,13 @@ class HeaderColumn:
 @dataclass(frozen=True, slots=True)
 class ProducerFields:
     """The idempotent producer's batch fields; ``producer_id`` -1: a plain producer (base
-    sequence -1 is written)."""
+    sequence -1 is written). ``transactional`` sets the batches' transactional attribute
+    bit: they belong to the producer's ongoing transaction."""
 
     producer_id: int = NO_PRODUCER_ID
     producer_epoch: int = -1
     base_sequence: int = 0
+    transactional: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +147,8 @@ def encode_batches(rows: int, keys: BinaryColumn | None, values: BinaryColumn | 
         rows, None if keys is None else keys._spec(),
         None if values is None else values._spec(),
         None if headers is None else headers._spec(), extra_header, selected, timestamp_ms,
-        (producer.producer_id, producer.producer_epoch, producer.base_sequence), codec,
-        max_batch_bytes)
+        (producer.producer_id, producer.producer_epoch, producer.base_sequence),
+        codec | (TRANSACTIONAL_BIT if producer.transactional else 0), max_batch_bytes)
     encoded = EncodedBatches(data, np.frombuffer(bounds, np.int64).reshape(-1, 3))
     if codec == NONE:
         return encoded

@@ -23,6 +23,9 @@ Range semantics (Spark's KafkaDataConsumer):
   otherwise the missing part is skipped with a warning. The end of the log is reached when a
   fetch at or beyond the high watermark returns no batch.
 - Timestamps: LogAppendTime batches give every record the batch's max timestamp.
+- ``kafka.isolation.level=read_committed``: fetches stop at the last stable offset (the end of
+  the log for data-loss checks) and the batches of aborted transactions are dropped
+  (``committed_spans``); offsets they held are gaps.
 - No progress for ``poll_timeout_ms`` raises ``RequestTimedOut``; retriable errors (leader
   moved, connection lost) reconnect through Metadata until then.
 
@@ -53,8 +56,9 @@ from headrace.errors import (
     UnknownTopicOrPartition,
     error_for_code,
 )
-from headrace.protocol.batch import BATCH_HEADER_BYTES
+from headrace.protocol.batch import BATCH_HEADER_BYTES, CURRENT_MAGIC, parse_header, peek_magic
 from headrace.protocol.buffers import RegionPool
+from headrace.protocol.control_records import marker_of_batch
 from headrace.protocol.kernel import decode_columns
 from headrace.spark.columns import ArrowBatchDecoder, arrow_chunks, record_columns_to_arrow
 from headrace.spark.offsets import OffsetRange, report_data_loss
@@ -63,6 +67,7 @@ from headrace.spark.wire_fetch import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     NO_ERROR,
+    READ_COMMITTED,
     FetchClientConfig,
     FetchedPartition,
     PartitionFetchClient,
@@ -175,6 +180,43 @@ def next_fetch_offset(records: memoryview, position: int,
     return next_offset, consumed
 
 
+def committed_spans(records: memoryview,
+                    aborted_transactions: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """Byte spans ``[start, end)`` of ``records`` (whole batches of a read_committed Fetch
+    response) without the batches of aborted transactions, decided as Kafka's consumer does
+    (``CompletedFetch``): a producer's transaction counts as aborted from the first offset
+    the response's ``(producer id, first offset)`` list gives, for transactional batches with
+    that producer id, until that producer's abort marker. Control batches are kept (the
+    record kernel skips them) so spans stay as long as they can be."""
+    pending = sorted(aborted_transactions, key=lambda aborted: aborted[1])
+    next_pending = 0
+    aborted_producers: set[int] = set()
+    spans: list[tuple[int, int]] = []
+    position = 0
+    while position < len(records):
+        end = position + _first_batch_bytes(records[position:])
+        keep = True
+        if peek_magic(records, position) == CURRENT_MAGIC:
+            header = parse_header(records, position)
+            while (next_pending < len(pending) and header.producer_id >= 0
+                   and pending[next_pending][1] <= header.last_offset):
+                aborted_producers.add(pending[next_pending][0])
+                next_pending += 1
+            if header.is_control:
+                marker = marker_of_batch(records, position)
+                if marker is not None and not marker.commit:
+                    aborted_producers.discard(header.producer_id)
+            else:
+                keep = not (header.is_transactional
+                            and header.producer_id in aborted_producers)
+        if keep and spans and spans[-1][1] == position:
+            spans[-1] = (spans[-1][0], end)
+        elif keep:
+            spans.append((position, end))
+        position = end
+    return spans
+
+
 def _first_batch_bytes(records: memoryview) -> int:
     _, batch_length = _BATCH_PREFIX.unpack_from(records, 0)
     return LOG_OVERHEAD_BYTES + batch_length
@@ -222,7 +264,12 @@ class _RangeReader:
             return not self._handle_empty(response)
         start_position = self.position
         self._advance(next_offset)
-        yield from self._arrow_batches(response.records[:whole_bytes], start_position)
+        records = response.records[:whole_bytes]
+        if not response.aborted_transactions:
+            yield from self._arrow_batches(records, start_position)
+            return False
+        for start, end in committed_spans(records, response.aborted_transactions):
+            yield from self._arrow_batches(records[start:end], start_position)
         return False
 
     def _fetch(self) -> FetchedPartition | None:
@@ -281,7 +328,10 @@ class _RangeReader:
         if len(response.records):
             self.client.grow_partition_fetch_bytes(_first_batch_bytes(response.records))
             return True
-        if self.position >= response.high_watermark >= 0:
+        log_end = (response.last_stable_offset
+                   if self.client.config.isolation_level == READ_COMMITTED
+                   else response.high_watermark)
+        if self.position >= log_end >= 0:
             self._data_loss_at_log_end(self.position)
             return False
         self._check_timeout()

@@ -2,7 +2,9 @@
 
 Owns:
 - ``BrokerOffsets``: the driver's view of a cluster through a confluent-kafka AdminClient
-  (topic-partitions of a subscription, earliest / latest offsets, offsets for timestamps).
+  (topic-partitions of a subscription, earliest / latest offsets, offsets for timestamps),
+  asked at the ``isolation.level`` of the options: latest is the last stable offset under
+  read_committed.
 - ``resolve_offsets``: an ``OffsetSpec`` (earliest, latest, per-partition JSON with -2/-1,
   timestamps) turned into concrete offsets.
 - Pure functions used by batch and streaming plans: ``plan_ranges`` (one ``OffsetRange`` per
@@ -31,7 +33,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin import OffsetSpec as AdminOffsetSpec
 
@@ -44,6 +46,7 @@ from headrace.spark.options import (
     OptionError,
     Subscription,
 )
+from headrace.spark.wire_fetch import isolation_level_of
 from headrace.storage.clock import Clock, SystemClock
 
 PartitionKey = tuple[str, int]
@@ -223,6 +226,7 @@ class BrokerOffsets:
                  admin: AdminClient | None = None) -> None:
         self._admin = admin if admin is not None else AdminClient(_admin_config(client_config))
         self._request_timeout_s = request_timeout_s
+        self._isolation_level = IsolationLevel(isolation_level_of(client_config))
 
     @classmethod
     def shared(cls, client_config: dict[str, str],
@@ -264,7 +268,8 @@ class BrokerOffsets:
             return {}
         request = {TopicPartition(topic, partition): spec
                    for (topic, partition), spec in specs.items()}
-        futures = self._admin.list_offsets(request, request_timeout=self._request_timeout_s)
+        futures = self._admin.list_offsets(request, isolation_level=self._isolation_level,
+                                           request_timeout=self._request_timeout_s)
         offsets = {}
         for topic_partition, future in futures.items():
             try:

@@ -5,8 +5,10 @@ pyspark 4.3) into frozen dataclasses with the names and defaults of Spark's own 
 connector (``kafka.bootstrap.servers``, ``subscribe`` / ``subscribePattern`` / ``assign``,
 ``startingOffsets``, ``endingOffsets``, ``startingOffsetsByTimestamp``, ``startingTimestamp``,
 ``endingOffsetsByTimestamp``, ``endingTimestamp``, ``minPartitions``, ``failOnDataLoss``,
-``includeHeaders``, ``maxOffsetsPerTrigger``, ``topic``). Every ``kafka.*`` option is passed to
-the client with the prefix removed.
+``includeHeaders``, ``maxOffsetsPerTrigger``, ``topic``, and the sink's ``exactlyOnce`` and
+``transactionalIdPrefix``). Every ``kafka.*`` option is passed to the client with the prefix
+removed; ``kafka.isolation.level`` (read_uncommitted by default, as Kafka's consumer) is
+checked here.
 
 Offset specifications are kept unresolved (``OffsetSpec``); resolving them needs a broker
 (``headrace.spark.offsets``). Option values are JSON where Spark's are JSON.
@@ -25,6 +27,7 @@ LATEST_OFFSET_SENTINEL = -1
 KAFKA_OPTION_PREFIX = "kafka."
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 DEFAULT_RECORDS_PER_ARROW_BATCH = 65_536
+DEFAULT_TRANSACTIONAL_ID_PREFIX = "headrace-spark"
 # Spark's Kafka source rejects these client options: the source sets them itself.
 SOURCE_UNSUPPORTED_KAFKA_KEYS = (
     "auto.offset.reset", "enable.auto.commit", "key.deserializer", "value.deserializer",
@@ -84,6 +87,8 @@ class SourceOptions:
 class SinkOptions:
     client_config: tuple[tuple[str, str], ...]
     topic: str | None = None
+    exactly_once: bool = False
+    transactional_id_prefix: str = DEFAULT_TRANSACTIONAL_ID_PREFIX
 
     def client_dict(self) -> dict[str, str]:
         return dict(self.client_config)
@@ -205,6 +210,10 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
     for key in SOURCE_UNSUPPORTED_KAFKA_KEYS:
         if KAFKA_OPTION_PREFIX + key in lowered:
             raise OptionError(f"Kafka option '{key}' is not supported: the source manages it")
+    isolation = lowered.get(KAFKA_OPTION_PREFIX + "isolation.level", "read_uncommitted")
+    if isolation.strip().lower() not in ("read_uncommitted", "read_committed"):
+        raise OptionError("option 'kafka.isolation.level' must be read_uncommitted or "
+                          f"read_committed, got {isolation!r}")
     starting = _parse_offset_spec(lowered, "starting", "latest" if streaming else "earliest")
     ending = _parse_offset_spec(lowered, "ending", "latest")
     _check_offset_kinds(starting, ending, streaming, lowered)
@@ -250,7 +259,23 @@ def _check_offset_kinds(
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    """The sink's options; ``exactlyOnce`` (default false) writes each streaming task in a
+    transaction (``headrace.spark.sink``), which needs the ``topic`` option (its partition 0
+    carries the committed batch ids) and derives the transactional ids itself."""
     lowered = _lower(options)
     config = dict(client_config_from(lowered))
     config.setdefault("enable.idempotence", "true")
-    return SinkOptions(client_config=tuple(sorted(config.items())), topic=lowered.get("topic"))
+    exactly_once = _parse_bool("exactlyOnce", lowered.get("exactlyonce", "false"))
+    prefix = lowered.get("transactionalidprefix", DEFAULT_TRANSACTIONAL_ID_PREFIX).strip()
+    topic = lowered.get("topic")
+    if exactly_once and not topic:
+        raise OptionError("option 'exactlyOnce' needs the 'topic' option: its partition 0 "
+                          "holds the sink's committed batch ids")
+    if exactly_once and "transactional.id" in config:
+        raise OptionError("option 'kafka.transactional.id' is not supported with "
+                          "'exactlyOnce': the sink derives one per task from "
+                          "'transactionalIdPrefix'")
+    if not prefix:
+        raise OptionError("option 'transactionalIdPrefix' is empty")
+    return SinkOptions(client_config=tuple(sorted(config.items())), topic=topic,
+                       exactly_once=exactly_once, transactional_id_prefix=prefix)

@@ -76,15 +76,17 @@ def _optional_column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
 
 
 class WireTaskWriter:
-    """One Spark task's records, sent through one idempotent producer."""
+    """One Spark task's records, sent through one idempotent producer (its own, or the
+    given one: a ``TransactionalProducer`` makes them one transaction's batches)."""
 
     def __init__(self, config: ProduceClientConfig, topic: str | None,
-                 extra_header: tuple[bytes, bytes] | None, clock: Clock | None = None) -> None:
+                 extra_header: tuple[bytes, bytes] | None, clock: Clock | None = None,
+                 producer: IdempotentProducer | None = None) -> None:
         self._config = config
         self._topic = topic
         self._extra_header = extra_header
         self._clock = clock or SystemClock()
-        self._producer = IdempotentProducer(config, self._clock)
+        self._producer = producer or IdempotentProducer(config, self._clock)
         self._sticky: dict[str, StickyPartition] = {}
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -130,7 +132,8 @@ class WireTaskWriter:
             start += rows
             producer = ProducerFields(
                 self._producer.producer_id, self._producer.producer_epoch,
-                self._producer.reserve_sequences(topic, partition, rows))
+                self._producer.reserve_sequences(topic, partition, rows),
+                transactional=self._producer.transactional_id is not None)
             encoded = encode_batches(count, keys, values, headers, self._extra_header,
                                      selection, now_ms, producer, self._config.codec,
                                      self._config.batch_bytes)

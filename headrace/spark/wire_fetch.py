@@ -11,7 +11,9 @@ sink's produce client and the command line) to read one topic-partition:
 - Metadata finds the partition's leader; the client connects to it (reusing the bootstrap
   connection when the leader is that broker).
 - Fetch requests are sessionless full fetches (session id 0, epoch -1) for one partition,
-  read_uncommitted. Requests are encoded with kio through ``headrace.protocol.wire``; Fetch
+  at ``isolation.level`` (read_uncommitted by default, as Kafka's consumer; read_committed
+  fetches end at the last stable offset and carry the aborted transactions, which
+  ``headrace.spark.fetch`` drops). ListOffsets asks at the same level. Requests are encoded with kio through ``headrace.protocol.wire``; Fetch
   responses are parsed by hand here (skipping tagged fields) so the records section stays a
   zero-copy ``memoryview`` of the received frame -- it goes straight to the record kernel.
 - ``send_fetch`` / ``receive_fetch`` allow one request in flight while the caller decodes the
@@ -34,7 +36,8 @@ sink's produce client and the command line) to read one topic-partition:
 
 Options (Kafka's names; librdkafka spellings accepted): ``bootstrap.servers``,
 ``client.id``, ``fetch.max.bytes``, ``max.partition.fetch.bytes``, ``fetch.max.wait.ms``
-(``fetch.wait.max.ms``), ``fetch.min.bytes``, ``request.timeout.ms`` (``socket.timeout.ms``).
+(``fetch.wait.max.ms``), ``fetch.min.bytes``, ``request.timeout.ms`` (``socket.timeout.ms``),
+``isolation.level``.
 Only ``security.protocol=PLAINTEXT`` is supported.
 
 Not thread-safe: one client per Spark task. The idle connection pool is process-wide and
@@ -73,6 +76,8 @@ EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 CONSUMER_REPLICA_ID = -1
 READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
+ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
 NO_FETCH_SESSION_ID = 0
 SESSIONLESS_FETCH_EPOCH = -1  # FetchMetadata.FINAL_EPOCH: a full fetch without a session
 NO_LEADER_EPOCH = -1
@@ -114,6 +119,7 @@ class FetchClientConfig:
     fetch_max_wait_ms: int = DEFAULT_FETCH_MAX_WAIT_MS
     fetch_min_bytes: int = DEFAULT_FETCH_MIN_BYTES
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+    isolation_level: int = READ_UNCOMMITTED
 
     @classmethod
     def from_client_options(cls, options: dict[str, str]) -> FetchClientConfig:
@@ -133,17 +139,32 @@ class FetchClientConfig:
             request_timeout_ms=first_option(options, ("request.timeout.ms",
                                                        "socket.timeout.ms"),
                                              DEFAULT_REQUEST_TIMEOUT_MS),
+            isolation_level=isolation_level_of(options),
         )
+
+
+def isolation_level_of(options: dict[str, str]) -> int:
+    """``isolation.level`` (read_uncommitted, the Kafka consumer's default, or
+    read_committed) as the wire's isolation_level."""
+    text = options.get("isolation.level", "read_uncommitted").strip().lower()
+    if text not in ISOLATION_LEVELS:
+        raise FetchClientError(
+            f"isolation.level must be read_uncommitted or read_committed, got {text!r}")
+    return ISOLATION_LEVELS[text]
 
 
 @dataclass(frozen=True, slots=True)
 class FetchedPartition:
-    """One partition of a Fetch response; ``records`` views the received frame."""
+    """One partition of a Fetch response; ``records`` views the received frame.
+    ``aborted_transactions``: (producer id, first offset) of the aborted transactions in the
+    fetched range, answered to read_committed fetches."""
 
     error_code: int
     high_watermark: int
     log_start_offset: int  # -1 before Fetch v5 or when the broker does not know it
     records: memoryview
+    last_stable_offset: int = -1
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
 
 ClusterKey = tuple[tuple[tuple[str, int], ...], str]  # bootstrap servers, client id
@@ -275,11 +296,12 @@ class PartitionFetchClient:
         return self._leader
 
     def list_offset(self, timestamp_ms: int) -> int:
-        """ListOffsets for one timestamp (EARLIEST_TIMESTAMP: log start, LATEST: log end)."""
+        """ListOffsets for one timestamp (EARLIEST_TIMESTAMP: log start, LATEST: log end, or
+        the last stable offset under read_committed)."""
         connection = self._connection()
         version = connection.version_for(LIST_OFFSETS_KEY, LIST_OFFSETS_VERSIONS)
         body = wire.build(wire.request_class(LIST_OFFSETS_KEY, version), {
-            "replica_id": CONSUMER_REPLICA_ID, "isolation_level": READ_UNCOMMITTED,
+            "replica_id": CONSUMER_REPLICA_ID, "isolation_level": self.config.isolation_level,
             "topics": [{"name": self.topic, "partitions": [{
                 "partition_index": self.partition, "current_leader_epoch": NO_LEADER_EPOCH,
                 "timestamp": timestamp_ms}]}]})
@@ -308,7 +330,7 @@ class PartitionFetchClient:
             "max_wait": self.config.fetch_max_wait_ms,
             "min_bytes": self.config.fetch_min_bytes,
             "max_bytes": max(self.config.fetch_max_bytes, self._partition_max_bytes),
-            "isolation_level": READ_UNCOMMITTED,
+            "isolation_level": self.config.isolation_level,
             "session_id": NO_FETCH_SESSION_ID,
             "session_epoch": SESSIONLESS_FETCH_EPOCH,
             "topics": [{"topic": self.topic, "partitions": [{
@@ -436,14 +458,16 @@ def _read_partition(reader: _Reader, version: int) -> tuple[FetchedPartition, in
     index = reader.int32()
     error_code = reader.int16()
     high_watermark = reader.int64()
-    reader.int64()  # last_stable_offset
+    last_stable_offset = reader.int64()
     log_start_offset = reader.int64() if version >= 5 else -1
-    for _ in range(max(reader.length(), 0)):  # aborted transactions: irrelevant uncommitted
-        reader.int64()
-        reader.int64()
+    aborted = []
+    for _ in range(max(reader.length(), 0)):  # null (-1) under read_uncommitted
+        producer_id = reader.int64()
+        aborted.append((producer_id, reader.int64()))
         reader.skip_tagged_fields()
     if version >= 11:
         reader.int32()  # preferred_read_replica
     records = reader.nullable_bytes()
     reader.skip_tagged_fields()
-    return FetchedPartition(error_code, high_watermark, log_start_offset, records), index
+    return FetchedPartition(error_code, high_watermark, log_start_offset, records,
+                            last_stable_offset, tuple(aborted)), index

@@ -79,6 +79,7 @@ METADATA_VERSIONS = (1, 12)
 INIT_PRODUCER_ID_VERSIONS = (0, 4)
 ACKS_ALL = -1
 NO_TRANSACTION_TIMEOUT_MS = 60_000  # InitProducerId's field; unused without a transactional id
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # the Java producer's transaction.timeout.ms
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 DEFAULT_CLIENT_ID = "headrace-spark-sink"
@@ -114,7 +115,7 @@ _OPTION_NAMES = {
     "compression.type", "compression.codec", "batch.size", "max.request.size",
     "message.max.bytes", "request.timeout.ms", "socket.timeout.ms", "delivery.timeout.ms",
     "message.timeout.ms", "retry.backoff.ms", "max.in.flight.requests.per.connection",
-    "max.in.flight", "buffer.memory", *_IGNORED_OPTIONS,
+    "max.in.flight", "buffer.memory", "transaction.timeout.ms", *_IGNORED_OPTIONS,
 }
 
 
@@ -130,6 +131,7 @@ class ProduceClientConfig:
     retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS
     max_in_flight_requests: int = DEFAULT_MAX_IN_FLIGHT_REQUESTS
     buffer_memory_bytes: int = DEFAULT_BUFFER_MEMORY_BYTES
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
 
     @classmethod
     def from_client_options(cls, options: dict[str, str]) -> ProduceClientConfig:
@@ -175,6 +177,8 @@ class ProduceClientConfig:
             max_in_flight_requests=max_in_flight,
             buffer_memory_bytes=first_option(options, ("buffer.memory",),
                                              DEFAULT_BUFFER_MEMORY_BYTES),
+            transaction_timeout_ms=first_option(options, ("transaction.timeout.ms",),
+                                                DEFAULT_TRANSACTION_TIMEOUT_MS),
         )
 
 
@@ -211,6 +215,8 @@ class _Leader:
 
 class IdempotentProducer:
     """Writes ready v2 batches to their partitions' leaders; see the module docstring."""
+
+    transactional_id: str | None = None  # Produce requests name it (see wire_transaction)
 
     def __init__(self, config: ProduceClientConfig, clock: Clock | None = None) -> None:
         self.config = config
@@ -432,7 +438,7 @@ class IdempotentProducer:
         pieces = encode_produce_request(
             leader.connection.request_header(PRODUCE_KEY, version,
                                              version >= FLEXIBLE_PRODUCE_VERSION),
-            version, self.config.request_timeout_ms, batches)
+            version, self.config.request_timeout_ms, batches, self.transactional_id)
         self._requests_sent += 1
         leader.requests.append((self._requests_sent, batches))
         try:
@@ -537,10 +543,17 @@ def _failure_text(batch: _Batch, code: int, message: str | None) -> str:
     return f"{text}: {message}" if message else text
 
 
+def _nullable_string(text: str | None, flexible: bool) -> bytes:
+    if text is None:
+        return b"\x00" if flexible else _INT16.pack(-1)
+    data = text.encode()
+    return (encode_unsigned(len(data) + 1) if flexible else _INT16.pack(len(data))) + data
+
+
 def encode_produce_request(header: bytes, version: int, timeout_ms: int,
-                           batches: list[_Batch]) -> list:
-    """The pieces of a Produce request (v3-v12, acks=all, no transactional id) carrying one
-    batch per partition: hand-encoded framing around the batches' own buffers."""
+                           batches: list[_Batch], transactional_id: str | None = None) -> list:
+    """The pieces of a Produce request (v3-v12, acks=all, ``transactional_id`` or null)
+    carrying one batch per partition: hand-encoded framing around the batches' own buffers."""
     flexible = version >= FLEXIBLE_PRODUCE_VERSION
     by_topic: dict[str, list[_Batch]] = {}
     for batch in batches:
@@ -550,7 +563,7 @@ def encode_produce_request(header: bytes, version: int, timeout_ms: int,
         return encode_unsigned(n + 1) if flexible else _INT32.pack(n)
 
     prefix = bytearray(header)
-    prefix += b"\x00" if flexible else _INT16.pack(-1)  # transactional_id: null
+    prefix += _nullable_string(transactional_id, flexible)
     prefix += _PRODUCE_FIXED.pack(ACKS_ALL, timeout_ms) + count(len(by_topic))
     pieces: list = []
     for topic, topic_batches in by_topic.items():

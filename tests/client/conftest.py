@@ -77,3 +77,34 @@ def consumer_config(bootstrap: str, group: str, **overrides) -> dict:
             "auto.offset.reset": "earliest",
             "session.timeout.ms": GROUP_SESSION_TIMEOUT_MS,
             "heartbeat.interval.ms": GROUP_SESSION_TIMEOUT_MS // 3, **overrides}
+
+
+READ_COMMITTED_TIMEOUT_S = 60.0
+READ_COMMITTED_POLL_S = 0.5
+
+
+def read_committed_messages(bootstrap: str, topic: str, partitions: int) -> list:
+    """Every message of ``topic`` a read_committed consumer sees, read until each partition's
+    position reaches its last stable offset (bounded by READ_COMMITTED_TIMEOUT_S)."""
+    import time
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "read-committed-checker",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        assigned = [TopicPartition(topic, partition, 0) for partition in range(partitions)]
+        consumer.assign(assigned)
+        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1]
+                for tp in assigned}
+        messages = []
+        deadline = time.monotonic() + READ_COMMITTED_TIMEOUT_S
+        while time.monotonic() < deadline:
+            positions = {tp.partition: tp.offset for tp in consumer.position(assigned)}
+            if all(end == 0 or positions[p] >= end for p, end in ends.items()):
+                return messages
+            message = consumer.poll(READ_COMMITTED_POLL_S)
+            if message is not None and message.error() is None:
+                messages.append(message)
+        raise AssertionError(f"read_committed did not reach {ends} in "
+                             f"{READ_COMMITTED_TIMEOUT_S} s")
+    finally:
+        consumer.close()

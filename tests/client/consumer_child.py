@@ -2,8 +2,9 @@
 
 Processes every record of ``--topic`` with random handler durations and random failures. A
 record counts as processed once "<partition> <offset> <pid>\\n" is appended to ``--processed``
-and fsynced, before the handler returns. SIGTERM closes the consumer cleanly (final commit);
-SIGKILL is what the crash tests send. Run: python consumer_child.py --help.
+and fsynced, before the handler returns. With ``--transactional-id`` and ``--output-topic`` it
+runs in exactly-once mode and each record becomes one output record "<partition> <offset>".
+SIGTERM closes the consumer cleanly (final commit); SIGKILL is what the crash tests send. Run: python consumer_child.py --help.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from headrace.client import BufferLimits, ParallelConsumer, ParallelConsumerOptions  # noqa: E402
+from headrace.client import (  # noqa: E402
+    BufferLimits,
+    OutputRecord,
+    ParallelConsumer,
+    ParallelConsumerOptions,
+)
 
 
 class TransientFailure(Exception):
@@ -43,6 +49,10 @@ def main() -> None:
     parser.add_argument("--hang-at-offset", type=int, default=None,
                         help="the handler never returns for this offset (until SIGTERM)")
     parser.add_argument("--max-run-records", type=int, default=500)
+    parser.add_argument("--transactional-id", default=None,
+                        help="exactly-once mode: each record becomes one output record")
+    parser.add_argument("--output-topic", default=None,
+                        help="exactly-once mode: where the value '<partition> <offset>' goes")
     args = parser.parse_args()
 
     rng = random.Random(args.seed)
@@ -53,7 +63,7 @@ def main() -> None:
 
     stop = threading.Event()
 
-    def handler(message) -> None:
+    def handler(message) -> list[OutputRecord] | None:
         if message.offset() == args.hang_at_offset:
             stop.wait()
             raise TransientFailure(f"stopped while hanging at {message.offset()}")
@@ -67,6 +77,10 @@ def main() -> None:
         with file_lock:
             os.write(processed_fd, line)
             os.fsync(processed_fd)
+        if args.output_topic is None:
+            return None
+        return [OutputRecord(args.output_topic, f"{message.partition()} {message.offset()}"
+                             .encode())]
 
     config = {"bootstrap.servers": args.bootstrap, "group.id": args.group,
               "auto.offset.reset": "earliest", "session.timeout.ms": args.session_timeout_ms,
@@ -75,7 +89,7 @@ def main() -> None:
     options = ParallelConsumerOptions(
         workers=args.workers, ordering=args.ordering, commit_interval_ms=args.commit_interval_ms,
         retry_backoff_ms=1, retry_backoff_max_ms=20, poll_batch_records=50,
-        max_run_records=args.max_run_records,
+        max_run_records=args.max_run_records, transactional_id=args.transactional_id,
         buffer_limits=BufferLimits(max_buffered_records_per_partition=40, max_buffered_records=100))
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     consumer = ParallelConsumer(config, [args.topic], handler, options).start()
