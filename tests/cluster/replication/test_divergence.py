@@ -1,11 +1,11 @@
 """Replica logs converge after double failovers (KIP-101, KIP-279), and consumers detect the
-truncation an unclean election makes (KIP-320): a returning replica holding
-records of an old leader epoch that the current leader never had truncates by leader epoch
-(OffsetForLeaderEpoch), not to its high watermark, and follows the KIP-279 rule when the
-leader answers with an older epoch than it asked for (truncate to the smaller of the leader's
-end offset and its own end offset for that epoch).
+truncation an unclean election makes (KIP-320). A returning replica holding records of an old
+leader epoch that the current leader never had truncates by leader epoch (OffsetForLeaderEpoch),
+not to its high watermark, and follows the KIP-279 rule when the leader answers with an older
+epoch than it asked for (truncate to the smaller of the leader's end offset and its own end
+offset for that epoch). A librdkafka consumer positioned past the divergence goes back to it.
 
-Both scenarios need a replica outside the ISR to be elected, so the module's cluster runs with
+Every scenario needs a replica outside the ISR to be elected, so the module's cluster runs with
 ``unclean.leader.election.enable=true`` (Kafka's behaviour when turned on: a live replica is
 elected when no ISR member is, and the records only the old leader had are lost; nothing else
 may be, and the replicas must end with identical logs). Topics have two replicas on brokers
