@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -186,9 +187,13 @@ def catch_up_phase(cluster: ReplicatedCluster, args) -> dict:
                      args.wait_timeout_s)
     cluster.wait_for_unregistered(follower)
     started = time.perf_counter()  # the follower fetches before it registers: time it all
+    leader_cpu_s = cpu_seconds(cluster.brokers[1].pid)
     cluster.brokers[follower].start()
+    started_cpu_s = cpu_seconds(cluster.brokers[follower].pid)  # start-up, until it listens
     cluster.wait_for_isr(topic, [1, 2, 3])
     follower_s = time.perf_counter() - started
+    follower_cpu_s = cpu_seconds(cluster.brokers[follower].pid) - started_cpu_s
+    leader_cpu_s = cpu_seconds(cluster.brokers[1].pid) - leader_cpu_s
     records = total_bytes // args.record_bytes
     consumer_mb_per_s = consume_mb_per_s(cluster.bootstrap, topic, records, args.record_bytes,
                                          args.wait_timeout_s)
@@ -196,7 +201,15 @@ def catch_up_phase(cluster: ReplicatedCluster, args) -> dict:
     return {"phase": "catch_up", "mb": args.catch_up_mb,
             "follower_mb_per_s": round(follower_mb_per_s, 1),
             "consumer_mb_per_s": round(consumer_mb_per_s, 1),
-            "follower_over_consumer": round(follower_mb_per_s / consumer_mb_per_s, 2)}
+            "follower_over_consumer": round(follower_mb_per_s / consumer_mb_per_s, 2),
+            "follower_cpu_s_per_gb": round(follower_cpu_s / (total_bytes / 1e9), 2),
+            "leader_cpu_s_per_gb": round(leader_cpu_s / (total_bytes / 1e9), 2)}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (/proc/PID/stat), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class ContinuousProducer:
@@ -279,8 +292,7 @@ def run(args) -> dict:
             {"zookeeper.session.timeout.ms": str(args.session_timeout_ms)})
         try:
             cluster.start()
-            phases = [phase(cluster, args) for phase in (
-                produce_phase, latency_phase, catch_up_phase, unavailability_phase)]
+            phases = [PHASES[name](cluster, args) for name in args.phases]
         finally:
             cluster.stop()
     for phase in phases:
@@ -288,6 +300,8 @@ def run(args) -> dict:
             print(json.dumps(phase), flush=True)
     shutil.rmtree(args.scratch, ignore_errors=True)
     by_name = {phase["phase"]: phase for phase in phases}
+    if args.phases != list(PHASES):
+        return {"phases": by_name}
     return {
         "produce_mb": args.produce_mb, "record_bytes": args.record_bytes,
         "rf3_over_rf1_produce": by_name["produce"]["rf3_over_rf1"],
@@ -303,6 +317,10 @@ def run(args) -> dict:
     }
 
 
+PHASES = {"produce": produce_phase, "latency": latency_phase, "catch_up": catch_up_phase,
+          "unavailability": unavailability_phase}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--produce-mb", type=int, default=256)
@@ -315,9 +333,11 @@ def main() -> None:
     parser.add_argument("--wait-timeout-s", type=float, default=600.0)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/replication-bench"))
     parser.add_argument("--output", choices=("text", "json"), default="text")
+    parser.add_argument("--phases", type=lambda text: text.split(","), default=list(PHASES),
+                        help="comma-separated, of: " + ",".join(PHASES))
     args = parser.parse_args()
     summary = run(args)
-    if args.output == "text":
+    if args.output == "text" and args.phases == list(PHASES):
         summary.pop("phases")  # printed one by one already
     print(json.dumps(summary), flush=True)
 
