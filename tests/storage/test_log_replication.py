@@ -126,6 +126,46 @@ def test_a_follower_copies_batches_byte_for_byte_with_epochs_and_transactions(sc
     leader.close()
 
 
+def _indexes(log) -> list[tuple[int, list, list, list, list]]:
+    return [(segment.base_offset, segment.offset_index.relative_offsets.tolist(),
+             segment.offset_index.positions.tolist(),
+             segment.time_index.timestamps.tolist(),
+             segment.time_index.relative_offsets.tolist())
+            for segment in log.segments]
+
+
+def test_a_follower_copying_many_batches_per_fetch_indexes_them_batch_by_batch(scratch):
+    """Fetches of many batches each go through one kernel pass; across segment rolls and
+    epoch changes they leave the same segments, offset and time index entries, epochs and
+    producer state as the same fetches appended header by header, and the leader's records,
+    epochs and producers."""
+    config = {"segment_bytes": 1500, "index_interval_bytes": 300}
+    leader = open_log(scratch / "leader", **config)
+    sequence = 0
+    for index in range(60):
+        batch = _plain(2, b"p%d-" % index)
+        if index % 3:
+            batch, sequence = _idempotent(sequence), sequence + 2
+        leader.append(batch, NOW_MS + index, leader_epoch=1 + index // 25)
+    scanned = open_log(scratch / "scanned", **config)
+    by_header = open_log(scratch / "by-header", **config)
+    by_header._append_follower_scanned = lambda *arguments: None  # the per-batch path only
+    batches = [batch for _, batch in read_all(leader)]
+    for start in range(0, len(batches), 7):  # fetches of 7 batches
+        for follower in (scanned, by_header):
+            follower.append_as_follower(b"".join(batches[start:start + 7]), NOW_MS)
+    assert read_all(scanned) == read_all(by_header) == read_all(leader)
+    assert len(scanned.segments) > 2
+    assert _indexes(scanned) == _indexes(by_header)
+    assert scanned.leader_epoch_cache.entries() == leader.leader_epoch_cache.entries() == (
+        (1, 0), (2, 50), (3, 100))
+    assert scanned.active_producers() == by_header.active_producers() == \
+        leader.active_producers()
+    assert_indexes_match_scan(scanned)
+    for log in (scanned, by_header, leader):
+        log.close()
+
+
 def test_a_follower_turned_leader_recognises_an_idempotent_retry(scratch):
     leader = open_log(scratch / "leader")
     leader.append(_idempotent(0), NOW_MS, leader_epoch=1)
