@@ -529,7 +529,9 @@ class Log:
         offsets between), and each next batch after the one before. The leader-epoch cache
         takes each batch's partitionLeaderEpoch (before the write) and producer state
         replays the batches exactly as recovery does, so a follower that becomes leader
-        keeps idempotence and transactions (aborted ones enter the txn index)."""
+        keeps idempotence and transactions (aborted ones enter the txn index). The checks
+        and index entries are one kernel pass over all the batches (``index_batches``, as
+        recovery's); Python runs per batch only for batches with a producer id."""
         view = memoryview(records).toreadonly()
         whole_bytes = whole_batches_bytes(view)
         with self._lock:
