@@ -119,6 +119,7 @@ from headrace.errors import (
 )
 from headrace.protocol.batch import (
     ATTRIBUTES_OFFSET,
+    BASE_SEQUENCE_OFFSET,
     BATCH_HEADER_BYTES,
     COMPRESSION_MASK,
     CONTROL_BIT,
@@ -128,6 +129,7 @@ from headrace.protocol.batch import (
     PARTITION_LEADER_EPOCH_OFFSET,
     PRODUCER_ID_OFFSET,
     TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
     BatchHeader,
     crc_is_valid,
     parse_header,
@@ -150,6 +152,7 @@ from headrace.storage.local_log import (
 )
 from headrace.storage.log_loader import LogLoader, rebuild_producer_state
 from headrace.storage.producer_state import (
+    BATCHES_RETAINED_PER_PRODUCER,
     SEQUENCE_MODULUS,
     ActiveProducer,
     CompletedTxn,
@@ -236,6 +239,8 @@ class FollowerBatchColumns(NamedTuple):
     leader_epochs: np.ndarray
     max_timestamps_ms: np.ndarray
     producer_ids: np.ndarray
+    attributes: np.ndarray
+    base_sequences: np.ndarray
 
 
 def _header_column(data: np.ndarray, positions: np.ndarray, field_offset: int,
@@ -256,7 +261,9 @@ def follower_batch_columns(data: memoryview, positions: np.ndarray) -> FollowerB
                                                     ">i4"),
         _header_column(raw, positions, PARTITION_LEADER_EPOCH_OFFSET, ">i4"),
         _header_column(raw, positions, MAX_TIMESTAMP_OFFSET, ">i8"),
-        _header_column(raw, positions, PRODUCER_ID_OFFSET, ">i8"))
+        _header_column(raw, positions, PRODUCER_ID_OFFSET, ">i8"),
+        _header_column(raw, positions, ATTRIBUTES_OFFSET, ">i2"),
+        _header_column(raw, positions, BASE_SEQUENCE_OFFSET, ">i4"))
 
 
 def follower_offsets_follow(columns: FollowerBatchColumns, log_end_offset: int,
@@ -267,6 +274,25 @@ def follower_offsets_follow(columns: FollowerBatchColumns, log_end_offset: int,
     if not gaps_allowed:
         return bases[0] == log_end_offset and bool(np.all(bases[1:] == lasts[:-1] + 1))
     return bases[0] >= log_end_offset and bool(np.all(bases[1:] > lasts[:-1]))
+
+
+def producer_batches_to_replay(columns: FollowerBatchColumns) -> np.ndarray:
+    """Indexes of the batches whose replay can change producer state: every batch with a
+    producer id except a plain data batch (not control, not transactional) followed in
+    this append by ``BATCHES_RETAINED_PER_PRODUCER`` data batches with sequences of the same
+    producer: those set its epoch, last timestamp and retained batches over whatever it
+    set, and it begins no transaction."""
+    producer_ids = columns.producer_ids
+    data = (columns.attributes & CONTROL_BIT) == 0
+    counted = data & (columns.base_sequences >= 0)
+    replaceable = data & ((columns.attributes & TRANSACTIONAL_BIT) == 0)
+    superseded = np.zeros(len(producer_ids), dtype=bool)
+    for producer_id in np.unique(producer_ids[producer_ids >= 0]).tolist():
+        of_producer = producer_ids == producer_id
+        mine = counted & of_producer
+        later = np.cumsum(mine[::-1])[::-1] - mine  # counted batches after each one
+        superseded |= of_producer & replaceable & (later >= BATCHES_RETAINED_PER_PRODUCER)
+    return np.flatnonzero((producer_ids >= 0) & ~superseded)
 
 
 def epoch_changes(columns: FollowerBatchColumns) -> list[tuple[int, int]]:
@@ -561,7 +587,8 @@ class Log:
                                  ) -> tuple[int, int, LogSegment] | None:
         """The follower append in one kernel pass over ``data`` (structure, CRC-32C, offsets
         increasing, index entries), header fields read as columns, Python only where the
-        leader epoch changes and for batches with a producer id; None (nothing done) when the
+        leader epoch changes and for batches whose producer-state replay matters (see
+        ``producer_batches_to_replay``); None (nothing done) when the
         kernel refuses a batch or offsets leave a gap on a log that is not compacted.
         Returns (first offset, last offset, the segment written)."""
         active = self._local.active_segment
@@ -581,9 +608,9 @@ class Log:
         if segment is not active:  # rolled: index for the new segment
             scan = segment.scan_for_append(data, log_end_offset)
         segment.append_scanned(data, scan)
-        with_producer = scan.batch_positions[columns.producer_ids >= 0]
+        replayed = scan.batch_positions[producer_batches_to_replay(columns)]
         self._replay_follower_batches(data, [(p, parse_header(data, p))
-                                             for p in with_producer.tolist()])
+                                             for p in replayed.tolist()])
         return int(columns.base_offsets[0]), last_offset, segment
 
     def _append_follower_batch_by_batch(self, data: memoryview, log_end_offset: int,
