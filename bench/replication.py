@@ -14,7 +14,8 @@ A three-node ZooKeeper ensemble and three brokers (the replication tests' harnes
    topic, a consumer reading it in the same process; latency = consumed - sent (monotonic
    clock), p50/p99/max.
 3. ``catch_up``: an RF=3 single-partition topic; one follower is SIGKILLed, ``--catch-up-mb``
-   are written (acks=all, the ISR being the two others), the follower is started again;
+   are written (acks=all, idempotent, ``batch.size`` ``--catch-up-batch-bytes``; the ISR
+   being the two others), the follower is started again;
    timed from its start (it fetches before it registers) until the state znode lists it in
    the ISR. Then
    a plain consumer reads the same bytes from the leader from offset 0.
@@ -78,8 +79,9 @@ def producer_of(bootstrap: str, **settings: object) -> Producer:
 
 
 def produce_mb_per_s(bootstrap: str, topic: str, partitions: int, total_bytes: int,
-                     record_bytes: int, timeout_s: float) -> float:
-    producer = producer_of(bootstrap)
+                     record_bytes: int, timeout_s: float, batch_bytes: int = 1_000_000
+                     ) -> float:
+    producer = producer_of(bootstrap, **{"batch.size": batch_bytes})
     value = b"x" * record_bytes
     records = total_bytes // record_bytes
     started = time.perf_counter()
@@ -184,7 +186,7 @@ def catch_up_phase(cluster: ReplicatedCluster, args) -> dict:
     cluster.wait_for_isr(topic, [1, 2])
     total_bytes = args.catch_up_mb << 20
     produce_mb_per_s(cluster.bootstrap, topic, 1, total_bytes, args.record_bytes,
-                     args.wait_timeout_s)
+                     args.wait_timeout_s, args.catch_up_batch_bytes)
     cluster.wait_for_unregistered(follower)
     started = time.perf_counter()  # the follower fetches before it registers: time it all
     leader_cpu_s = cpu_seconds(cluster.brokers[1].pid)
@@ -198,7 +200,7 @@ def catch_up_phase(cluster: ReplicatedCluster, args) -> dict:
     consumer_mb_per_s = consume_mb_per_s(cluster.bootstrap, topic, records, args.record_bytes,
                                          args.wait_timeout_s)
     follower_mb_per_s = total_bytes / follower_s / 1e6
-    return {"phase": "catch_up", "mb": args.catch_up_mb,
+    return {"phase": "catch_up", "mb": args.catch_up_mb, "batch_bytes": args.catch_up_batch_bytes,
             "follower_mb_per_s": round(follower_mb_per_s, 1),
             "consumer_mb_per_s": round(consumer_mb_per_s, 1),
             "follower_over_consumer": round(follower_mb_per_s / consumer_mb_per_s, 2),
@@ -328,6 +330,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--latency-s", type=float, default=10.0)
     parser.add_argument("--catch-up-mb", type=int, default=1024)
+    parser.add_argument("--catch-up-batch-bytes", type=int, default=1_000_000,
+                        help="the catch-up producer's batch.size")
     parser.add_argument("--outage-rate", type=int, default=200)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--wait-timeout-s", type=float, default=600.0)
