@@ -14,7 +14,8 @@ A three-node ZooKeeper ensemble and three brokers (the replication tests' harnes
    topic, a consumer reading it in the same process; latency = consumed - sent (monotonic
    clock), p50/p99/max.
 3. ``catch_up``: an RF=3 single-partition topic; one follower is SIGKILLed, ``--catch-up-mb``
-   are written (acks=all, the ISR being the two others), the follower is started again;
+   are written (acks=all, idempotent, ``batch.size`` ``--catch-up-batch-bytes``; the ISR
+   being the two others), the follower is started again;
    timed from its start (it fetches before it registers) until the state znode lists it in
    the ISR. Then
    a plain consumer reads the same bytes from the leader from offset 0.
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -77,8 +79,9 @@ def producer_of(bootstrap: str, **settings: object) -> Producer:
 
 
 def produce_mb_per_s(bootstrap: str, topic: str, partitions: int, total_bytes: int,
-                     record_bytes: int, timeout_s: float) -> float:
-    producer = producer_of(bootstrap)
+                     record_bytes: int, timeout_s: float, batch_bytes: int = 1_000_000
+                     ) -> float:
+    producer = producer_of(bootstrap, **{"batch.size": batch_bytes})
     value = b"x" * record_bytes
     records = total_bytes // record_bytes
     started = time.perf_counter()
@@ -183,20 +186,32 @@ def catch_up_phase(cluster: ReplicatedCluster, args) -> dict:
     cluster.wait_for_isr(topic, [1, 2])
     total_bytes = args.catch_up_mb << 20
     produce_mb_per_s(cluster.bootstrap, topic, 1, total_bytes, args.record_bytes,
-                     args.wait_timeout_s)
+                     args.wait_timeout_s, args.catch_up_batch_bytes)
     cluster.wait_for_unregistered(follower)
     started = time.perf_counter()  # the follower fetches before it registers: time it all
+    leader_cpu_s = cpu_seconds(cluster.brokers[1].pid)
     cluster.brokers[follower].start()
+    started_cpu_s = cpu_seconds(cluster.brokers[follower].pid)  # start-up, until it listens
     cluster.wait_for_isr(topic, [1, 2, 3])
     follower_s = time.perf_counter() - started
+    follower_cpu_s = cpu_seconds(cluster.brokers[follower].pid) - started_cpu_s
+    leader_cpu_s = cpu_seconds(cluster.brokers[1].pid) - leader_cpu_s
     records = total_bytes // args.record_bytes
     consumer_mb_per_s = consume_mb_per_s(cluster.bootstrap, topic, records, args.record_bytes,
                                          args.wait_timeout_s)
     follower_mb_per_s = total_bytes / follower_s / 1e6
-    return {"phase": "catch_up", "mb": args.catch_up_mb,
+    return {"phase": "catch_up", "mb": args.catch_up_mb, "batch_bytes": args.catch_up_batch_bytes,
             "follower_mb_per_s": round(follower_mb_per_s, 1),
             "consumer_mb_per_s": round(consumer_mb_per_s, 1),
-            "follower_over_consumer": round(follower_mb_per_s / consumer_mb_per_s, 2)}
+            "follower_over_consumer": round(follower_mb_per_s / consumer_mb_per_s, 2),
+            "follower_cpu_s_per_gb": round(follower_cpu_s / (total_bytes / 1e9), 2),
+            "leader_cpu_s_per_gb": round(leader_cpu_s / (total_bytes / 1e9), 2)}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (/proc/PID/stat), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class ContinuousProducer:
@@ -279,8 +294,7 @@ def run(args) -> dict:
             {"zookeeper.session.timeout.ms": str(args.session_timeout_ms)})
         try:
             cluster.start()
-            phases = [phase(cluster, args) for phase in (
-                produce_phase, latency_phase, catch_up_phase, unavailability_phase)]
+            phases = [PHASES[name](cluster, args) for name in args.phases]
         finally:
             cluster.stop()
     for phase in phases:
@@ -288,6 +302,8 @@ def run(args) -> dict:
             print(json.dumps(phase), flush=True)
     shutil.rmtree(args.scratch, ignore_errors=True)
     by_name = {phase["phase"]: phase for phase in phases}
+    if args.phases != list(PHASES):
+        return {"phases": by_name}
     return {
         "produce_mb": args.produce_mb, "record_bytes": args.record_bytes,
         "rf3_over_rf1_produce": by_name["produce"]["rf3_over_rf1"],
@@ -303,6 +319,10 @@ def run(args) -> dict:
     }
 
 
+PHASES = {"produce": produce_phase, "latency": latency_phase, "catch_up": catch_up_phase,
+          "unavailability": unavailability_phase}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--produce-mb", type=int, default=256)
@@ -310,14 +330,18 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--latency-s", type=float, default=10.0)
     parser.add_argument("--catch-up-mb", type=int, default=1024)
+    parser.add_argument("--catch-up-batch-bytes", type=int, default=1_000_000,
+                        help="the catch-up producer's batch.size")
     parser.add_argument("--outage-rate", type=int, default=200)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--wait-timeout-s", type=float, default=600.0)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/replication-bench"))
     parser.add_argument("--output", choices=("text", "json"), default="text")
+    parser.add_argument("--phases", type=lambda text: text.split(","), default=list(PHASES),
+                        help="comma-separated, of: " + ",".join(PHASES))
     args = parser.parse_args()
     summary = run(args)
-    if args.output == "text":
+    if args.output == "text" and args.phases == list(PHASES):
         summary.pop("phases")  # printed one by one already
     print(json.dumps(summary), flush=True)
 

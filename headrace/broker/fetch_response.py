@@ -1,4 +1,6 @@
-"""A hand-written Fetch response encoder (versions 0-17) that never copies record data.
+"""A hand-written Fetch response encoder (versions 0-17) that never copies record data, and
+its decoder for the follower's Fetch v12 (``decode_fetch_response``), which never copies it
+either.
 
 Kafka's FetchResponse body, per version (v12+ "flexible": compact arrays/strings/bytes as
 unsigned varint length+1, and an empty tagged-field section after each struct)::
@@ -15,6 +17,9 @@ unsigned varint length+1, and an empty tagged-field section after each struct)::
 ``encode_fetch_body`` returns the body as a list of parts: ``bytes`` for every field and the
 storage ``FileSlice``s of each partition's records in place, so the connection writes the
 bytes and sendfiles the slices in order; the record data never passes through Python.
+``decode_fetch_response`` reads a whole v12 response frame (correlation id first) into
+``FetchedPartition``s whose records are ``memoryview`` slices of the frame; a frame that does
+not parse raises ``wire.MalformedFrame``.
 Pure functions; thread-safe.
 """
 
@@ -25,7 +30,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from headrace.protocol.varint import encode_unsigned
+from headrace.protocol.varint import encode_unsigned, read_unsigned
+from headrace.protocol.wire import MalformedFrame, skip_tagged_fields
 
 NO_PREFERRED_READ_REPLICA = -1
 NO_ABORTED_TRANSACTIONS = 0
@@ -48,6 +54,8 @@ _V4_FIXED_HEAD = struct.Struct(">ihqq")  # index, error, high watermark, last st
 _INT64 = struct.Struct(">q")
 _ABORTED_TXN = struct.Struct(">qq")
 _FLEXIBLE_ABORTED_TXN_END = b"\x00"  # each aborted transaction's empty tagged fields
+_FLEXIBLE_RESPONSE_HEAD = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
+_FLEXIBLE_FETCHED_HEAD = struct.Struct(">ihqqq")  # as _FLEXIBLE_PARTITION_HEAD
 
 
 @dataclass(slots=True)
@@ -151,3 +159,85 @@ def encode_fetch_body(
     parts.append(bytes(pending))
     size += len(pending)
     return parts, size
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedPartition:
+    """One partition of a decoded Fetch response; ``records`` is a view of the frame."""
+
+    topic: str
+    partition_index: int
+    error_code: int
+    high_watermark: int
+    log_start_offset: int
+    records: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedResponse:
+    error_code: int
+    partitions: tuple[FetchedPartition, ...]
+
+
+class _FlexibleReader:
+    """Reads a flexible-version frame from a position; overruns raise MalformedFrame."""
+
+    __slots__ = ("view", "position")
+
+    def __init__(self, frame: bytes | bytearray | memoryview, position: int) -> None:
+        self.view, self.position = memoryview(frame).toreadonly(), position
+
+    def unpack(self, layout: struct.Struct) -> tuple:
+        if self.position + layout.size > len(self.view):
+            raise MalformedFrame("Fetch response ends inside a field")
+        values = layout.unpack_from(self.view, self.position)
+        self.position += layout.size
+        return values
+
+    def length(self) -> int:
+        """A compact length (unsigned varint N+1; -1 for null)."""
+        value, self.position = read_unsigned(self.view, self.position, error=MalformedFrame)
+        return value - 1
+
+    def span(self, size: int) -> memoryview:
+        end = self.position + max(size, 0)
+        if end > len(self.view):
+            raise MalformedFrame("Fetch response ends inside a string or records")
+        value, self.position = self.view[self.position:end], end
+        return value
+
+    def skip_tagged_fields(self) -> None:
+        self.position = skip_tagged_fields(self.view, self.position)
+
+
+def decode_fetch_response(frame: bytes | bytearray | memoryview) -> FetchedResponse:
+    """A whole Fetch v12 response frame (correlation id, header tagged fields, body),
+    records as views of ``frame``; aborted transactions are skipped (the follower reads
+    uncommitted)."""
+    reader = _FlexibleReader(frame, 4)
+    reader.skip_tagged_fields()
+    _, error_code, _ = reader.unpack(_FLEXIBLE_RESPONSE_HEAD)
+    partitions = []
+    for _ in range(reader.length()):
+        topic = reader.span(reader.length())
+        try:
+            name = str(topic, "utf-8")
+        except UnicodeDecodeError as error:
+            raise MalformedFrame(f"Fetch response topic name: {error}") from None
+        for _ in range(reader.length()):
+            partitions.append(_fetched_partition(reader, name))
+        reader.skip_tagged_fields()
+    reader.skip_tagged_fields()
+    return FetchedResponse(error_code, tuple(partitions))
+
+
+def _fetched_partition(reader: _FlexibleReader, topic: str) -> FetchedPartition:
+    index, error_code, high_watermark, _, log_start_offset = reader.unpack(
+        _FLEXIBLE_FETCHED_HEAD)
+    for _ in range(reader.length()):  # aborted transactions
+        reader.unpack(_ABORTED_TXN)
+        reader.skip_tagged_fields()
+    reader.unpack(_PREFERRED_READ_REPLICA)
+    records = reader.span(reader.length())
+    reader.skip_tagged_fields()
+    return FetchedPartition(topic, index, error_code, high_watermark, log_start_offset, records)

@@ -25,8 +25,10 @@ Per partition, as Kafka's fetcher thread:
 * **Fetching**: Fetch v12 (``replica_id`` = this broker, ``current_leader_epoch``, from the
   log end offset, ``replica.fetch.max.bytes`` per partition, ``replica.fetch.response.max.bytes``
   per response, ``replica.fetch.min.bytes`` / ``replica.fetch.wait.max.ms`` long poll); the
-  whole batches received are appended with ``Log.append_as_follower`` on the append thread
-  (``run_append``), then the high watermark becomes min(leader's, log end) and the log start
+  response is received into one buffer and parsed in place
+  (``fetch_response.decode_fetch_response``), and the whole batches received -- views of
+  that buffer, never copied in Python -- are appended with ``Log.append_as_follower`` on the
+  append thread (``run_append``), then the high watermark becomes min(leader's, log end) and the log start
   offset follows the leader's (never past the high watermark).
 * **OFFSET_OUT_OF_RANGE**: Kafka's ``fetchOffsetAndTruncate``: ListOffsets (replica_id set)
   for the leader's end offset; a log ahead of it is truncated to it; else the leader's start
@@ -57,10 +59,12 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from headrace.broker.fetch_response import decode_fetch_response
 from headrace.broker.rate_limited_log import RateLimitedLog
 from headrace.broker.replica_connection import ReplicaConnection, ReplicaConnectionError
 from headrace.broker.replication_quota import ReplicationQuota, is_throttled
 from headrace.errors import KafkaError, OffsetOutOfRange
+from headrace.protocol.wire import MalformedFrame
 
 log = logging.getLogger(__name__)
 
@@ -337,24 +341,28 @@ class ReplicaFetcher:
                  "fetch_offset": state.fetch_offset, "last_fetched_epoch": -1,
                  "log_start_offset": state.log.log_start_offset,
                  "partition_max_bytes": config.fetch_max_bytes})
-        response = await self._connection.request(FETCH, FETCH_VERSION, {
+        frame = await self._connection.request_frame(FETCH, FETCH_VERSION, {
             "replica_id": self._manager.broker_id, "max_wait": config.wait_max_ms,
             "min_bytes": config.min_bytes, "max_bytes": config.response_max_bytes,
             "isolation_level": 0, "session_id": 0, "session_epoch": -1,
             "topics": [{"topic": t, "partitions": p} for t, p in by_topic.items()],
             "forgotten_topics_data": [], "rack_id": ""})
+        try:
+            response = decode_fetch_response(frame)
+        except MalformedFrame as error:
+            self._close()
+            raise ReplicaConnectionError(f"undecodable Fetch response: {error}") from None
         if response.error_code != 0:
             self._partition_error(states[0], "Fetch", response.error_code)
             self._delay(states)
             return
         async with self._lock:
-            for topic in response.responses:
-                for data in topic.partitions:
-                    state, offset = sent.get((topic.topic, data.partition_index), (None, None))
-                    if state is None or not self._current(state) or state.truncating \
-                            or state.fetch_offset != offset:
-                        continue
-                    await self._process(state, data)
+            for data in response.partitions:
+                state, offset = sent.get((data.topic, data.partition_index), (None, None))
+                if state is None or not self._current(state) or state.truncating \
+                        or state.fetch_offset != offset:
+                    continue
+                await self._process(state, data)
 
     async def _process(self, state: _PartitionFetch, data) -> None:
         if data.error_code == OffsetOutOfRange.code:
@@ -363,7 +371,7 @@ class ReplicaFetcher:
         if data.error_code != 0:
             self._partition_error(state, "Fetch", data.error_code)
             return
-        records = data.records or b""
+        records = data.records  # a view of the response frame: appended without a copy
         size = len(records)
         manager = self._manager
         try:
@@ -431,7 +439,7 @@ class ReplicaFetcher:
         return answer.offset
 
 
-def append_fetched(log, records: bytes, leader_high_watermark: int,
+def append_fetched(log, records: bytes | memoryview, leader_high_watermark: int,
                    leader_log_start_offset: int, now_ms: int) -> int:
     """On the append thread: append fetched batches as a follower (a trailing partial batch
     is left for the next fetch), then move the high watermark to min(leader's, log end) and

@@ -107,6 +107,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from headrace.errors import (
     CorruptMessage,
     FencedLeaderEpoch,
@@ -117,12 +119,17 @@ from headrace.errors import (
 )
 from headrace.protocol.batch import (
     ATTRIBUTES_OFFSET,
+    BASE_SEQUENCE_OFFSET,
     BATCH_HEADER_BYTES,
     COMPRESSION_MASK,
     CONTROL_BIT,
+    LAST_OFFSET_DELTA_OFFSET,
     LOG_OVERHEAD_BYTES,
     MAX_TIMESTAMP_OFFSET,
+    PARTITION_LEADER_EPOCH_OFFSET,
+    PRODUCER_ID_OFFSET,
     TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
     BatchHeader,
     crc_is_valid,
     parse_header,
@@ -145,6 +152,7 @@ from headrace.storage.local_log import (
 )
 from headrace.storage.log_loader import LogLoader, rebuild_producer_state
 from headrace.storage.producer_state import (
+    BATCHES_RETAINED_PER_PRODUCER,
     SEQUENCE_MODULUS,
     ActiveProducer,
     CompletedTxn,
@@ -196,8 +204,7 @@ class AppendResult(NamedTuple):
 
 # What batch.set_base_offset does, without a Python call per batch on the append path.
 _pack_base_offset = struct.Struct(">q").pack_into
-# The partitionLeaderEpoch field (int32 at byte 12 of a batch, outside the CRC).
-PARTITION_LEADER_EPOCH_OFFSET = 12
+# The partitionLeaderEpoch field (int32, outside the CRC): PARTITION_LEADER_EPOCH_OFFSET.
 _pack_leader_epoch = struct.Struct(">i").pack_into
 # AppendResult(...) runs NamedTuple's Python-level __new__; this builds the same tuple in C.
 _new_append_result = functools.partial(tuple.__new__, AppendResult)
@@ -222,6 +229,79 @@ def single_batch_max_timestamp(records: bytes | bytearray | memoryview) -> int:
         return ROLL_NEVER
     batch_length, max_timestamp_ms = _LENGTH_AND_MAX_TIMESTAMP(records)
     return max_timestamp_ms if batch_length + LOG_OVERHEAD_BYTES == size_bytes else ROLL_NEVER
+
+
+class FollowerBatchColumns(NamedTuple):
+    """Header fields of the batches of one follower append, one array per field."""
+
+    base_offsets: np.ndarray
+    last_offsets: np.ndarray
+    leader_epochs: np.ndarray
+    max_timestamps_ms: np.ndarray
+    producer_ids: np.ndarray
+    attributes: np.ndarray
+    base_sequences: np.ndarray
+
+
+def _header_column(data: np.ndarray, positions: np.ndarray, field_offset: int,
+                   dtype: str) -> np.ndarray:
+    """The big-endian field at ``field_offset`` of each batch header at ``positions``."""
+    width = np.dtype(dtype).itemsize
+    gathered = data[positions[:, None] + np.arange(field_offset, field_offset + width)]
+    return gathered.view(dtype).ravel().astype(np.int64)
+
+
+def follower_batch_columns(data: memoryview, positions: np.ndarray) -> FollowerBatchColumns:
+    """Base and last offsets, partition leader epochs, max timestamps and producer ids of
+    the batches at ``positions`` of ``data`` (whole batches the kernel validated)."""
+    raw = np.frombuffer(data, np.uint8)
+    base_offsets = _header_column(raw, positions, 0, ">i8")
+    return FollowerBatchColumns(
+        base_offsets, base_offsets + _header_column(raw, positions, LAST_OFFSET_DELTA_OFFSET,
+                                                    ">i4"),
+        _header_column(raw, positions, PARTITION_LEADER_EPOCH_OFFSET, ">i4"),
+        _header_column(raw, positions, MAX_TIMESTAMP_OFFSET, ">i8"),
+        _header_column(raw, positions, PRODUCER_ID_OFFSET, ">i8"),
+        _header_column(raw, positions, ATTRIBUTES_OFFSET, ">i2"),
+        _header_column(raw, positions, BASE_SEQUENCE_OFFSET, ">i4"))
+
+
+def follower_offsets_follow(columns: FollowerBatchColumns, log_end_offset: int,
+                            gaps_allowed: bool) -> bool:
+    """Whether the batches start at ``log_end_offset`` and each next one right after the one
+    before (at or after, with ``gaps_allowed``: the leader's cleaner removed offsets)."""
+    bases, lasts = columns.base_offsets, columns.last_offsets
+    if not gaps_allowed:
+        return bases[0] == log_end_offset and bool(np.all(bases[1:] == lasts[:-1] + 1))
+    return bases[0] >= log_end_offset and bool(np.all(bases[1:] > lasts[:-1]))
+
+
+def producer_batches_to_replay(columns: FollowerBatchColumns) -> np.ndarray:
+    """Indexes of the batches whose replay can change producer state: every batch with a
+    producer id except a plain data batch (not control, not transactional) followed in
+    this append by ``BATCHES_RETAINED_PER_PRODUCER`` data batches with sequences of the same
+    producer: those set its epoch, last timestamp and retained batches over whatever it
+    set, and it begins no transaction."""
+    producer_ids = columns.producer_ids
+    data = (columns.attributes & CONTROL_BIT) == 0
+    counted = data & (columns.base_sequences >= 0)
+    replaceable = data & ((columns.attributes & TRANSACTIONAL_BIT) == 0)
+    superseded = np.zeros(len(producer_ids), dtype=bool)
+    for producer_id in np.unique(producer_ids[producer_ids >= 0]).tolist():
+        of_producer = producer_ids == producer_id
+        mine = counted & of_producer
+        later = np.cumsum(mine[::-1])[::-1] - mine  # counted batches after each one
+        superseded |= of_producer & replaceable & (later >= BATCHES_RETAINED_PER_PRODUCER)
+    return np.flatnonzero((producer_ids >= 0) & ~superseded)
+
+
+def epoch_changes(columns: FollowerBatchColumns) -> list[tuple[int, int]]:
+    """(epoch, start offset) of each batch whose partition leader epoch (set: >= 0) differs
+    from the one before it: what a leader-epoch cache assigned every batch in turn takes."""
+    stamped = columns.leader_epochs >= 0
+    epochs, bases = columns.leader_epochs[stamped], columns.base_offsets[stamped]
+    changed = np.flatnonzero(np.r_[True, epochs[1:] != epochs[:-1]]) if len(epochs) else []
+    return [(int(epochs[i]), int(bases[i])) for i in changed]
 
 
 class Log:
@@ -475,7 +555,9 @@ class Log:
         offsets between), and each next batch after the one before. The leader-epoch cache
         takes each batch's partitionLeaderEpoch (before the write) and producer state
         replays the batches exactly as recovery does, so a follower that becomes leader
-        keeps idempotence and transactions (aborted ones enter the txn index)."""
+        keeps idempotence and transactions (aborted ones enter the txn index). The checks
+        and index entries are one kernel pass over all the batches (``index_batches``, as
+        recovery's); Python runs per batch only for batches with a producer id."""
         view = memoryview(records).toreadonly()
         whole_bytes = whole_batches_bytes(view)
         with self._lock:
@@ -487,27 +569,65 @@ class Log:
                 return _new_append_result((log_end_offset, log_end_offset - 1, -1,
                                            local.view.log_start_offset, False))
             data = view[:whole_bytes]
-            headers = self._follower_batches(data, log_end_offset)
-            for _, header in headers:
-                if header.partition_leader_epoch >= 0:
-                    self.leader_epoch_cache.assign(header.partition_leader_epoch,
-                                                   header.base_offset)
-            self._append_epoch = self.leader_epoch_cache.latest_epoch()
-            entries = [(h.size_bytes, h.last_offset, h.max_timestamp, p) for p, h in headers]
-            last_offset = headers[-1][1].last_offset
-            active = self._active_segment_for(whole_bytes, last_offset,
-                                              max(entry[2] for entry in entries), now_ms)
-            active.append(data, entries, now_ms)
-            self._replay_follower_batches(data, headers)
+            appended = self._append_follower_scanned(data, log_end_offset, now_ms)
+            if appended is None:  # a batch the scan refuses: the precise error, or the same
+                appended = self._append_follower_batch_by_batch(data, log_end_offset, now_ms)
+            first_offset, last_offset, active = appended
             if last_offset + 1 - local.recovery_point >= self.config.flush_messages:
                 local.flush(now_ms, last_offset + 1)
             local.view = local.view.with_tail(last_offset + 1, active.size_bytes)
             self._single_batch_window = None
-            result = _new_append_result((headers[0][1].base_offset, last_offset, -1,
+            result = _new_append_result((first_offset, last_offset, -1,
                                          local.view.log_start_offset, False))
         for listener in self._listeners:
             listener(last_offset + 1)
         return result
+
+    def _append_follower_scanned(self, data: memoryview, log_end_offset: int, now_ms: int
+                                 ) -> tuple[int, int, LogSegment] | None:
+        """The follower append in one kernel pass over ``data`` (structure, CRC-32C, offsets
+        increasing, index entries), header fields read as columns, Python only where the
+        leader epoch changes and for batches whose producer-state replay matters (see
+        ``producer_batches_to_replay``); None (nothing done) when the
+        kernel refuses a batch or offsets leave a gap on a log that is not compacted.
+        Returns (first offset, last offset, the segment written)."""
+        active = self._local.active_segment
+        scan = active.scan_for_append(data, log_end_offset)
+        if scan.bytes_valid != len(data):
+            return None
+        columns = follower_batch_columns(data, scan.batch_positions)
+        if not follower_offsets_follow(columns, log_end_offset, self.config.compact_enabled):
+            return None
+        cache = self.leader_epoch_cache
+        for epoch, start_offset in epoch_changes(columns):
+            cache.assign(epoch, start_offset)
+        self._append_epoch = cache.latest_epoch()
+        last_offset = scan.next_offset - 1
+        segment = self._active_segment_for(len(data), last_offset,
+                                           int(columns.max_timestamps_ms.max()), now_ms)
+        if segment is not active:  # rolled: index for the new segment
+            scan = segment.scan_for_append(data, log_end_offset)
+        segment.append_scanned(data, scan)
+        replayed = scan.batch_positions[producer_batches_to_replay(columns)]
+        self._replay_follower_batches(data, [(p, parse_header(data, p))
+                                             for p in replayed.tolist()])
+        return int(columns.base_offsets[0]), last_offset, segment
+
+    def _append_follower_batch_by_batch(self, data: memoryview, log_end_offset: int,
+                                        now_ms: int) -> tuple[int, int, LogSegment]:
+        headers = self._follower_batches(data, log_end_offset)
+        for _, header in headers:
+            if header.partition_leader_epoch >= 0:
+                self.leader_epoch_cache.assign(header.partition_leader_epoch,
+                                               header.base_offset)
+        self._append_epoch = self.leader_epoch_cache.latest_epoch()
+        entries = [(h.size_bytes, h.last_offset, h.max_timestamp, p) for p, h in headers]
+        last_offset = headers[-1][1].last_offset
+        active = self._active_segment_for(len(data), last_offset,
+                                          max(entry[2] for entry in entries), now_ms)
+        active.append(data, entries, now_ms)
+        self._replay_follower_batches(data, headers)
+        return headers[0][1].base_offset, last_offset, active
 
     def _follower_batches(self, data: memoryview, log_end_offset: int
                           ) -> list[tuple[int, BatchHeader]]:

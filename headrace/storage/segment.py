@@ -184,6 +184,21 @@ class LogSegment:
         self._index_batches(start, batches)
         self.size_bytes = start + len(data)
 
+    def scan_for_append(self, data: bytes | bytearray | memoryview, next_offset: int
+                        ) -> IndexedBatches:
+        """Validate ``data`` (whole batches to be appended from ``next_offset`` on) and
+        compute its index entries as recovery would for it at this segment's end: one kernel
+        call, no Python per batch (``append_scanned`` writes it)."""
+        return index_batches(data, self.size_bytes, self.size_bytes + len(data), next_offset,
+                             next_offset, self.index_interval_bytes, self.index_state())
+
+    def append_scanned(self, data: bytes | bytearray | memoryview, scan: IndexedBatches
+                       ) -> None:
+        """``append`` of ``data`` that ``scan_for_append`` scanned whole, just now."""
+        self.fs.write(self.log_file().fd, data)
+        self.apply_index(scan)
+        self.size_bytes += len(data)
+
     def append_batch(self, data: bytes | bytearray | memoryview, last_offset: int,
                      max_timestamp_ms: int, now_ms: int) -> None:
         """``append`` of exactly one batch (``data``), the common produce request: the same
@@ -535,19 +550,23 @@ class LogSegment:
                        file_size: int, next_offset: int, on_batch) -> tuple[int, int, bool]:
         """Validate the batches in ``chunk`` and index them, in one kernel call (no Python per
         batch unless ``on_batch`` is given): (bytes consumed, next offset, stop)."""
-        last_time_entry = self.time_index.last_entry()
-        state = IndexState(self.bytes_since_last_index_entry, self.max_timestamp_ms,
-                           self.offset_of_max_timestamp,
-                           last_time_entry[0] if last_time_entry else 0,
-                           last_time_entry is not None)
         scan, chunk, stop = scan_chunk(
             lambda size, position: self.fs.pread(held.fd, size, position), chunk, chunk_start,
-            file_size, self.base_offset, next_offset, self.index_interval_bytes, state)
+            file_size, self.base_offset, next_offset, self.index_interval_bytes,
+            self.index_state())
         self.apply_index(scan)
         if on_batch is not None:
             for position in scan.batch_positions.tolist():
                 on_batch(parse_header(chunk, position))
         return scan.bytes_valid, scan.next_offset, stop
+
+    def index_state(self) -> IndexState:
+        """Where this segment's indexing stands, for ``index_batches`` to go on from."""
+        last_time_entry = self.time_index.last_entry()
+        return IndexState(self.bytes_since_last_index_entry, self.max_timestamp_ms,
+                          self.offset_of_max_timestamp,
+                          last_time_entry[0] if last_time_entry else 0,
+                          last_time_entry is not None)
 
     def apply_index(self, scan: IndexedBatches) -> None:
         """Take the index entries and timestamp state ``index_batches`` computed (over this

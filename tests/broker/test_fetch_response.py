@@ -1,17 +1,26 @@
-"""The hand-written Fetch response encoder: kio decodes what it writes, on every version."""
+"""The hand-written Fetch response encoder: kio decodes what it writes, on every version; the
+follower's v12 decoder reads what kio and the encoder write, records as views of the frame,
+and refuses every truncation of a frame."""
 
 from __future__ import annotations
 
 import os
+import struct
 import uuid
 
 import pytest
 
-from headrace.broker.fetch_response import PartitionData, TopicData, encode_fetch_body
+from headrace.broker.fetch_response import (
+    PartitionData,
+    TopicData,
+    decode_fetch_response,
+    encode_fetch_body,
+)
 from headrace.protocol import wire
 from headrace.storage.segment import FileSlice
 
 FETCH = 1
+FOLLOWER_FETCH_VERSION = 12
 RECORDS = b"batch-bytes-" * 50
 
 
@@ -80,3 +89,48 @@ def test_aborted_transactions_decode_with_kio_on_every_version(version, records_
     assert (kio_partition.last_stable_offset, kio_partition.records) == (12, RECORDS)
     if version >= 11:
         assert kio_partition.preferred_read_replica == -1
+
+
+def _kio_v12_frame(correlation_id: int = 7) -> bytes:
+    """A Fetch v12 response frame (no length prefix) written by kio: two topics, aborted
+    transactions, null records."""
+    body = wire.build(wire.response_class(FETCH, FOLLOWER_FETCH_VERSION), {
+        "error_code": 0, "session_id": 0, "responses": [
+            {"topic": "orders", "partitions": [
+                {"partition_index": 2, "high_watermark": 1_000_000_000_123,
+                 "log_start_offset": 17, "records": RECORDS,
+                 "aborted_transactions": [{"producer_id": 4_000, "first_offset": 3}]},
+                {"partition_index": 5, "error_code": 1, "high_watermark": 40,
+                 "log_start_offset": 3, "records": None}]},
+            {"topic": "ünïcode", "partitions": [{"partition_index": 0, "records": b""}]}]})
+    header = wire.RequestHeader(FETCH, FOLLOWER_FETCH_VERSION, correlation_id, None)
+    return wire.encode_response(header, body)[4:]
+
+
+def test_the_follower_decoder_reads_kio_frames_with_records_as_views_of_the_frame():
+    frame = bytearray(_kio_v12_frame())
+    response = decode_fetch_response(frame)
+    assert response.error_code == 0
+    assert [(p.topic, p.partition_index, p.error_code, p.high_watermark, p.log_start_offset,
+             bytes(p.records)) for p in response.partitions] == [
+        ("orders", 2, 0, 1_000_000_000_123, 17, RECORDS), ("orders", 5, 1, 40, 3, b""),
+        ("ünïcode", 0, 0, 0, -1, b"")]
+    assert response.partitions[0].records.obj is frame  # not copied
+
+
+def test_the_follower_decoder_reads_the_encoders_frames(records_file):
+    parts, _ = encode_fetch_body(FOLLOWER_FETCH_VERSION, 0, 0, _topics(records_file))
+    body = b"".join(part if isinstance(part, bytes) else part.read_bytes() for part in parts)
+    frame = struct.pack(">i", 9) + b"\x00" + body  # correlation id, header tagged fields
+    response = decode_fetch_response(frame)
+    assert [(p.topic, p.partition_index, p.error_code, p.high_watermark, p.log_start_offset,
+             bytes(p.records)) for p in response.partitions] == [
+        ("orders", 2, 0, 1_000_000_000_123, 17, RECORDS), ("orders", 5, 1, 40, 3, b""),
+        ("ünïcode", 0, 0, 9, 0, b"")]
+
+
+def test_the_follower_decoder_refuses_every_truncated_frame():
+    frame = _kio_v12_frame()
+    for size in range(len(frame)):
+        with pytest.raises(wire.MalformedFrame):
+            decode_fetch_response(frame[:size])

@@ -126,6 +126,102 @@ def test_a_follower_copies_batches_byte_for_byte_with_epochs_and_transactions(sc
     leader.close()
 
 
+def _indexes(log) -> list[tuple[int, list, list, list, list]]:
+    return [(segment.base_offset, segment.offset_index.relative_offsets.tolist(),
+             segment.offset_index.positions.tolist(),
+             segment.time_index.timestamps.tolist(),
+             segment.time_index.relative_offsets.tolist())
+            for segment in log.segments]
+
+
+def test_a_follower_copying_many_batches_per_fetch_indexes_them_batch_by_batch(scratch):
+    """Fetches of many batches each go through one kernel pass; across segment rolls and
+    epoch changes they leave the same segments, offset and time index entries, epochs and
+    producer state as the same fetches appended header by header, and the leader's records,
+    epochs and producers."""
+    config = {"segment_bytes": 1500, "index_interval_bytes": 300}
+    leader = open_log(scratch / "leader", **config)
+    sequence = 0
+    for index in range(60):
+        batch = _plain(2, b"p%d-" % index)
+        if index % 3:
+            batch, sequence = _idempotent(sequence), sequence + 2
+        leader.append(batch, NOW_MS + index, leader_epoch=1 + index // 25)
+    scanned = open_log(scratch / "scanned", **config)
+    by_header = open_log(scratch / "by-header", **config)
+    by_header._append_follower_scanned = lambda *arguments: None  # the per-batch path only
+    batches = [batch for _, batch in read_all(leader)]
+    for start in range(0, len(batches), 7):  # fetches of 7 batches
+        for follower in (scanned, by_header):
+            follower.append_as_follower(b"".join(batches[start:start + 7]), NOW_MS)
+    assert read_all(scanned) == read_all(by_header) == read_all(leader)
+    assert len(scanned.segments) > 2
+    assert _indexes(scanned) == _indexes(by_header)
+    assert scanned.leader_epoch_cache.entries() == leader.leader_epoch_cache.entries() == (
+        (1, 0), (2, 50), (3, 100))
+    assert scanned.active_producers() == by_header.active_producers() == \
+        leader.active_producers()
+    assert_indexes_match_scan(scanned)
+    for log in (scanned, by_header, leader):
+        log.close()
+
+
+def _many_producers_leader(scratch, config):
+    """Runs of idempotent batches of two interleaved producers, an epoch bump, a
+    transaction begun mid-run and aborted (a producer's last batches: four data batches,
+    the transactional one, its marker), plain batches between; an aborted transaction of
+    six batches."""
+    leader = open_log(scratch / "leader", **config)
+    sequences = {4_000: 0, 4_001: 0, 4_002: 0}
+
+    def send(producer_id, epoch=0, transactional=False):
+        records = [(b"k", b"v%d" % sequences[producer_id], (), NOW_MS)]
+        leader.append(build_batch(records, producer_id=producer_id, producer_epoch=epoch,
+                                  base_sequence=sequences[producer_id],
+                                  transactional=transactional), NOW_MS)
+        sequences[producer_id] += 1
+
+    for index in range(12):
+        send(4_000)
+        send(4_001) if index % 4 else leader.append(_plain(1), NOW_MS)
+    sequences[4_000] = 0
+    for _ in range(8):  # a new epoch restarts the sequences
+        send(4_000, epoch=1)
+    send(4_001, transactional=True)
+    for _ in range(7):
+        send(4_000, epoch=1)
+    leader.append_transaction_marker(4_001, 0, False, 0, NOW_MS)  # the last of 4_001
+    for _ in range(6):
+        send(4_000, epoch=1)
+    for _ in range(6):  # a transaction of six batches: its first one begins it
+        send(4_002, transactional=True)
+    leader.append_transaction_marker(4_002, 0, False, 0, NOW_MS)
+    return leader
+
+
+@pytest.mark.parametrize("fetch_batches", [1, 6, 13, 100])
+def test_a_follower_keeps_the_producer_state_of_batch_by_batch_replay(scratch, fetch_batches):
+    """Producer state after fetches of many batches (where the one-pass append replays only
+    the batches whose replay can matter) is what replaying every batch gives: the same
+    entries, the same five retained batches per producer, the same aborted transaction."""
+    leader = _many_producers_leader(scratch, {})
+    scanned = open_log(scratch / "scanned")
+    by_header = open_log(scratch / "by-header")
+    by_header._append_follower_scanned = lambda *arguments: None  # replays every batch
+    batches = [batch for _, batch in read_all(leader)]
+    for start in range(0, len(batches), fetch_batches):
+        for follower in (scanned, by_header):
+            follower.append_as_follower(b"".join(batches[start:start + fetch_batches]),
+                                        NOW_MS)
+    assert scanned.producer_state.producers == by_header.producer_state.producers
+    assert scanned.producer_state.producers == leader.producer_state.producers
+    assert scanned.active_producers() == leader.active_producers()
+    assert scanned.collect_aborted_transactions(0, scanned.log_end_offset) == \
+        leader.collect_aborted_transactions(0, leader.log_end_offset) != []
+    for log in (scanned, by_header, leader):
+        log.close()
+
+
 def test_a_follower_turned_leader_recognises_an_idempotent_retry(scratch):
     leader = open_log(scratch / "leader")
     leader.append(_idempotent(0), NOW_MS, leader_epoch=1)
