@@ -158,8 +158,8 @@ class LeaderReplicas:
                                  now_ms, self.lag_time_max_ms)
         _apply_high_watermark_rule(leader, self._initial_high_watermark)
         try:
-            log_.set_leader_epoch(state.leader_epoch)
-        except ValueError as error:  # the log has a later epoch than this state: stale state
+            log_.begin_leader_epoch(state.leader_epoch)
+        except (ValueError, OSError) as error:  # a stale state; or the first append retries
             log.error("not stamping leader epoch %d into %s-%d: %s", state.leader_epoch,
                       leader.topic, leader.partition, error)
         key = (leader.topic, leader.partition)

@@ -500,6 +500,20 @@ class Log:
                              f"below 0 or the log's latest epoch {latest}")
         self._leader_epoch = leader_epoch
 
+    def begin_leader_epoch(self, leader_epoch: int) -> None:
+        """This broker was elected leader in ``leader_epoch``: appends stamp it from now on
+        (``set_leader_epoch``) and the epoch cache records it as starting at the log end at
+        once, checkpointed, as Kafka's ``Partition.makeLeader`` does
+        (``maybeAssignEpochStartOffset``), so OffsetForLeaderEpoch answers a consumer asking
+        about the previous epoch with where this leader's log diverged, before the leader's
+        first append. Raises ValueError for a stale epoch (``set_leader_epoch``)."""
+        self.set_leader_epoch(leader_epoch)
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            if self._append_epoch != leader_epoch:
+                self._begin_epoch_locked(leader_epoch)
+
     def _begin_epoch_locked(self, leader_epoch: int) -> None:
         """The first append of ``leader_epoch``: its entry starts at the log end (Kafka's
         ``maybeAssignEpochStartOffset``), checkpointed before any batch of it is written."""
