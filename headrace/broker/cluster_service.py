@@ -20,9 +20,12 @@ partition has no leader or the topic does not exist yet; the first such request 
 
 Topics created from here (Metadata's auto-creation, the offsets topic) are written to ZooKeeper
 as Kafka's AdminZkClient writes them (``cluster.topic_admin.create_topic_assignment``); the
-controller then elects their leaders. Temporary limit of this release: replication is a later
-issue, so the offsets topic gets min(``offsets.topic.replication.factor``, 1) = 1 replica and
-auto-created topics ``default.replication.factor`` capped at 1.
+controller then elects their leaders. The offsets topic gets ``offsets.topic.replication.factor``
+replicas (3 by default): while fewer brokers are alive it is not created and FindCoordinator
+answers COORDINATOR_NOT_AVAILABLE (Kafka's creation fails with INVALID_REPLICATION_FACTOR the
+same way); auto-created topics get ``default.replication.factor`` replicas, and Metadata answers
+the creation's error (INVALID_REPLICATION_FACTOR when too few brokers are alive) or
+LEADER_NOT_AVAILABLE once it is written, as Kafka's ``AutoTopicCreationManager.createTopicsInZk``.
 
 On SIGTERM the server calls ``controlled_shutdown`` before stopping: the controller is asked to
 move this broker's leaderships away (``cluster.controlled_shutdown``).
@@ -37,7 +40,9 @@ import logging
 
 from kazoo.exceptions import KazooException
 
+from headrace.broker.replica_fetcher import ReplicaFetcherManager
 from headrace.cluster.controlled_shutdown import ControlledShutdownPolicy, shut_down_controlled
+from headrace.cluster.leader_replicas import LeaderReplicas
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache, MetadataWatcher
 from headrace.cluster.replica_manager import ReplicaManager
 from headrace.cluster.served_logs import ServedLogs
@@ -58,7 +63,6 @@ log = logging.getLogger(__name__)
 
 FIRST_APPLY_TIMEOUT_MS = 30_000
 NO_LEADER_EPOCH = -1  # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH: no check asked
-MAX_REPLICATION_FACTOR = 1  # temporary limit of this release: replication is a later issue
 
 
 class ClusterService:
@@ -69,8 +73,13 @@ class ClusterService:
         self.cache = MetadataCache()
         self._watcher = MetadataWatcher(zk, asyncio.get_running_loop(), self.cache)
         self.local_logs = state.log_manager
+        self.leader_replicas = LeaderReplicas(
+            self.broker_id, zk, state.clock, state.config.get_int("replica.lag.time.max.ms"),
+            state.run_append, state.appended.notify)
         self.replicas = ReplicaManager(self.broker_id, self.local_logs, self.cache,
-                                       state.run_append)
+                                       state.run_append, self.leader_replicas)
+        self.fetchers = ReplicaFetcherManager(state, self.cache, self.local_logs)
+        self.replicas.fetchers = self.fetchers
         self._creating: dict[str, asyncio.Task] = {}
 
     async def start(self) -> None:
@@ -121,6 +130,7 @@ class ClusterService:
 
     async def stop(self) -> None:
         await self.replicas.stop()
+        await self.fetchers.stop()
         self._watcher.stop()
 
     @property
@@ -170,6 +180,12 @@ class ClusterService:
             raise UnknownLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is "
                                      f"newer than the leader's {leader_epoch}")
 
+    def hosts_replica(self, topic: str, partition: int) -> bool:
+        """Whether this broker is one of the partition's assigned replicas."""
+        cluster_topic = self.metadata.topics.get(topic)
+        return (cluster_topic is not None and 0 <= partition < cluster_topic.partition_count
+                and self.broker_id in cluster_topic.replicas[partition])
+
     # --- FindCoordinator --------------------------------------------------------------------
 
     def group_coordinator(self, group_id: str) -> dict:
@@ -210,18 +226,21 @@ class ClusterService:
         task.add_done_callback(lambda _task: self._creating.pop(name, None))
 
     async def create_topic(self, name: str, partitions: int, replication_config: str,
-                           configs: dict[str, str]) -> None:
-        """Write the assignment znode with ``replication_config``'s replication factor
-        (capped: ``MAX_REPLICATION_FACTOR``); the controller then elects the leaders.
-        TOPIC_ALREADY_EXISTS is no failure here."""
-        replication_factor = min(self._state.config.get_int(replication_config),
-                                 MAX_REPLICATION_FACTOR)
+                           configs: dict[str, str]) -> KafkaError | None:
+        """Write the assignment znode with ``replication_config``'s replication factor; the
+        controller then elects the leaders. The error that prevented it, if any
+        (TOPIC_ALREADY_EXISTS is no failure here)."""
+        replication_factor = self._state.config.get_int(replication_config)
         try:
             await asyncio.get_running_loop().run_in_executor(
                 None, create_topic_assignment, self.zk, name, partitions, replication_factor,
                 configs)
-            log.info("created topic %s (%d partitions) in ZooKeeper", name, partitions)
+            log.info("created topic %s (%d partitions, replication factor %d) in ZooKeeper",
+                     name, partitions, replication_factor)
         except TopicAlreadyExists:
             pass
         except KafkaError as error:
-            log.warning("creating topic %s failed: %s", name, error)
+            log.warning("creating topic %s (%s=%d) failed: %s", name, replication_config,
+                        replication_factor, error)
+            return error
+        return None

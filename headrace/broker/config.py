@@ -160,6 +160,9 @@ _SERVER_DEFS = (
     _static("zookeeper.connect", "string", None),
     _static("zookeeper.session.timeout.ms", "int", "18000"),
     _static("zookeeper.connection.timeout.ms", "int", None),  # None: the session timeout
+    # The leader's ISR rule (headrace.cluster.partition_leader): a follower not caught up for
+    # this long leaves the ISR (checked every half of it).
+    _static("replica.lag.time.max.ms", "long", "30000"),
     _static("log.dirs", "list", None),
     _static("log.dir", "string", "./data"),
     _static("num.partitions", "int", "1"),
@@ -177,6 +180,7 @@ _SERVER_DEFS = (
     _static("log.flush.scheduler.interval.ms", "long", str(LONG_MAX)),
     _static("log.flush.offset.checkpoint.interval.ms", "int", "60000"),
     _static("log.flush.start.offset.checkpoint.interval.ms", "int", "60000"),
+    _static("replica.high.watermark.checkpoint.interval.ms", "long", "5000"),
     _internal("log.initial.task.delay.ms", "long", "30000"),
     _static("log.cleaner.enable", "boolean", "true"),
     _dynamic("log.cleaner.threads", "int", "1"),
@@ -195,6 +199,15 @@ _SERVER_DEFS = (
     _static("offsets.topic.segment.bytes", "int", "104857600"),
     _static("offsets.commit.timeout.ms", "int", "5000"),
     _static("offsets.load.buffer.size", "int", "5242880"),
+    # The follower's replica fetcher (headrace.broker.replica_fetcher).
+    _static("replica.fetch.max.bytes", "int", "1048576"),
+    _static("replica.fetch.response.max.bytes", "int", "10485760"),
+    _static("replica.fetch.wait.max.ms", "int", "500"),
+    _static("replica.fetch.min.bytes", "int", "1"),
+    _static("replica.fetch.backoff.ms", "int", "1000"),
+    _static("replica.socket.timeout.ms", "int", "30000"),
+    _static("replication.quota.window.num", "int", "11"),
+    _static("replication.quota.window.size.seconds", "int", "1"),
     # Controlled shutdown of a broker in a cluster (headrace.cluster.controlled_shutdown).
     _static("controlled.shutdown.enable", "boolean", "true"),
     _static("controlled.shutdown.max.retries", "int", "3"),
@@ -683,6 +696,9 @@ def _validate_cluster_mode(properties: Mapping[str, str]) -> None:
         if name in properties and int(properties[name]) <= 0:
             raise InvalidConfig(f"Invalid value {properties[name]} for configuration {name}: "
                                 "Value must be at least 1")
+    if int(properties["replica.fetch.wait.max.ms"]) > int(properties["replica.socket.timeout.ms"]):
+        raise InvalidConfig("replica.socket.timeout.ms should always be at least "
+                            "replica.fetch.wait.max.ms to prevent unnecessary socket timeouts")
     broker_id = int(properties["broker.id"])
     if not -1 <= broker_id <= int(properties["reserved.broker.max.id"]):
         raise InvalidConfig("broker.id must be greater than or equal to -1 and not greater "

@@ -31,7 +31,7 @@ class ControllerService:
     def __init__(self, membership: Any, config: Any) -> None:
         self.controller = Controller(
             membership.session.client, membership.broker_id,
-            unclean_leader_election=config.get_bool("unclean.leader.election.enable"),
+            unclean_leader_election=lambda: config.get_bool("unclean.leader.election.enable"),
         )
 
     def start(self) -> None:

@@ -14,7 +14,10 @@ Owns ``GroupService``:
   that partition's Log on the broker's append thread, and its outcome goes back to the
   coordinator as ``AppendResult(append_id, error_code)`` (the exception's Kafka code, or
   UNKNOWN_SERVER_ERROR), whose effects are carried out in turn. The coordinator decides what
-  a failed append means for the clients (Kafka's GroupMetadataManager mapping);
+  a failed append means for the clients (Kafka's GroupMetadataManager mapping). In a cluster
+  the appends are Kafka's acks=-1 ones: the leader epoch stamped, NOT_ENOUGH_REPLICAS below
+  min.insync.replicas, and each reported once replicated to the ISR (the partition's high
+  watermark passed it), or with REQUEST_TIMED_OUT after ``offsets.commit.timeout.ms``;
 * the loader logs, per start-up, the groups loaded, the records replayed
   (``loaded_record_count``, which a compacted offsets topic keeps near the number of live
   keys) and the time taken;
@@ -72,20 +75,32 @@ def _append_error_code(error: Exception) -> int:
     return error.code if isinstance(error, errors.KafkaError) else errors.UnknownServerError.code
 
 
-def _append_all(manager, appends: list[AppendToOffsetsTopic], now_ms: int) -> list[AppendResult]:
-    """Append thread: one batch per effect, in order; how each ended."""
-    results: list[AppendResult] = []
+def _append_all(manager, appends: list[AppendToOffsetsTopic], now_ms: int, leaders=None
+                ) -> list[tuple[AppendResult, int]]:
+    """Append thread: one batch per effect, in order; how each ended, with the offset past
+    its records (-1 when it failed). In a cluster (``leaders``: the partitions led here) as
+    Kafka's coordinator appends, with acks=-1: NOT_ENOUGH_REPLICAS below
+    min.insync.replicas, the leader epoch stamped (``cluster.partition_leader``)."""
+    results: list[tuple[AppendResult, int]] = []
     for effect in appends:
         try:
             batch = build_batch([(key, value, (), now_ms) for key, value in effect.records],
                                 producer_id=effect.producer_id,
                                 producer_epoch=effect.producer_epoch,
                                 transactional=effect.producer_id >= 0)
-            manager.get_log(OFFSETS_TOPIC_NAME, effect.partition).append(bytearray(batch), now_ms)
-            results.append(AppendResult(effect.append_id))
+            log_ = manager.get_log(OFFSETS_TOPIC_NAME, effect.partition)
+            leader = leaders.get((OFFSETS_TOPIC_NAME, effect.partition)) if leaders else None
+            if leader is None:
+                appended = log_.append(bytearray(batch), now_ms)
+            else:
+                leader.check_enough_replicas()
+                appended = log_.append(bytearray(batch), now_ms, False, leader.leader_epoch)
+                if leader.flush_after_append:
+                    log_.flush()
+            results.append((AppendResult(effect.append_id), appended.last_offset + 1))
         except Exception as error:  # every failure is reported to the coordinator
             log.warning("append to %s-%d failed: %s", OFFSETS_TOPIC_NAME, effect.partition, error)
-            results.append(AppendResult(effect.append_id, _append_error_code(error)))
+            results.append((AppendResult(effect.append_id, _append_error_code(error)), -1))
     return results
 
 
@@ -290,6 +305,24 @@ class GroupService(CoordinatorRuntime):
 
     # --- requests ---------------------------------------------------------------------------
 
+    async def _replicated(self, replication, appends: list[AppendToOffsetsTopic],
+                          appended: list[tuple[AppendResult, int]]) -> list[AppendResult]:
+        """Kafka's acks=-1 for the coordinator's appends: each successful one is reported
+        once the partition's high watermark passed it (or with the error that ended the
+        wait: REQUEST_TIMED_OUT past offsets.commit.timeout.ms, ...)."""
+        timeout_ms = self._state.config.get_int("offsets.commit.timeout.ms")
+
+        async def outcome(effect, result: AppendResult, end_offset: int) -> AppendResult:
+            if result.error_code:
+                return result
+            code = await replication.wait_replicated(OFFSETS_TOPIC_NAME, effect.partition,
+                                                     end_offset, timeout_ms)
+            return AppendResult(result.append_id, code)
+
+        return list(await asyncio.gather(*(
+            outcome(effect, result, end_offset)
+            for effect, (result, end_offset) in zip(appends, appended, strict=True))))
+
     async def _carry_out(self, effects) -> None:
         """Answer completions, run the appends (one job on the append thread, so records keep
         the coordinator's order) and hand each result back to the coordinator."""
@@ -302,7 +335,13 @@ class GroupService(CoordinatorRuntime):
         if not appends:
             return
         state = self._state
-        results = await state.run_append(_append_all, state.log_manager, appends, self._now_ms())
+        replication = state.cluster.leader_replicas if state.cluster is not None else None
+        appended = await state.run_append(
+            _append_all, state.log_manager, appends, self._now_ms(),
+            replication.leaders if replication is not None else None)
+        results = [result for result, _ in appended]
+        if replication is not None:
+            results = await self._replicated(replication, appends, appended)
         for result in results:
             outcome = self.coordinator.handle(result, self._now_ms())
             await self._carry_out(outcome.effects)

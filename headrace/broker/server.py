@@ -24,8 +24,9 @@ the retention check every ``log.retention.check.interval.ms`` (so records are de
 retention.ms/retention.bytes no sooner than Kafka would), the flusher (flush.ms) every
 ``log.flush.scheduler.interval.ms``, and on the background thread the recovery-point and
 log-start-offset checkpoints every ``log.flush.offset.checkpoint.interval.ms`` and
-``log.flush.start.offset.checkpoint.interval.ms`` (``LogManager.write_checkpoints``), so no
-produce waits for their unlinks and fsyncs. A period of Long.MAX runs its task once, as
+``log.flush.start.offset.checkpoint.interval.ms``, and the high watermarks replication
+manages every ``replica.high.watermark.checkpoint.interval.ms`` (``LogManager.write_checkpoints``),
+so no produce waits for their unlinks and fsyncs. A period of Long.MAX runs its task once, as
 Kafka's scheduler does. A step that keeps failing (out of file
 descriptors, a full disk) is logged with its traceback at most once per
 ``MAINTENANCE_FAILURE_LOG_INTERVAL_MS``.
@@ -82,6 +83,7 @@ from headrace.broker.state import (
     load_or_create_cluster_id,
 )
 from headrace.broker.transaction_service import TransactionService
+from headrace.cluster.producer_id_blocks import ZooKeeperProducerIdAllocator
 from headrace.errors import InvalidConfig
 from headrace.storage.clock import SystemClock
 from headrace.storage.manager import LogManager
@@ -133,7 +135,9 @@ class Broker:
             else load_or_create_cluster_id(log_dirs[0], config.node_id),
             advertised_host=advertised_host,
             advertised_port=advertised_port,
-            producer_ids=ProducerIdAllocator(log_dirs[0]),
+            producer_ids=ZooKeeperProducerIdAllocator(membership.session.client,
+                                                      membership.broker_id) if membership
+            else ProducerIdAllocator(log_dirs[0]),
             appended=AppendHub(asyncio.get_running_loop()),
             membership=membership,
         )
@@ -198,6 +202,8 @@ class Broker:
              lambda: state.run_background(manager.write_checkpoints, True, False)),
             ("log-start-offset checkpoint", "log.flush.start.offset.checkpoint.interval.ms",
              lambda: state.run_background(manager.write_checkpoints, False, True)),
+            ("high-watermark checkpoint", "replica.high.watermark.checkpoint.interval.ms",
+             lambda: state.run_background(manager.write_checkpoints, False, False, True)),
         )
 
     async def _log_manager_task(self, name: str, interval_config: str, job) -> None:

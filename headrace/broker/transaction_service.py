@@ -64,15 +64,23 @@ def _error_code(error: Exception) -> int:
     return error.code if isinstance(error, errors.KafkaError) else errors.UnknownServerError.code
 
 
-def _carry_out_on_append_thread(manager, effects, now_ms: int) -> list:
-    """Append thread: each append and marker effect in order; the result of each."""
+def _single_node_epoch(_topic: str, _partition: int) -> int:
+    return 0
+
+
+def _carry_out_on_append_thread(manager, effects, now_ms: int,
+                                leader_epoch=_single_node_epoch) -> list:
+    """Append thread: each append and marker effect in order; the result of each.
+    ``leader_epoch(topic, partition)``: the epoch stamped into the batches (in a cluster the
+    partition state's, ``cluster.leader_replicas``)."""
     results: list = []
     for effect in effects:
         if isinstance(effect, AppendToTransactionLog):
             try:
                 batch = build_batch([(key, value, (), now_ms) for key, value in effect.records])
                 manager.get_log(TRANSACTION_STATE_TOPIC_NAME, effect.partition).append(
-                    bytearray(batch), now_ms)
+                    bytearray(batch), now_ms, False,
+                    leader_epoch(TRANSACTION_STATE_TOPIC_NAME, effect.partition))
                 results.append(AppendResult(effect.append_id))
             except Exception as error:  # every failure is reported to the coordinator
                 log.warning("append to %s-%d failed: %s", TRANSACTION_STATE_TOPIC_NAME,
@@ -80,17 +88,18 @@ def _carry_out_on_append_thread(manager, effects, now_ms: int) -> list:
                 results.append(AppendResult(effect.append_id, _error_code(error)))
         else:
             results.append(TxnMarkersResult(effect.marker_id, _write_markers(
-                manager, effect, now_ms)))
+                manager, effect, now_ms, leader_epoch)))
     return results
 
 
-def _write_markers(manager, effect: WriteTxnMarkers, now_ms: int) -> dict:
+def _write_markers(manager, effect: WriteTxnMarkers, now_ms: int,
+                   leader_epoch=_single_node_epoch) -> dict:
     partition_errors = {}
     for topic, partition in effect.partitions:
         try:
             manager.get_log(topic, partition).append_transaction_marker(
                 effect.producer_id, effect.producer_epoch, effect.commit,
-                effect.coordinator_epoch, now_ms)
+                effect.coordinator_epoch, now_ms, leader_epoch(topic, partition))
             partition_errors[(topic, partition)] = 0
         except Exception as error:
             log.warning("transaction marker for producer %d on %s-%d failed: %s",
@@ -209,7 +218,8 @@ class TransactionService(CoordinatorRuntime):
             return
         state = self._state
         results = await state.run_append(
-            _carry_out_on_append_thread, state.log_manager, writes, self._now_ms())
+            _carry_out_on_append_thread, state.log_manager, writes, self._now_ms(),
+            self._leader_epoch_lookup())
         for effect, result in zip(writes, results, strict=True):
             if isinstance(effect, WriteTxnMarkers):
                 await self._complete_txn_offsets(effect, result)
@@ -217,11 +227,16 @@ class TransactionService(CoordinatorRuntime):
             await self._carry_out(outcome.effects)
         self._reschedule()
 
+    def _leader_epoch_lookup(self):
+        cluster = self._state.cluster
+        return cluster.leader_replicas.leader_epoch if cluster is not None else _single_node_epoch
+
     async def write_markers(self, markers: WriteTxnMarkers) -> dict:
         """Write one producer's markers at once, for a coordinator elsewhere (the
         WriteTxnMarkers request); each partition's error code."""
         partition_errors = await self._state.run_append(
-            _write_markers, self._state.log_manager, markers, self._now_ms())
+            _write_markers, self._state.log_manager, markers, self._now_ms(),
+            self._leader_epoch_lookup())
         await self._complete_txn_offsets(
             markers, TxnMarkersResult(markers.marker_id, partition_errors))
         return partition_errors

@@ -30,8 +30,17 @@ events on one queue, drained by one thread (``hr-controller``), which alone touc
 controller's context; a watch event that is already queued is not queued twice, and each
 re-reads ZooKeeper (watches fire once). Kazoo's callbacks only enqueue.
 
-Not done by this controller (as the release has no replication): ISR shrink/expand (followers),
-partition reassignment, automatic preferred-leader rebalance (``auto.leader.rebalance.enable``).
+ISRs: leaders shrink and expand them by writing the partition state themselves, conditional
+on its zkVersion (Kafka's ZooKeeper-mode ``Partition.updateLeaderAndIsr``). So every write of a
+state here is a read-modify-write (``_update_state``): computed from the state as last read,
+written conditional on its zkVersion, and on BadVersion re-read and computed again (bounded), so
+that the controller never overwrites an ISR change it has not seen. Before choosing by ISR
+membership (a broker gone, a controlled shutdown, a new controller) the states are re-read.
+
+Unclean leader election: per topic, ``unclean.leader.election.enable`` of ``/config/topics/<t>``
+else the broker's (dynamic: read at each election); a topic config change (a
+``/config/changes`` notification) elects offline partitions again, as Kafka's
+``TopicUncleanLeaderElectionEnable`` event does.
 Deleted topics' znodes are removed at once (brokers that are down delete their logs when
 they come back and find the topic gone), not after every replica acknowledged, as Kafka did.
 """
@@ -60,6 +69,7 @@ from kazoo.protocol.states import KazooState
 from kazoo.retry import RetryFailedError
 
 from headrace.cluster import partition_leadership as leadership
+from headrace.cluster import partition_reassignment as reassignment
 from headrace.cluster import topic_admin
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
@@ -69,12 +79,14 @@ from headrace.cluster.controller_context import (
     load_context,
     read_live_brokers,
     read_partition_state,
+    read_partition_states,
     read_topic,
 )
 from headrace.errors import (
     ElectionNotNeeded,
     EligibleLeadersNotAvailable,
     KafkaError,
+    NoReassignmentInProgress,
     NotController,
     PreferredLeaderNotAvailable,
     UnknownTopicId,
@@ -87,6 +99,8 @@ INITIAL_CONTROLLER_EPOCH = 0
 ELECTION_TYPE_PREFERRED = 0
 ELECTION_TYPE_UNCLEAN = 1
 STOP_TIMEOUT_S = 10.0
+MAX_STATE_WRITE_ATTEMPTS = 10
+UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"  # re-reads of a state that keeps changing under one event
 
 
 class ControllerFenced(Exception):
@@ -98,7 +112,8 @@ class Controller:
 
     def __init__(
         self, zk: KazooClient, broker_id: int, *,
-        unclean_leader_election: bool = False, now_ms: Callable[[], int] | None = None,
+        unclean_leader_election: Callable[[], bool] = lambda: False,
+        now_ms: Callable[[], int] | None = None,
     ) -> None:
         self._zk = zk
         self.broker_id = broker_id
@@ -107,6 +122,7 @@ class Controller:
         self._events: queue.Queue = queue.Queue()
         self._queued_keys: set[str] = set()
         self._watched_topics: set[str] = set()  # topics whose assignment is watched
+        self._reassignment_watches: set[tuple[str, int]] = set()  # states watched while reassigning
         self._lock = threading.Lock()
         self._context: ControllerContext | None = None
         self._session_lost = False
@@ -126,6 +142,7 @@ class Controller:
         self._watch_children(paths.TOPICS, "topics", self._on_topics_changed)
         self._watch_children(paths.DELETE_TOPICS, "deletions", self._on_deletions_requested)
         self._watch_children(topic_admin.CONTROLLED_SHUTDOWN, "shutdowns", self._on_shutdowns_requested)
+        self._watch_children(paths.CONFIG_CHANGES, "config-changes", self._on_config_changed)
 
     def stop(self) -> None:
         """Resign (the session's end then deletes ``/controller``) and stop the event thread."""
@@ -321,12 +338,33 @@ class Controller:
             raise results[0]
         return results[1:]
 
+    def _update_state(self, context: ControllerContext, topic: str, partition: int,
+                      compute: Callable[[records.PartitionState | None], records.PartitionState | None]
+                      ) -> records.PartitionState | None:
+        """Read-modify-write of a partition's state (Kafka's ``updateLeaderAndIsr`` loop):
+        ``compute`` the next state from the current one (None: the znode does not exist) and
+        write it conditional on the zkVersion it was computed from. When the znode changed
+        meanwhile (a leader's ISR change, BadVersion) it is re-read and ``compute`` runs again
+        on what is there now, at most ``MAX_STATE_WRITE_ATTEMPTS`` times: a controller never
+        overwrites a state it has not seen. The state written, or None (nothing to change, or
+        the attempts ran out)."""
+        for _attempt in range(MAX_STATE_WRITE_ATTEMPTS):
+            current = context.states.get((topic, partition))
+            state = compute(current.state if current is not None else None)
+            if state is None:
+                return None
+            if self._write_state(context, topic, partition, current, state):
+                return state
+        log.warning("controller %d: state of %s-%d kept changing under %d attempts; left for "
+                    "the next event", self.broker_id, topic, partition, MAX_STATE_WRITE_ATTEMPTS)
+        return None
+
     def _write_state(self, context: ControllerContext, topic: str, partition: int,
-                     state: records.PartitionState) -> bool:
-        """Create or (conditionally on its zkVersion) replace a partition's state; False when
-        the znode changed under us (the context is refreshed from ZooKeeper)."""
+                     current: VersionedState | None, state: records.PartitionState) -> bool:
+        """Create (``current`` None) or replace a partition's state conditional on
+        ``current``'s zkVersion; False when the znode changed under us (the context is then
+        refreshed from ZooKeeper)."""
         path, data = paths.partition_state_path(topic, partition), records.encode_partition_state(state)
-        current = context.states.get((topic, partition))
         if current is None:
             missing_parents = self._missing_partition_parents(topic, partition)
 
@@ -339,8 +377,8 @@ class Controller:
                 transaction.set_data(path, data, version=current.zk_version)
         results = self._commit_fenced(build)
         if any(isinstance(result, Exception) for result in results):
-            log.warning("controller %d: state of %s-%d changed concurrently (%r); re-read",
-                        self.broker_id, topic, partition, results)
+            log.info("controller %d: state of %s-%d changed concurrently (%r); re-read",
+                     self.broker_id, topic, partition, results)
             self._refresh_state(context, topic, partition)
             return False
         version = results[-1].version if current is not None else 0
@@ -350,6 +388,18 @@ class Controller:
     def _missing_partition_parents(self, topic: str, partition: int) -> list[str]:
         parents = [paths.topic_partitions_path(topic), paths.partition_path(topic, partition)]
         return [parent for parent in parents if self._zk.exists(parent) is None]
+
+    def _refresh_all_states(self, context: ControllerContext) -> None:
+        """Re-read every partition state: leaders change ISRs in ZooKeeper themselves, so the
+        controller reads them afresh before choosing by ISR membership (as Kafka's
+        ``removeReplicasFromIsr`` reads the states before changing them)."""
+        keys = [(topic, partition) for topic, partition, _ in context.partitions()]
+        fresh = read_partition_states(self._zk, keys)
+        for key in keys:
+            if key in fresh:
+                context.states[key] = fresh[key]
+            else:
+                context.states.pop(key, None)
 
     def _refresh_state(self, context: ControllerContext, topic: str, partition: int) -> None:
         state = read_partition_state(self._zk, topic, partition)
@@ -364,12 +414,14 @@ class Controller:
         context = self._context
         if context is None:
             return
+        self._refresh_all_states(context)
         self._create_missing_states(context)
         for broker_id in self._brokers_in_isrs(context) - set(context.live_brokers):
             self._on_broker_failure(context, broker_id)
         self._elect_offline_partitions(context)
         self._on_deletions_requested()
         self._on_shutdowns_requested()
+        self._resume_reassignments(context)
 
     @staticmethod
     def _brokers_in_isrs(context: ControllerContext) -> set[int]:
@@ -379,24 +431,35 @@ class Controller:
         for topic, partition, replicas in list(context.partitions()):
             if (topics is not None and topic not in topics) or (topic, partition) in context.states:
                 continue
-            state = leadership.initial_state(replicas, context.electable_brokers(), context.epoch)
-            if state is None:
+            electable = context.electable_brokers()
+            if leadership.initial_state(replicas, electable, context.epoch) is None:
                 log.warning("controller %d: no live replica for new partition %s-%d (replicas %s)",
                             self.broker_id, topic, partition, list(replicas))
                 continue
-            self._write_state(context, topic, partition, state)
+            self._update_state(context, topic, partition, lambda current, r=replicas, e=electable: (
+                leadership.initial_state(r, e, context.epoch) if current is None else None))
 
-    def _elect_offline_partitions(self, context: ControllerContext) -> None:
+    def _elect_offline_partitions(self, context: ControllerContext, topics: set[str] | None = None) -> None:
+        """Kafka's OfflinePartition -> OnlinePartition with OfflinePartitionLeaderElection,
+        unclean only where ``unclean.leader.election.enable`` is true for the topic."""
         electable = context.electable_brokers()
         for topic, partition, replicas in list(context.partitions()):
             versioned = context.states.get((topic, partition))
-            if versioned is None or versioned.state.leader in electable:
+            if versioned is None or versioned.state.leader in electable or (
+                    topics is not None and topic not in topics):
                 continue
-            state = leadership.elect_offline_leader(
-                replicas, versioned.state, electable, context.epoch, self._unclean_leader_election
-            )
-            if state is not None:
-                self._write_state(context, topic, partition, state)
+            unclean = self.unclean_leader_election_enabled(topic)
+            self._update_state(context, topic, partition, lambda current, r=replicas, u=unclean: (
+                leadership.elect_offline_leader(r, current, electable, context.epoch, u)
+                if current is not None else None))
+
+    def unclean_leader_election_enabled(self, topic: str) -> bool:
+        """The topic's ``unclean.leader.election.enable`` (``/config/topics/<t>``), else the
+        broker's (read when asked: a dynamic change applies to the next election)."""
+        override = topic_admin.read_topic_config(self._zk, topic).get(UNCLEAN_LEADER_ELECTION_ENABLE)
+        if override is not None:
+            return override.strip().lower() == "true"
+        return self._unclean_leader_election()
 
     # --- brokers ----------------------------------------------------------------------------
 
@@ -411,6 +474,8 @@ class Controller:
         if gone or arrived:
             log.info("controller %d: brokers gone %s, arrived %s", self.broker_id, sorted(gone), sorted(arrived))
         context.live_brokers = {b: e for b, e in previous.items() if b not in gone}
+        if gone:
+            self._refresh_all_states(context)
         for broker_id in sorted(gone):
             self._on_broker_failure(context, broker_id)
         context.live_brokers = current
@@ -423,12 +488,24 @@ class Controller:
         context.shutting_down.discard(broker_id)
         for topic, partition, _replicas in list(context.partitions()):
             versioned = context.states.get((topic, partition))
-            if versioned is None:
+            if versioned is None or broker_id not in versioned.state.isr:
                 continue
-            state = leadership.remove_replica_from_isr(versioned.state, broker_id, context.epoch)
-            if state is not None:
-                self._write_state(context, topic, partition, state)
+            self._update_state(context, topic, partition, lambda current: (
+                leadership.remove_replica_from_isr(current, broker_id, context.epoch)
+                if current is not None else None))
         self._elect_offline_partitions(context)
+
+    def _on_config_changed(self) -> None:
+        """A topic config changed (Kafka's ``TopicUncleanLeaderElectionEnable``): offline
+        partitions are elected again, unclean where the topic now allows it."""
+        context = self._context
+        if context is not None:
+            self._elect_offline_partitions(context)
+
+    def elect_offline_partitions(self) -> None:
+        """Offline partitions elected again (event thread): after the broker's dynamic
+        ``unclean.leader.election.enable`` became true, as Kafka's controller does."""
+        self._elect_offline_partitions(self._active_context())
 
     # --- topics -----------------------------------------------------------------------------
 
@@ -601,6 +678,7 @@ class Controller:
         if answered is not None:
             return
         context.shutting_down.add(broker_id)
+        self._refresh_all_states(context)
         remaining = self._move_leadership_away(context, broker_id)
         answer = topic_admin.encode_controlled_shutdown_answer(broker_epoch, remaining)
         self._commit_fenced(lambda transaction: transaction.set_data(path, answer, version=stat.version))
@@ -615,12 +693,16 @@ class Controller:
             versioned = context.states.get((topic, partition))
             if versioned is None or len(replicas) < 2 or broker_id not in versioned.state.isr:
                 continue
-            state = leadership.elect_for_controlled_shutdown(
-                replicas, versioned.state, electable, context.shutting_down, context.epoch
-            ) if versioned.state.leader == broker_id else leadership.remove_replica_from_isr(
-                versioned.state, broker_id, context.epoch)
-            if state is not None:
-                self._write_state(context, topic, partition, state)
+
+            def move(current, r=replicas):
+                if current is None or broker_id not in current.isr:
+                    return None
+                if current.leader == broker_id:
+                    return leadership.elect_for_controlled_shutdown(
+                        r, current, electable, context.shutting_down, context.epoch)
+                return leadership.remove_replica_from_isr(current, broker_id, context.epoch)
+
+            self._update_state(context, topic, partition, move)
         return [
             (topic, partition) for topic, partition, replicas in context.partitions()
             if len(replicas) > 1 and (topic, partition) in context.states
@@ -652,18 +734,176 @@ class Controller:
         if election_type == ELECTION_TYPE_PREFERRED:
             if versioned.state.leader == replicas[0]:
                 return ElectionNotNeeded("Leader election not needed for topic partition.")
-            state = leadership.elect_preferred_leader(replicas, versioned.state, electable, context.epoch)
+            elect = lambda current: leadership.elect_preferred_leader(  # noqa: E731
+                replicas, current, electable, context.epoch) if current else None
             failure = PreferredLeaderNotAvailable(
                 f"Failed to elect leader for partition {topic}-{partition} under strategy "
                 "PreferredReplicaPartitionLeaderElectionStrategy")
         else:
             if versioned.state.leader in electable:
                 return ElectionNotNeeded("Leader election not needed for topic partition.")
-            state = leadership.elect_offline_leader(replicas, versioned.state, electable,
-                                                    context.epoch, unclean_leader_election=True)
+            elect = lambda current: leadership.elect_offline_leader(  # noqa: E731
+                replicas, current, electable, context.epoch, unclean_leader_election=True) \
+                if current else None
             failure = EligibleLeadersNotAvailable(
                 f"Failed to elect leader for partition {topic}-{partition} under strategy "
                 "OfflinePartitionLeaderElectionStrategy")
-        if state is None or not self._write_state(context, topic, partition, state):
+        if self._update_state(context, topic, partition, elect) is None:
             return failure
         return None
+
+    # --- partition reassignment (KIP-455 in ZooKeeper mode) ---------------------------------
+
+    def alter_partition_reassignments(
+        self, targets: dict[tuple[str, int], tuple[int, ...] | None],
+        allow_replication_factor_change: bool = True,
+    ) -> dict[tuple[str, int], KafkaError | None]:
+        """AlterPartitionReassignments on the controller (event thread): per partition None
+        (started, or completed at once) or Kafka's error. A target of None cancels."""
+        context = self._active_context()
+        self._on_brokers_changed()
+        return {
+            (topic, partition): self._reassign(context, topic, partition, target,
+                                               allow_replication_factor_change)
+            for (topic, partition), target in targets.items()
+        }
+
+    def _reassign(self, context: ControllerContext, topic: str, partition: int,
+                  target: tuple[int, ...] | None, allow_replication_factor_change: bool) -> KafkaError | None:
+        if topic not in context.assignments:
+            read_topic(self._zk, context, topic)
+        if (topic not in context.assignments or partition not in context.assignments[topic].partitions
+                or self._zk.exists(paths.delete_topic_path(topic)) is not None):
+            return UnknownTopicOrPartition("The partition does not exist.")
+        current = reassignment.of(context.assignments[topic], partition)
+        if target is None:
+            if not current.is_being_reassigned:
+                return NoReassignmentInProgress("No partition reassignment is in progress.")
+            target = current.origin
+        else:
+            error = reassignment.check_target(current, target, context.live_brokers,
+                                              allow_replication_factor_change)
+            if error is not None:
+                return error
+        self._on_partition_reassignment(context, topic, partition, current.reassign_to(target))
+        return None
+
+    def _on_partition_reassignment(self, context: ControllerContext, topic: str, partition: int,
+                                   wanted: reassignment.ReplicaAssignment) -> None:
+        """Kafka's ``onPartitionReassignment``: write RS/AR/RR (replicas no longer wanted by a
+        replaced reassignment leave the ISR), then either bump the leader epoch and wait for
+        TRS to join the ISR, or complete at once."""
+        current = reassignment.of(context.assignments[topic], partition)
+        if current != wanted:
+            if not self._write_replica_assignment(context, topic, partition, wanted):
+                return
+            unneeded = [r for r in current.replicas if r not in wanted.replicas]
+            if unneeded:
+                self._update_state(context, topic, partition, lambda state: leadership.remove_replicas_from_isr(
+                    state, unneeded, context.epoch) if state is not None else None)
+        self._refresh_state(context, topic, partition)
+        versioned = context.states.get((topic, partition))
+        if versioned is not None and reassignment.is_complete(wanted, versioned.state.isr):
+            self._complete_reassignment(context, topic, partition, wanted)
+            return
+        self._update_state(context, topic, partition, lambda state: leadership.bump_leader_epoch(
+            state, context.epoch) if state is not None else None)
+        self._watch_reassignment(topic, partition)
+
+    def _complete_reassignment(self, context: ControllerContext, topic: str, partition: int,
+                               done: reassignment.ReplicaAssignment) -> None:
+        """TRS is in the ISR: leadership into TRS, RR out of the ISR, then RS = TRS."""
+        final = done.completed()
+        electable = context.electable_brokers()
+        led = self._update_state(context, topic, partition, lambda state: leadership.elect_reassigned_leader(
+            final.replicas, state, electable, context.epoch) if state is not None else None)
+        if led is None:
+            log.warning("controller %d: no live leader in %s for reassigned %s-%d; completed later",
+                        self.broker_id, list(final.replicas), topic, partition)
+            return
+        if done.removing:
+            self._update_state(context, topic, partition, lambda state: leadership.remove_replicas_from_isr(
+                state, done.removing, context.epoch) if state is not None else None)
+        if self._write_replica_assignment(context, topic, partition, final):
+            log.info("controller %d: reassignment of %s-%d to %s completed", self.broker_id, topic,
+                     partition, list(final.replicas))
+
+    def _write_replica_assignment(self, context: ControllerContext, topic: str, partition: int,
+                                  wanted: reassignment.ReplicaAssignment) -> bool:
+        """The partition's RS/AR/RR into ``/brokers/topics/<t>``, a read-modify-write
+        conditional on the assignment's zkVersion (partitions may be added meanwhile)."""
+        path = paths.topic_path(topic)
+        for _attempt in range(MAX_STATE_WRITE_ATTEMPTS):
+            try:
+                data, stat = self._zk.get(path)
+            except NoNodeError:
+                return False
+            assignment = reassignment.put(records.decode_topic_assignment(topic, data), partition, wanted)
+            encoded = records.encode_topic_assignment(assignment)
+            results = self._commit_fenced(
+                lambda transaction, e=encoded, v=stat.version: transaction.set_data(path, e, version=v))
+            if not any(isinstance(result, Exception) for result in results):
+                context.assignments[topic] = assignment
+                return True
+        log.warning("controller %d: the assignment of %s kept changing; reassignment of "
+                    "partition %d not written", self.broker_id, topic, partition)
+        return False
+
+    def _watch_reassignment(self, topic: str, partition: int) -> None:
+        """Kafka's ``PartitionReassignmentIsrChangeHandler``: each change of the state of a
+        partition being reassigned checks whether TRS joined the ISR."""
+        key = (topic, partition)
+        with self._lock:
+            if key in self._reassignment_watches:
+                return
+            self._reassignment_watches.add(key)
+
+        def on_state(data: bytes | None, _stat: Any) -> bool:
+            with self._lock:
+                watching = key in self._reassignment_watches and not self._stopping
+            if data is None or not watching:
+                with self._lock:
+                    self._reassignment_watches.discard(key)
+                return False
+            self._enqueue(f"reassign:{topic}:{partition}",
+                          lambda: self._maybe_complete_reassignment(topic, partition))
+            return True
+
+        self._zk.DataWatch(paths.partition_state_path(topic, partition), on_state)
+
+    def _maybe_complete_reassignment(self, topic: str, partition: int) -> None:
+        context = self._context
+        ongoing = context is not None and topic in context.assignments and reassignment.of(
+            context.assignments[topic], partition).is_being_reassigned
+        if ongoing:
+            wanted = reassignment.of(context.assignments[topic], partition)
+            self._refresh_state(context, topic, partition)
+            versioned = context.states.get((topic, partition))
+            if versioned is not None and reassignment.is_complete(wanted, versioned.state.isr):
+                self._complete_reassignment(context, topic, partition, wanted)
+            ongoing = reassignment.of(context.assignments[topic], partition).is_being_reassigned
+        if not ongoing:
+            with self._lock:
+                self._reassignment_watches.discard((topic, partition))
+
+    def _resume_reassignments(self, context: ControllerContext) -> None:
+        """A new controller takes over the reassignments in the assignments' AR/RR."""
+        for topic, partition, _replicas in list(context.partitions()):
+            if reassignment.of(context.assignments[topic], partition).is_being_reassigned:
+                self._watch_reassignment(topic, partition)
+                self._maybe_complete_reassignment(topic, partition)
+
+    def list_partition_reassignments(self, partitions: list[tuple[str, int]] | None
+                                     ) -> dict[tuple[str, int], reassignment.ReplicaAssignment]:
+        """ListPartitionReassignments on the controller (event thread): the ongoing ones among
+        ``partitions`` (None: all); unknown partitions are left out, as Kafka does."""
+        context = self._active_context()
+        keys = [(t, p) for t, p, _ in context.partitions()] if partitions is None else partitions
+        ongoing = {}
+        for topic, partition in keys:
+            assignment = context.assignments.get(topic)
+            if assignment is not None and partition in assignment.partitions:
+                replica_assignment = reassignment.of(assignment, partition)
+                if replica_assignment.is_being_reassigned:
+                    ongoing[(topic, partition)] = replica_assignment
+        return ongoing

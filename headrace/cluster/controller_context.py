@@ -74,6 +74,21 @@ def read_partition_state(zk: KazooClient, topic: str, partition: int) -> Version
     return VersionedState(records.decode_partition_state(data, path), stat.version)
 
 
+def read_partition_states(zk: KazooClient, keys) -> dict[tuple[str, int], VersionedState]:
+    """The states of ``keys`` ((topic, partition) pairs) as ZooKeeper has them now, read in
+    one pipelined batch; missing znodes are left out."""
+    pending = [(key, zk.get_async(paths.partition_state_path(*key))) for key in keys]
+    states = {}
+    for key, result in pending:
+        try:
+            data, stat = result.get()
+        except NoNodeError:
+            continue
+        states[key] = VersionedState(records.decode_partition_state(data, paths.partition_state_path(*key)),
+                                     stat.version)
+    return states
+
+
 def read_topic(zk: KazooClient, context: ControllerContext, topic: str) -> None:
     """Load one topic's assignment and partition states into ``context``."""
     try:

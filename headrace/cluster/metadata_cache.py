@@ -69,6 +69,8 @@ class ClusterMetadata:
     brokers: Mapping[int, records.BrokerRegistration] = field(default_factory=dict)
     topics: Mapping[str, TopicMetadata] = field(default_factory=dict)
     states: Mapping[tuple[str, int], PartitionState] = field(default_factory=dict)
+    # each state's znode version (its zkVersion): a leader's ISR write is conditional on it
+    state_versions: Mapping[tuple[str, int], int] = field(default_factory=dict)
 
     def leader_of(self, topic: str, partition: int) -> int:
         """The partition's leader, NO_LEADER while it has no state or no leader."""
@@ -147,6 +149,7 @@ class MetadataWatcher:
         self._topics: dict[str, TopicMetadata] = {}
         self._configs: dict[str, dict[str, str]] = {}
         self._states: dict[tuple[str, int], PartitionState] = {}
+        self._state_versions: dict[tuple[str, int], int] = {}
         self._watch_tokens: dict[object, object] = {}  # watched key -> its live watch's token
         self._publish_pending = False
         self._started = False
@@ -194,7 +197,8 @@ class MetadataWatcher:
                       for name, a in self._topics.items()}
             snapshot = ClusterMetadata(
                 self._cluster_id, self._controller_id, MappingProxyType(dict(self._brokers)),
-                MappingProxyType(topics), MappingProxyType(dict(self._states)))
+                MappingProxyType(topics), MappingProxyType(dict(self._states)),
+                MappingProxyType(dict(self._state_versions)))
         self._cache.install(snapshot)
 
     def _watch_is_live(self, key: object, token: object) -> bool:
@@ -264,6 +268,7 @@ class MetadataWatcher:
         self._configs.pop(name, None)
         for key in [key for key in self._states if key[0] == name]:
             del self._states[key]
+            self._state_versions.pop(key, None)
         for key in [key for key in self._watch_tokens
                     if key[0] in ("topic", "config") and key[1] == name
                     or key[0] == "state" and key[1][0] == name]:
@@ -287,6 +292,7 @@ class MetadataWatcher:
             if previous is not None and previous.topic_id != assignment.topic_id:
                 for key in [k for k in self._states if k[0] == name]:
                     del self._states[key]  # re-created: the old states are no more
+                    self._state_versions.pop(key, None)
             self._topics[name] = assignment
         config_token = self._new_watch_token(("config", name))
         if config_token is not None:
@@ -297,7 +303,8 @@ class MetadataWatcher:
             state_token = self._new_watch_token(key)
             if state_token is not None:
                 DataWatch(self._zk, paths.partition_state_path(name, partition),
-                          lambda data, _stat, _event=None, k=key, t=state_token: self._on_state(k, t, data))
+                          lambda data, stat, _event=None, k=key, t=state_token:
+                          self._on_state(k, t, data, stat))
         self._changed()
         return True
 
@@ -314,7 +321,7 @@ class MetadataWatcher:
         self._changed()
         return True
 
-    def _on_state(self, key: tuple, token: object, data: bytes | None) -> bool:
+    def _on_state(self, key: tuple, token: object, data: bytes | None, stat=None) -> bool:
         if not self._watch_is_live(key, token):
             return False
         topic_partition = key[1]
@@ -326,7 +333,10 @@ class MetadataWatcher:
         with self._lock:
             if state is None:
                 self._states.pop(topic_partition, None)
+                self._state_versions.pop(topic_partition, None)
             else:
                 self._states[topic_partition] = state
+                if stat is not None:
+                    self._state_versions[topic_partition] = stat.version
         self._changed()
         return True

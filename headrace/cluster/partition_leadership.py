@@ -110,3 +110,39 @@ def elect_preferred_leader(
     if state.leader == preferred or preferred not in live_brokers or preferred not in state.isr:
         return None
     return _next(state, preferred, state.isr, controller_epoch)
+
+
+def elect_reassigned_leader(
+    target: Sequence[int],
+    state: PartitionState,
+    live_brokers: Collection[int],
+    controller_epoch: int,
+) -> PartitionState | None:
+    """Kafka's ``moveReassignedPartitionLeaderIfRequired`` at a reassignment's end: a leader
+    in the target replicas and live keeps leading under a new leader epoch; otherwise the
+    first target replica live and in the ISR leads (Kafka's ReassignPartitionLeaderElection);
+    None when there is none. The ISR is kept."""
+    if state.leader in target and state.leader in live_brokers:
+        return _next(state, state.leader, state.isr, controller_epoch)
+    candidates = [r for r in target if r in live_brokers and r in state.isr]
+    if not candidates:
+        return None
+    return _next(state, candidates[0], state.isr, controller_epoch)
+
+
+def bump_leader_epoch(state: PartitionState, controller_epoch: int) -> PartitionState:
+    """Same leader and ISR under the next leader epoch (Kafka's ``updateLeaderEpoch``, as a
+    reassignment starts: every replica of the new set learns of it)."""
+    return _next(state, state.leader, state.isr, controller_epoch)
+
+
+def remove_replicas_from_isr(
+    state: PartitionState, removed: Collection[int], controller_epoch: int
+) -> PartitionState | None:
+    """The removed replicas of a completed reassignment leave the ISR (Kafka's OfflineReplica
+    for RR); None when none is in it. The ISR keeps at least one member, as Kafka's does."""
+    isr = [r for r in state.isr if r not in removed]
+    if len(isr) == len(state.isr):
+        return None
+    leader = state.leader if state.leader not in removed else NO_LEADER
+    return _next(state, leader, isr or state.isr[:1], controller_epoch)

@@ -9,14 +9,18 @@ Owns ``ReplicaManager``: on every metadata snapshot (``metadata_cache``) it
 * creates the local logs of partitions whose state names this broker leader
   (``LogManager.create_local_partitions``, with the topic's id and config from ZooKeeper) and
   then serves them: ``served`` is the set of partitions this broker leads and holds a log for;
+* creates the logs of partitions assigned here and led by another broker and hands them,
+  with their leader and leader epoch, to the replica fetchers (``fetchers.follow``, the
+  broker's ``replica_fetcher``): the become-follower path, ``_apply_follower_states``;
 * applies changed topic configs (``/config/topics/<t>``) to the local logs;
 * tells its listeners ``(gained, lost)`` partitions after each change of ``served`` (the group
   coordinator loads and unloads its ``__consumer_offsets`` partitions on it).
 
-Replication is a later issue: every partition has one replica (RF=1), so a partition's log
-lives on its one replica and leadership only moves between that broker and none (-1). A
-partition this broker no longer leads keeps its log (it is still its replica) but is not
-served: requests for it answer NOT_LEADER_OR_FOLLOWER (``served_logs.ServedLogs``).
+The become-leader path hands the partitions led here, with their logs, to
+``leader_replicas.LeaderReplicas`` (leader epoch, ISR, high watermark, acks=all) before they
+are served. A partition this broker no longer leads keeps its log (it is still its replica)
+but is not served: requests for it answer NOT_LEADER_OR_FOLLOWER (``served_logs.ServedLogs``);
+following a leader is the follower path's.
 
 Thread-safety: event loop thread; one applier task applies the latest snapshot at a time,
 its log creations and deletions run on the broker's append thread (``run_append``).
@@ -29,7 +33,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from headrace.cluster.leader_replicas import LeaderReplicas
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache
+from headrace.cluster.zookeeper_records import NO_LEADER
 from headrace.errors import KafkaError
 from headrace.storage.config import validate_topic_overrides
 
@@ -41,8 +47,10 @@ LeadershipListener = Callable[[Partitions, Partitions], None]
 
 class ReplicaManager:
     def __init__(self, broker_id: int, log_manager, cache: MetadataCache,
-                 run_append: Callable[..., Awaitable]) -> None:
+                 run_append: Callable[..., Awaitable],
+                 leader_replicas: LeaderReplicas | None = None) -> None:
         self.broker_id = broker_id
+        self.leader_replicas = leader_replicas
         self._manager = log_manager
         self._cache = cache
         self._run_append = run_append
@@ -53,16 +61,23 @@ class ReplicaManager:
         self._applied: ClusterMetadata | None = None
         self.applied_once = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # headrace.broker.replica_fetcher.ReplicaFetcherManager, set by the broker (a layer
+        # above): ``async follow({partition: (leader, leader epoch)})``
+        self.fetchers = None
 
     def start(self) -> None:
         self._cache.listeners.append(self._on_snapshot)
         self._task = asyncio.get_running_loop().create_task(self._apply_loop())
+        if self.leader_replicas is not None:
+            self.leader_replicas.start()
         if self._cache.loaded:
             self._snapshot_waiting.set()
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self.leader_replicas is not None:
+            await self.leader_replicas.stop()
 
     def _on_snapshot(self, _snapshot: ClusterMetadata) -> None:
         self._snapshot_waiting.set()
@@ -83,10 +98,46 @@ class ReplicaManager:
         wanted = {key for key in snapshot.partitions_led_by(self.broker_id)
                   if key[0] in snapshot.topics}
         await self._create_missing_logs(snapshot, wanted)
+        await self._apply_follower_states(snapshot)
         await self._apply_configs(snapshot)
         offline = self._manager.offline_partitions()
         local = {key for key in wanted if self._has_log(key) or key in offline}
+        self._become_leader(snapshot, {key for key in local if key not in offline})
         self._set_served(frozenset(local))
+
+    def _become_leader(self, snapshot: ClusterMetadata, led: set[tuple[str, int]]) -> None:
+        """The leader side of the partitions led here with a log (``leader_replicas``):
+        leader epoch, ISR, high watermark; before they are served."""
+        if self.leader_replicas is not None:
+            self.leader_replicas.apply(snapshot, {key: self._manager.get_log(*key)
+                                                  for key in led})
+
+    # --- the become-follower path ---------------------------------------------------------
+
+    def followed_partitions(self, snapshot: ClusterMetadata) -> dict[tuple[str, int],
+                                                                     tuple[int, int]]:
+        """The partitions this broker follows: assigned here, led by another broker (not
+        -1), with (leader, leader epoch)."""
+        followed = {}
+        offline = self._manager.offline_partitions()
+        for key, state in snapshot.states.items():
+            topic = snapshot.topics.get(key[0])
+            if (topic is None or not 0 <= key[1] < topic.partition_count or key in offline
+                    or self.broker_id not in topic.replicas[key[1]]
+                    or state.leader in (self.broker_id, NO_LEADER)):
+                continue
+            followed[key] = (state.leader, state.leader_epoch)
+        return followed
+
+    async def _apply_follower_states(self, snapshot: ClusterMetadata) -> None:
+        """Create the logs of followed partitions and hand them to the replica fetchers,
+        which stop fetching every partition not followed any more (one this broker is about
+        to lead among them) before this returns."""
+        if self.fetchers is None:
+            return
+        followed = self.followed_partitions(snapshot)
+        await self._create_missing_logs(snapshot, set(followed))
+        await self.fetchers.follow(followed)
 
     def _has_log(self, key: tuple[str, int]) -> bool:
         try:

@@ -15,8 +15,9 @@ controller). The broker creates it ephemeral with ``{"version":1,"broker_epoch":
 controller moves leaderships away and sets ``"partitions_remaining"`` (``[[topic, p], ...]``,
 the partitions it still leads that have other replicas; empty when it may stop).
 
-Temporary limit of this release: replication is a later issue, so a replication factor above
-``MAX_SUPPORTED_REPLICATION_FACTOR`` (1) is refused with INVALID_REPLICATION_FACTOR.
+Replication factors: any from 1 up to the number of live brokers (INVALID_REPLICATION_FACTOR
+otherwise, with Kafka's messages); replicas placed by Kafka's rack-unaware assignment
+(``zookeeper_records.assign_replicas_to_brokers``).
 
 Functions take a connected ``KazooClient``; they block on ZooKeeper (call them from a thread,
 never from the event loop). Thread-safe as kazoo is. Reads are retried across a lost
@@ -43,7 +44,6 @@ from headrace.errors import (
     UnknownTopicOrPartition,
 )
 
-MAX_SUPPORTED_REPLICATION_FACTOR = 1  # temporary: no follower replication yet
 CONTROLLED_SHUTDOWN = "/headrace/controlled_shutdown"
 
 
@@ -56,12 +56,13 @@ def live_broker_ids(zk: KazooClient) -> list[int]:
 
 
 def check_replication_factor(replication_factor: int, live_brokers: int) -> None:
+    """Kafka's AdminUtils checks: at least 1, at most the live brokers."""
+    if replication_factor <= 0:
+        raise InvalidReplicationFactor("Replication factor must be larger than 0.")
     if replication_factor > live_brokers:
         raise InvalidReplicationFactor(
             f"Replication factor: {replication_factor} larger than available brokers: {live_brokers}."
         )
-    if replication_factor > MAX_SUPPORTED_REPLICATION_FACTOR:
-        raise InvalidReplicationFactor("replication.factor > 1 is not supported yet")
 
 
 def check_manual_assignment(assignment: Mapping[int, Sequence[int]], live_brokers: Sequence[int]) -> None:

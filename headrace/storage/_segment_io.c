@@ -218,8 +218,10 @@ static PyObject *py_offset_map_get(PyObject *self, PyObject *args)
  * validate_batches and first_batch_outside_limits check it (structure and CRC-32C raise
  * CorruptMessage with the same message) and written to fd with its base offset replaced, all
  * with the GIL released: (last_offset, max_timestamp, True). The caller's buffer is only read
- * (it may be bytes or a read-only memoryview of a request frame): the new 8-byte base offset
- * and the rest of the batch go out in one writev -- the CRC does not cover the base offset.
+ * (it may be bytes or a read-only memoryview of a request frame): the new 8-byte base offset,
+ * the batch length, the leader's epoch stamped as partitionLeaderEpoch (bytes 12..15) and the
+ * rest of the batch go out in one writev -- the CRC covers neither the base offset nor the
+ * partition leader epoch.
  * A batch carrying a producer id (not a control batch) is validated alike but not written:
  * (last_offset, max_timestamp, False) -- the caller checks its sequence and then calls
  * write_batch. Anything else -- an empty request, several batches, a limit exceeded, another
@@ -230,7 +232,7 @@ static PyObject *py_offset_map_get(PyObject *self, PyObject *args)
  * failed write truncates the file back to where the batch began and raises OSError. */
 
 typedef struct {
-    int64_t base_offset, max_size_bytes, max_last_offset, required_codec;
+    int64_t base_offset, leader_epoch, max_size_bytes, max_last_offset, required_codec;
     BatchLimits batch;
     RecordChecks checks;
 } PlainAppendLimits;
@@ -279,26 +281,43 @@ static void drop_partial_write(int fd, size_t written)
         return; /* the write's own error is the one reported */
 }
 
-/* A batch to write with its base offset replaced: `base_offset` (big-endian), then
- * buf[BASE_OFFSET_BYTES..len); the caller's buffer itself is never changed. */
-enum { BASE_OFFSET_BYTES = 8 };
+/* A batch to write with its header prefix replaced: `prefix` holds the new base offset
+ * (big-endian), the batch's own length and the new partition leader epoch (big-endian), then
+ * buf[PREFIX_BYTES..len) follows; the caller's buffer itself is never changed. */
+enum { BASE_OFFSET_BYTES = 8, LEADER_EPOCH_POSITION = 12, PREFIX_BYTES = 16 };
 typedef struct {
     const uint8_t *buf;
     size_t len;
-    uint8_t base_offset[BASE_OFFSET_BYTES];
+    uint8_t prefix[PREFIX_BYTES];
 } PatchedBatch;
 
-/* Write bytes [*written..len) of the patched batch to fd: one writev for the new base offset
- * and the rest while the base offset is not out, then plain writes; 0 when done, else errno
- * (EINTR: call again after signals). */
+static void put_be32(uint8_t *p, int32_t value)
+{
+    uint32_t v = (uint32_t)value;
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8),
+    p[3] = (uint8_t)v;
+}
+
+/* The prefix of buf (len >= PREFIX_BYTES) based at base_offset, stamped with leader_epoch. */
+static void patch_prefix(PatchedBatch *b, int64_t base_offset, int32_t leader_epoch)
+{
+    put_be64(b->prefix, base_offset);
+    memcpy(b->prefix + BASE_OFFSET_BYTES, b->buf + BASE_OFFSET_BYTES,
+           LEADER_EPOCH_POSITION - BASE_OFFSET_BYTES);
+    put_be32(b->prefix + LEADER_EPOCH_POSITION, leader_epoch);
+}
+
+/* Write bytes [*written..len) of the patched batch to fd: one writev for the new prefix and
+ * the rest while the prefix is not out, then plain writes; 0 when done, else errno (EINTR:
+ * call again after signals). */
 static int write_patched(int fd, const PatchedBatch *b, size_t *written)
 {
     while (*written < b->len) {
         ssize_t count;
-        if (*written < BASE_OFFSET_BYTES) {
+        if (*written < PREFIX_BYTES) {
             struct iovec parts[2] = {
-                {(void *)(b->base_offset + *written), BASE_OFFSET_BYTES - *written},
-                {(void *)(b->buf + BASE_OFFSET_BYTES), b->len - BASE_OFFSET_BYTES},
+                {(void *)(b->prefix + *written), PREFIX_BYTES - *written},
+                {(void *)(b->buf + PREFIX_BYTES), b->len - PREFIX_BYTES},
             };
             count = writev(fd, parts, 2);
         } else {
@@ -367,22 +386,27 @@ static int fd_argument(PyObject *arg, int *fd)
 static int plain_append_args(PyObject *const *args, Py_ssize_t nargs, PlainAppendLimits *l,
                              int *fd)
 {
-    if (nargs != 7 || !PyTuple_Check(args[6]) || PyTuple_GET_SIZE(args[6]) != 6) {
+    if (nargs != 8 || !PyTuple_Check(args[7]) || PyTuple_GET_SIZE(args[7]) != 6) {
         PyErr_SetString(PyExc_TypeError, "append_plain_batch(buf, fd, base_offset, "
-                        "max_size_bytes, max_last_offset, now_ms, (max_message_bytes, "
-                        "before_max_ms, after_max_ms, required_codec, compacted, "
-                        "from_client))");
+                        "leader_epoch, max_size_bytes, max_last_offset, now_ms, "
+                        "(max_message_bytes, before_max_ms, after_max_ms, required_codec, "
+                        "compacted, from_client))");
         return -1;
     }
     long long limits[6];
     for (Py_ssize_t i = 0; i < 6; i++)
-        limits[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[6], i));
+        limits[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[7], i));
     l->base_offset = PyLong_AsLongLong(args[2]);
-    l->max_size_bytes = PyLong_AsLongLong(args[3]);
-    l->max_last_offset = PyLong_AsLongLong(args[4]);
-    long long now_ms = PyLong_AsLongLong(args[5]);
+    l->leader_epoch = PyLong_AsLongLong(args[3]);
+    l->max_size_bytes = PyLong_AsLongLong(args[4]);
+    l->max_last_offset = PyLong_AsLongLong(args[5]);
+    long long now_ms = PyLong_AsLongLong(args[6]);
     if (PyErr_Occurred() || fd_argument(args[1], fd) < 0)
         return -1;
+    if (l->leader_epoch < -1 || l->leader_epoch > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "leader_epoch out of range");
+        return -1;
+    }
     l->batch = batch_limits(limits[0], now_ms, limits[1], limits[2]);
     l->required_codec = limits[3];
     l->checks = (RecordChecks){limits[4] != 0, 1, limits[5] != 0, l->batch.earliest_ms,
@@ -419,11 +443,12 @@ static PyObject *py_append_plain_batch(PyObject *self, PyObject *const *args, Py
     PatchedBatch batch = {view.buf, (size_t)view.len, {0}};
     size_t written = 0;
     int outcome, error = 0;
-    put_be64(batch.base_offset, limits.base_offset);
     Py_BEGIN_ALLOW_THREADS
     outcome = plain_validate(batch.buf, batch.len, &limits, &s, &failure);
-    if (outcome == PLAIN_WRITE)
+    if (outcome == PLAIN_WRITE) {
+        patch_prefix(&batch, limits.base_offset, (int32_t)limits.leader_epoch);
         error = write_patched(fd, &batch, &written);
+    }
     Py_END_ALLOW_THREADS
     int status = outcome == PLAIN_WRITE ? finish_write(fd, &batch, &written, error) : 0;
     PyBuffer_Release(&view);
@@ -437,24 +462,32 @@ static PyObject *py_append_plain_batch(PyObject *self, PyObject *const *args, Py
                         outcome == PLAIN_WRITE);
 }
 
-/* write_batch(buf, fd, base_offset): write the batch buf (validated by append_plain_batch,
- * sequence checked by the caller) to fd with its base offset replaced, GIL released, buf
- * only read; the same writev, EINTR and failure handling. */
+/* write_batch(buf, fd, base_offset, leader_epoch): write the batch buf (validated by
+ * append_plain_batch, sequence checked by the caller) to fd with its base offset replaced
+ * and leader_epoch stamped, GIL released, buf only read; the same writev, EINTR and failure
+ * handling. */
 static PyObject *py_write_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     int fd;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "write_batch(buf, fd, base_offset)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "write_batch(buf, fd, base_offset, leader_epoch)");
         return NULL;
     }
     long long base_offset = PyLong_AsLongLong(args[2]);
     if ((base_offset == -1 && PyErr_Occurred()) || fd_argument(args[1], &fd) < 0)
         return NULL;
+    long long leader_epoch = PyLong_AsLongLong(args[3]);
+    if (leader_epoch == -1 && PyErr_Occurred())
+        return NULL;
+    if (leader_epoch < -1 || leader_epoch > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "leader_epoch out of range");
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (view.len < LOG_OVERHEAD_BYTES) {
+    if (view.len < PREFIX_BYTES) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "write_batch: buffer shorter than a batch header");
         return NULL;
@@ -462,7 +495,7 @@ static PyObject *py_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
     PatchedBatch batch = {view.buf, (size_t)view.len, {0}};
     size_t written = 0;
     int error;
-    put_be64(batch.base_offset, base_offset);
+    patch_prefix(&batch, base_offset, (int32_t)leader_epoch);
     Py_BEGIN_ALLOW_THREADS
     error = write_patched(fd, &batch, &written);
     Py_END_ALLOW_THREADS
@@ -2063,13 +2096,14 @@ static PyObject *py_filter_span(PyObject *self, PyObject *args)
 
 static PyMethodDef segment_io_methods[] = {
     {"append_plain_batch", (PyCFunction)(void (*)(void))py_append_plain_batch, METH_FASTCALL,
-     "append_plain_batch(buf, fd, base_offset, max_size_bytes, max_last_offset, now_ms, "
+     "append_plain_batch(buf, fd, base_offset, leader_epoch, max_size_bytes, max_last_offset, now_ms, "
      "(max_message_bytes, before_max_ms, after_max_ms, required_codec, compacted, "
      "from_client)) -> (last_offset, max_timestamp, written) after validating (and, without "
      "a producer id, compressed records or a max timestamp to rewrite, offsetting and "
      "writing) one batch, or None (declined, nothing written)."},
     {"write_batch", (PyCFunction)(void (*)(void))py_write_batch, METH_FASTCALL,
-     "write_batch(buf, fd, base_offset): rewrite the base offset and write the batch to fd."},
+     "write_batch(buf, fd, base_offset, leader_epoch): rewrite the base offset, stamp the "
+     "leader epoch and write the batch to fd."},
     {"index_batches", py_index_batches, METH_VARARGS,
      "index_batches(buf, buffer_position, file_size, min_base_offset, next_offset, "
      "interval_bytes, (bytes_since_last_entry, max_timestamp, offset_of_max_timestamp, "

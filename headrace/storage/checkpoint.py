@@ -1,6 +1,7 @@
 """Offset checkpoint files of a data directory, in Kafka's text format.
 
-Owns ``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint``. Format::
+Owns ``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint`` and
+``replication-offset-checkpoint`` (the high watermarks replication manages). Format::
 
     0                      <- version
     2                      <- number of entries
@@ -20,6 +21,7 @@ from headrace.storage.fs import FileSystem, read_whole_file, write_file_atomical
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 CHECKPOINT_VERSION = 0
 
 

@@ -224,9 +224,10 @@ class LocalLog:
     # ---- reading -------------------------------------------------------------------------
 
     def read(self, offset: int, max_bytes: int, min_one_batch: bool = True,
-             max_offset: int | None = None) -> ReadResult:
+             max_offset: int | None = None, high_watermark: int | None = None) -> ReadResult:
         """Whole batches from the one holding ``offset``; with ``max_offset`` (a batch
-        boundary: the last stable offset) none at or after it."""
+        boundary: the high watermark or the last stable offset) none at or after it. The
+        result reports ``high_watermark`` (None: the log end offset)."""
         view = self.view
         if offset < view.log_start_offset or offset > view.log_end_offset:
             raise OffsetOutOfRange(f"offset {offset} is outside [{view.log_start_offset}, "
@@ -261,7 +262,9 @@ class LocalLog:
                     self._remember_next_batch(segment, following)
                 break
         size_bytes = sum(piece.length for piece in slices)
-        return ReadResult(tuple(slices), size_bytes, view.log_end_offset, view.log_start_offset)
+        if high_watermark is None or high_watermark > view.log_end_offset:
+            high_watermark = view.log_end_offset
+        return ReadResult(tuple(slices), size_bytes, high_watermark, view.log_start_offset)
 
     @staticmethod
     def _position_below(view: LogView, index: int, end_offset: int, max_position: int) -> int:
@@ -362,6 +365,46 @@ class LocalLog:
             for path in pending.paths:
                 if self.fs.exists(path):
                     self.fs.remove(path)
+
+    # ---- truncation (a follower's) -------------------------------------------------------
+
+    def truncate_to(self, offset: int, now_ms: int) -> int:
+        """Drop every batch holding an offset >= ``offset`` (``log_start <= offset <
+        log end``): later segments retired as ``.deleted``, the one holding ``offset`` cut
+        (and made the active segment). Returns the new log end offset: the end of the last
+        batch kept (``offset`` itself at a batch boundary)."""
+        segments = self.segments
+        keep = max(1, bisect.bisect_right([s.base_offset for s in segments], offset))
+        for segment in segments[keep:]:
+            self._retire(segment, now_ms)
+            logger.info("%s-%d: truncation to offset %d deletes segment %s", self.topic,
+                        self.partition, offset, segment.log_path.name)
+        self.segments = segments[:keep]
+        active = self.segments[-1]
+        active.truncate_to(offset)
+        active.make_active()
+        next_offset = active.next_offset_after(active.offset_index.last_entry()[1]
+                                               if active.offset_index.entries else 0)
+        log_end_offset = max(next_offset, active.base_offset)
+        self.recovery_point = min(self.recovery_point, log_end_offset)
+        self._next_batches = {}
+        view = self.view
+        self.view = LogView(tuple(self.segments), log_end_offset, active.size_bytes,
+                            min(view.log_start_offset, log_end_offset))
+        return log_end_offset
+
+    def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
+        """Retire every segment and start an empty one at ``offset``: the log start, log
+        end and recovery point all become ``offset``."""
+        for segment in self.segments:
+            self._retire(segment, now_ms)
+        logger.info("%s-%d: emptied the log to restart it at offset %d", self.topic,
+                    self.partition, offset)
+        segment = open_segment(self.fs, self.dir, self.config, offset, now_ms, active=True)
+        self.segments = [segment]
+        self.recovery_point = offset
+        self._next_batches = {}
+        self.view = LogView((segment,), offset, 0, offset)
 
     # ---- swapping in a cleaned segment ---------------------------------------------------
 

@@ -2,13 +2,30 @@
 cleaner, the scrub and the tools use. It composes ``LogLoader`` (opening and recovering the
 directory, rebuilding producer state), ``LocalLog`` (the segment list, its published
 snapshot, reads, rolls, flushes, deletions and swaps) and ``RollPolicy`` (when to roll), and
-owns the appends, the offsets (log start, log end = high watermark on this single-replica
-broker), retention, DeleteRecords, the cleaner's segment swaps and the cleaning guard.
+owns the appends, the offsets (log start, log end, high watermark), retention, DeleteRecords,
+the cleaner's segment swaps and the cleaning guard, and replication's storage side (below).
 
 Files: the partition directory ``<topic>-<partition>/`` holds the segments (see ``segment``,
 ``local_log``), producer-state snapshots (``<20-digit offset>.snapshot``; see
-``producer_state``), ``accepted-gaps`` (see ``log_loader``) and ``partition.metadata``
-(written by the log manager).
+``producer_state``), ``leader-epoch-checkpoint`` (see ``leader_epoch_cache``),
+``accepted-gaps`` (see ``log_loader``) and ``partition.metadata`` (written by the log manager).
+
+Replication (Kafka's ``UnifiedLog``): every append stamps the caller's ``leader_epoch`` (0 on a
+single node) into each batch as partitionLeaderEpoch (header bytes 12..15, outside the CRC;
+the kernel's single-batch writev carries it with the base offset, so this costs no Python
+per append) and the first append of an epoch records (epoch, log end) in
+``leader_epoch_cache`` before any of its batches is written; an older epoch is fenced.
+``append_as_follower`` copies the leader's batches with their offsets and epochs,
+``truncate_to`` / ``truncate_fully_and_start_at`` cut the log as a follower must (producer
+state rebuilt from the newest snapshot at or below the cut, the epoch cache truncated). The
+high watermark is the log end offset until replication manages it
+(``manage_high_watermark``; ``update_high_watermark`` only moves it forward, within [log
+start, log end]; truncation lowers it; the log manager checkpoints it in
+``replication-offset-checkpoint``); the last stable offset and DeleteRecords stay below it, and
+``read(max_offset=...)`` bounds a consumer's read by it. ``flush_up_to`` makes a prefix
+durable (the sole in-sync replica acknowledges only durable records). After a crash the epoch
+cache is truncated to the recovered log end (its checkpoint is written before the epoch's
+data, so it never lacks an epoch the log holds) and moved to the log start.
 
 Appends are serialized by one lock and do no per-record work in Python: one compiled-kernel call
 checks every batch of the request (whole batches, magic, CRC-32C, and Kafka's LogValidator
@@ -58,9 +75,11 @@ Rolls happen on the appending thread only (at append, or in ``maintain`` called 
 broker's maintenance on that same thread, which rolls by creation time, and by timestamp only
 on compact-only logs so their records become cleanable within max.compaction.lag.ms).
 
-Thread-safety: ``append``, ``roll``, ``flush``, retention and ``close`` take the log's lock;
-``read``, ``offset_for_timestamp`` and the properties work on the published snapshot from any
-thread.
+Thread-safety: ``append``, ``append_as_follower``, ``truncate_to``, ``roll``, ``flush``,
+retention and ``close`` take the log's lock; ``read``, ``offset_for_timestamp``, the
+leader-epoch cache's readers and the properties work on the published snapshot from any
+thread; the managed high watermark changes under its own small lock (never held across I/O),
+so ``update_high_watermark`` never waits for an append.
 
 Cleaning guard: a cleaner thread brackets a cleaning with ``begin_cleaning``/``end_cleaning``
 (a per-log lock, separate from the append lock, so appends never wait for a cleaning) and calls
@@ -80,6 +99,7 @@ otherwise, nothing changed).
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import struct
 import threading
@@ -87,7 +107,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from headrace.errors import KafkaStorageError, OffsetOutOfRange, OutOfOrderSequenceNumber
+from headrace.errors import (
+    CorruptMessage,
+    FencedLeaderEpoch,
+    KafkaStorageError,
+    OffsetOutOfRange,
+    OutOfOrderSequenceNumber,
+    UnknownServerError,
+)
 from headrace.protocol.batch import (
     ATTRIBUTES_OFFSET,
     BATCH_HEADER_BYTES,
@@ -97,13 +124,17 @@ from headrace.protocol.batch import (
     MAX_TIMESTAMP_OFFSET,
     TIMESTAMP_TYPE_BIT,
     BatchHeader,
+    crc_is_valid,
     parse_header,
     set_log_append_time,
     set_max_timestamp,
 )
-from headrace.protocol.control_records import build_end_txn_marker_batch
+from headrace.protocol.control_records import build_end_txn_marker_batch, marker_of_batch
+from headrace.protocol.kernel import whole_batches_bytes
+from headrace.storage.checkpoint import CheckpointCorrupt
 from headrace.storage.config import LogConfig
 from headrace.storage.fs import FileSystem, RealFileSystem
+from headrace.storage.leader_epoch_cache import LeaderEpochCache
 from headrace.storage.local_log import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -133,10 +164,23 @@ from headrace.storage.validation import (
     validate_request,
 )
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "AppendResult", "CleaningAborted",
     "FileSlice", "Log", "ReadResult",
 ]
+
+
+class UnexpectedAppendOffset(UnknownServerError):
+    """A follower's batches do not start at its log end offset (Kafka's
+    ``UnexpectedAppendOffsetException``): the fetch raced a truncation, or the leader's log
+    diverged. Nothing was written."""
+
+    def __init__(self, message: str, first_offset: int, log_end_offset: int) -> None:
+        super().__init__(message)
+        self.first_offset = first_offset
+        self.log_end_offset = log_end_offset
 
 
 class AppendResult(NamedTuple):
@@ -152,6 +196,9 @@ class AppendResult(NamedTuple):
 
 # What batch.set_base_offset does, without a Python call per batch on the append path.
 _pack_base_offset = struct.Struct(">q").pack_into
+# The partitionLeaderEpoch field (int32 at byte 12 of a batch, outside the CRC).
+PARTITION_LEADER_EPOCH_OFFSET = 12
+_pack_leader_epoch = struct.Struct(">i").pack_into
 # AppendResult(...) runs NamedTuple's Python-level __new__; this builds the same tuple in C.
 _new_append_result = functools.partial(tuple.__new__, AppendResult)
 
@@ -206,6 +253,35 @@ class Log:
                                loaded.log_end_offset, log_start_offset, now_ms)
         rebuild_producer_state(self.producer_state, loaded.segments, loaded.snapshot_limit,
                                loaded.log_end_offset)
+        self.leader_epoch_cache = self._load_leader_epoch_cache()
+        # The epoch of the latest entry: an append of another epoch begins a new entry.
+        self._append_epoch = self.leader_epoch_cache.latest_epoch()
+        # None: the high watermark is the log end offset (single node); else the explicit one
+        # replication manages (``manage_high_watermark``). Changed under ``_hw_lock``.
+        self._managed_high_watermark: int | None = None
+        self._hw_lock = threading.Lock()
+
+    def _load_leader_epoch_cache(self) -> LeaderEpochCache:
+        """The checkpointed cache (rebuilt from the batches' headers if the file does not
+        parse), truncated to the recovered log as Kafka does after loading: a crash may have
+        lost the tail an entry points into."""
+        try:
+            cache = LeaderEpochCache(self.fs, self.dir, lambda: self.log_end_offset)
+        except CheckpointCorrupt as error:
+            logger.warning("%s-%d: %s; rebuilding the leader-epoch cache from the log",
+                           self.topic, self.partition, error)
+            cache = LeaderEpochCache.rebuilt(self.fs, self.dir, lambda: self.log_end_offset,
+                                             self._batch_epochs())
+        cache.truncate_from_end(self.log_end_offset)
+        cache.truncate_from_start(self.log_start_offset)
+        return cache
+
+    def _batch_epochs(self):
+        """(partitionLeaderEpoch, base offset) of every batch of the log, in order (a
+        header walk)."""
+        for segment in self._local.view.segments:
+            for _, header in segment.iter_batches(0):
+                yield header.partition_leader_epoch, header.base_offset
 
     # ---- public state --------------------------------------------------------------------
 
@@ -219,7 +295,10 @@ class Log:
 
     @property
     def high_watermark(self) -> int:
-        return self._local.view.log_end_offset
+        """The log end offset, unless replication manages the high watermark
+        (``manage_high_watermark``): then the explicit one, never above the log end."""
+        managed = self._managed_high_watermark
+        return self._local.view.log_end_offset if managed is None else managed
 
     @property
     def last_stable_offset(self) -> int:
@@ -229,9 +308,11 @@ class Log:
         from any thread."""
         first_unstable = self.producer_state.first_unstable_offset()
         view = self._local.view
+        managed = self._managed_high_watermark
+        high_watermark = view.log_end_offset if managed is None else managed
         if first_unstable is None:
-            return view.log_end_offset
-        return min(max(first_unstable, view.log_start_offset), view.log_end_offset)
+            return high_watermark
+        return min(max(first_unstable, view.log_start_offset), high_watermark)
 
     @property
     def recovery_point(self) -> int:
@@ -280,12 +361,16 @@ class Log:
     # ---- appending -----------------------------------------------------------------------
 
     def append(self, records: bytes | bytearray | memoryview, now_ms: int,
-               from_client: bool = False) -> AppendResult:
+               from_client: bool = False, leader_epoch: int = 0) -> AppendResult:
         """Validate, assign offsets to and write one or more whole v2 batches; a topic whose
         compression.type names a codec gets batches of other codecs recompressed first.
         ``records`` (any contiguous buffer) is only read: the single-batch path writes it with its
         new base offset in one writev, the general path works on a copy. ``from_client``:
         a producer's request (Produce), held to Kafka's client rules (no control batches).
+        ``leader_epoch`` (the partition state's; 0 on a single node) is stamped into every
+        batch as partitionLeaderEpoch; the first append of a new epoch records (epoch, log
+        end) in ``leader_epoch_cache`` (and its checkpoint) before writing. An epoch below the
+        cache's latest raises FencedLeaderEpoch (a deposed leader), nothing written.
 
         The hot path of every produce request. Its common case -- one batch in the topic's
         codec, on a CreateTime topic, fitting the active segment -- is one kernel call
@@ -297,13 +382,16 @@ class Log:
         try:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            if leader_epoch != self._append_epoch:
+                self._begin_epoch_locked(leader_epoch)
             window = self._single_batch_window
             result = None
             if window is not None and now_ms <= window[1] and (
                     now_ms <= window[4] or single_batch_max_timestamp(records) <= window[3]):
-                result = self._append_single_batch(records, window, now_ms, from_client)
+                result = self._append_single_batch(records, window, now_ms, from_client,
+                                                   leader_epoch)
             if result is None:
-                result = self._append_general(records, now_ms, from_client)
+                result = self._append_general(records, now_ms, from_client, leader_epoch)
         finally:
             lock.release()
         if self._listeners and not result.duplicate:
@@ -311,8 +399,19 @@ class Log:
                 listener(result.last_offset + 1)
         return result
 
+    def _begin_epoch_locked(self, leader_epoch: int) -> None:
+        """The first append of ``leader_epoch``: its entry starts at the log end (Kafka's
+        ``maybeAssignEpochStartOffset``), checkpointed before any batch of it is written."""
+        latest = self._append_epoch
+        if latest is not None and leader_epoch < latest:
+            raise FencedLeaderEpoch(f"{self.topic}-{self.partition}: append in leader epoch "
+                                    f"{leader_epoch}, the log is at epoch {latest}")
+        self.leader_epoch_cache.assign(leader_epoch, self._local.view.log_end_offset)
+        self._append_epoch = leader_epoch
+
     def append_transaction_marker(self, producer_id: int, producer_epoch: int, commit: bool,
-                                  coordinator_epoch: int, now_ms: int) -> AppendResult:
+                                  coordinator_epoch: int, now_ms: int, leader_epoch: int = 0
+                                  ) -> AppendResult:
         """Write the end-transaction marker the transaction coordinator sends for this
         partition (Kafka's append with ``AppendOrigin.COORDINATOR``): one control batch
         (``control_records``) ending the producer's ongoing transaction here, if it has one.
@@ -329,7 +428,9 @@ class Log:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
             self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
-            result = self._append_general(batch, now_ms, from_client=False)
+            if leader_epoch != self._append_epoch:
+                self._begin_epoch_locked(leader_epoch)
+            result = self._append_general(batch, now_ms, False, leader_epoch)
             completed = self.producer_state.complete_txn(
                 producer_id, producer_epoch, coordinator_epoch, commit, result.base_offset,
                 now_ms)
@@ -339,6 +440,141 @@ class Log:
             listener(result.last_offset + 1)
         return result
 
+    # ---- a follower's appends and truncations ---------------------------------------------
+
+    def append_as_follower(self, records: bytes | bytearray | memoryview, now_ms: int
+                           ) -> AppendResult:
+        """Append whole v2 batches copied from the leader with their offsets, epochs and
+        timestamps as they are (Kafka's ``appendAsFollower``): CRC and structure checked, no
+        client rules, no recompression; a trailing partial batch (a fetch cut short) is
+        ignored. The first batch must start at the log end offset (UnexpectedAppendOffset,
+        nothing written; on a compacted log it may start later: the cleaner removed the
+        offsets between), and each next batch after the one before. The leader-epoch cache
+        takes each batch's partitionLeaderEpoch (before the write) and producer state
+        replays the batches exactly as recovery does, so a follower that becomes leader
+        keeps idempotence and transactions (aborted ones enter the txn index)."""
+        view = memoryview(records).toreadonly()
+        whole_bytes = whole_batches_bytes(view)
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            local = self._local
+            log_end_offset = local.view.log_end_offset
+            if whole_bytes == 0:
+                return _new_append_result((log_end_offset, log_end_offset - 1, -1,
+                                           local.view.log_start_offset, False))
+            data = view[:whole_bytes]
+            headers = self._follower_batches(data, log_end_offset)
+            for _, header in headers:
+                if header.partition_leader_epoch >= 0:
+                    self.leader_epoch_cache.assign(header.partition_leader_epoch,
+                                                   header.base_offset)
+            self._append_epoch = self.leader_epoch_cache.latest_epoch()
+            entries = [(h.size_bytes, h.last_offset, h.max_timestamp, p) for p, h in headers]
+            last_offset = headers[-1][1].last_offset
+            active = self._active_segment_for(whole_bytes, last_offset,
+                                              max(entry[2] for entry in entries), now_ms)
+            active.append(data, entries, now_ms)
+            self._replay_follower_batches(data, headers)
+            if last_offset + 1 - local.recovery_point >= self.config.flush_messages:
+                local.flush(now_ms, last_offset + 1)
+            local.view = local.view.with_tail(last_offset + 1, active.size_bytes)
+            self._single_batch_window = None
+            result = _new_append_result((headers[0][1].base_offset, last_offset, -1,
+                                         local.view.log_start_offset, False))
+        for listener in self._listeners:
+            listener(last_offset + 1)
+        return result
+
+    def _follower_batches(self, data: memoryview, log_end_offset: int
+                          ) -> list[tuple[int, BatchHeader]]:
+        """(position, header) of each whole batch of ``data``, checked: magic 2, CRC-32C,
+        offsets starting at ``log_end_offset`` (later on a compacted log) and increasing."""
+        headers, position, expected = [], 0, log_end_offset
+        while position < len(data):
+            header = parse_header(data, position)
+            end = position + header.size_bytes
+            if not crc_is_valid(data, position, header):
+                raise CorruptMessage(f"{self.topic}-{self.partition}: replicated batch at "
+                                     f"offset {header.base_offset} fails its CRC")
+            gap_allowed = self.config.compact_enabled
+            if header.base_offset < expected or (header.base_offset > expected
+                                                 and not gap_allowed):
+                raise UnexpectedAppendOffset(
+                    f"{self.topic}-{self.partition}: replicated batch starts at offset "
+                    f"{header.base_offset}, expected {expected}", header.base_offset,
+                    log_end_offset)
+            headers.append((position, header))
+            expected, position = header.next_offset, end
+        return headers
+
+    def _replay_follower_batches(self, data: memoryview, headers: list[tuple[int, BatchHeader]]
+                                 ) -> None:
+        """Producer state from copied batches, as recovery replays them."""
+        state = self.producer_state
+        for position, header in headers:
+            if header.producer_id < 0:
+                continue
+            marker = None
+            if header.is_control:
+                found = marker_of_batch(data[position : position + header.size_bytes])
+                marker = None if found is None else (found.commit, found.coordinator_epoch)
+            completed = state.replay(header, marker)
+            if completed is not None:
+                self._record_completed_txn(completed)
+
+    def truncate_to(self, offset: int, now_ms: int = 0) -> bool:
+        """Drop every record at or above ``offset`` (a follower truncating to where its
+        log and the leader's agree; Kafka's ``UnifiedLog.truncateTo``): segments, indexes,
+        aborted-transaction entries; producer state rebuilt from the newest snapshot at or
+        below the new end (later snapshots deleted); leader-epoch entries from the new end
+        removed; a managed high watermark lowered to it. No-op (False) when ``offset`` >=
+        the log end; below the log start, the log is emptied and restarts at ``offset``.
+        ``now_ms`` dates the retired segments' deletion."""
+        if offset < 0:
+            raise ValueError(f"cannot truncate {self.topic}-{self.partition} to {offset}")
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            local = self._local
+            if offset >= local.view.log_end_offset:
+                return False
+            if offset < local.view.log_start_offset:
+                self._truncate_fully_locked(offset, now_ms)
+                return True
+            self._single_batch_window = None
+            log_end_offset = local.truncate_to(offset, now_ms)
+            # from the newest snapshot at or below the new end; later ones deleted
+            rebuild_producer_state(self.producer_state, local.segments, log_end_offset,
+                                   log_end_offset)
+            self.leader_epoch_cache.truncate_from_end(log_end_offset)
+            self._append_epoch = self.leader_epoch_cache.latest_epoch()
+            self._lower_high_watermark_locked(log_end_offset)
+        return True
+
+    def truncate_fully_and_start_at(self, offset: int, now_ms: int = 0) -> None:
+        """Empty the log and restart it at ``offset`` (a follower whose fetch offset fell
+        below the leader's log start; Kafka's ``truncateFullyAndStartAt``): every segment
+        retired, producer state and its snapshots cleared, the leader-epoch cache emptied,
+        log start = log end = ``offset``, a managed high watermark set to it."""
+        if offset < 0:
+            raise ValueError(f"cannot restart {self.topic}-{self.partition} at {offset}")
+        with self._lock:
+            if self._closed:
+                raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            self._truncate_fully_locked(offset, now_ms)
+
+    def _truncate_fully_locked(self, offset: int, now_ms: int) -> None:
+        self._single_batch_window = None
+        self._local.truncate_fully_and_start_at(offset, now_ms)
+        self.producer_state.remove_snapshots(above_offset=-1)
+        self.producer_state.load_latest_snapshot(-1)  # no snapshot left: empty state
+        self.leader_epoch_cache.clear()
+        self._append_epoch = None
+        with self._hw_lock:
+            if self._managed_high_watermark is not None:
+                self._managed_high_watermark = offset
+
     def _record_completed_txn(self, completed: CompletedTxn) -> None:
         """An aborted transaction goes into the aborted-transaction index of the segment
         holding its marker (a committed one needs no entry)."""
@@ -347,14 +583,14 @@ class Log:
                 self.producer_state.aborted_entry(completed))
 
     def _append_single_batch(self, records: bytes | bytearray | memoryview,
-                             window: SingleBatchWindow, now_ms: int, from_client: bool
-                             ) -> AppendResult | None:
+                             window: SingleBatchWindow, now_ms: int, from_client: bool,
+                             leader_epoch: int) -> AppendResult | None:
         """A single batch in one kernel call (two with a producer id, compressed records
         or a max timestamp to rewrite); None (nothing written) when the kernel declines the
         request and the general path must decide."""
         active, fd, local = window[0], window[5], self._local
         first_offset = local.view.log_end_offset
-        written = append_plain_batch(records, fd, first_offset,
+        written = append_plain_batch(records, fd, first_offset, leader_epoch,
                                      self._segment_bytes - active.size_bytes, window[2],
                                      now_ms, self._kernel_record_limits[from_client])
         if written is None:
@@ -363,7 +599,7 @@ class Log:
         if not was_written:
             records, max_timestamp_ms = self._finish_single_batch(records, max_timestamp_ms,
                                                                   now_ms, from_client)
-            duplicate = self._write_producer_batch(records, fd, first_offset)
+            duplicate = self._write_producer_batch(records, fd, first_offset, leader_epoch)
             if duplicate is not None:
                 return duplicate
         if active.note_written_batch(len(records), last_offset, max_timestamp_ms, now_ms):
@@ -394,20 +630,20 @@ class Log:
         return records, max_timestamp_ms
 
     def _write_producer_batch(self, records: bytes | bytearray | memoryview, fd: int,
-                              first_offset: int) -> AppendResult | None:
+                              first_offset: int, leader_epoch: int) -> AppendResult | None:
         """A validated batch, written at ``first_offset``; with a producer id, the original
         result instead if it is a duplicate (else the batch is recorded); raises for a bad
         epoch or sequence, as the general path does."""
         header = parse_header(records)
         duplicate = self._duplicate_of(header) if header.producer_id >= 0 else None
         if duplicate is None:
-            write_batch(records, fd, first_offset)
+            write_batch(records, fd, first_offset, leader_epoch)
             if header.producer_id >= 0 and not header.is_control:
                 self.producer_state.update(header, first_offset)
         return duplicate
 
     def _append_general(self, request: bytes | bytearray | memoryview, now_ms: int,
-                        from_client: bool) -> AppendResult:
+                        from_client: bool, leader_epoch: int) -> AppendResult:
         """Every append the single-batch path declines: several batches, LogAppendTime,
         recompression, a roll, or a request to reject (the precise error is raised here).
         Base offsets and LogAppendTime are written into a copy of ``request``."""
@@ -428,7 +664,7 @@ class Log:
                                                       config.max_message_bytes)
         local = self._local
         first_offset = local.view.log_end_offset
-        next_offset, active = self._write(records, summaries, first_offset, now_ms)
+        next_offset, active = self._write(records, summaries, first_offset, now_ms, leader_epoch)
         if producer_headers:
             self._record_producers(producer_headers, first_offset)
         if next_offset - local.recovery_point >= config.flush_messages:
@@ -455,13 +691,15 @@ class Log:
         return None
 
     def _write(self, records: bytearray, summaries: tuple[Summary, ...], first_offset: int,
-               now_ms: int) -> tuple[int, LogSegment]:
-        """Assign offsets from ``first_offset``, roll if needed, write to the active segment:
+               now_ms: int, leader_epoch: int) -> tuple[int, LogSegment]:
+        """Assign offsets from ``first_offset`` and stamp ``leader_epoch``, roll if needed,
+        write to the active segment:
         the next offset and the segment written. One batch (the usual request) takes a
         path without per-batch lists."""
         log_append_time = self._log_append_time
         if len(summaries) == 1:  # a single whole batch: it starts at position 0
             _pack_base_offset(records, 0, first_offset)
+            _pack_leader_epoch(records, PARTITION_LEADER_EPOCH_OFFSET, leader_epoch)
             next_offset = first_offset + summaries[0][3] + 1
             max_timestamp_ms = now_ms if log_append_time else summaries[0][5]
             if log_append_time:
@@ -471,7 +709,7 @@ class Log:
             active.append_batch(records, next_offset - 1, max_timestamp_ms, now_ms)
             return next_offset, active
         next_offset, entries = self._assign_offsets(records, summaries, first_offset,
-                                                    log_append_time, now_ms)
+                                                    log_append_time, now_ms, leader_epoch)
         max_timestamp_ms = max(entry[2] for entry in entries)
         active = self._active_segment_for(len(records), next_offset - 1, max_timestamp_ms, now_ms)
         active.append(records, entries, now_ms)
@@ -479,13 +717,15 @@ class Log:
 
     @staticmethod
     def _assign_offsets(records: bytearray, summaries: tuple[Summary, ...], first_offset: int,
-                        log_append_time: bool, now_ms: int
+                        log_append_time: bool, now_ms: int, leader_epoch: int
                         ) -> tuple[int, list[tuple[int, int, int, int]]]:
-        """Rewrite each batch's base offset (and stamp LogAppendTime if asked): the next
-        offset and the segment's index entries (size, last offset, max timestamp, position)."""
+        """Rewrite each batch's base offset and leader epoch (and stamp LogAppendTime if
+        asked): the next offset and the segment's index entries (size, last offset, max
+        timestamp, position)."""
         offset, entries = first_offset, []
         for position, size_bytes, _, last_offset_delta, _, max_timestamp, _, _ in summaries:
             _pack_base_offset(records, position, offset)
+            _pack_leader_epoch(records, position + PARTITION_LEADER_EPOCH_OFFSET, leader_epoch)
             if log_append_time:
                 set_log_append_time(records, position, now_ms)
                 max_timestamp = now_ms
@@ -622,6 +862,17 @@ class Log:
         with self._lock:
             self._local.flush(None)
 
+    def flush_up_to(self, offset: int) -> int:
+        """Make every record below ``offset`` durable (the sole-ISR leader's fsync before
+        it advances the high watermark): nothing when the recovery point already reaches it,
+        else an fsync of everything written (the recovery point becomes the log end). Returns
+        the recovery point: all records below it are on disk."""
+        with self._lock:
+            local = self._local
+            if offset > local.recovery_point and not self._closed:
+                local.flush(None)
+            return local.recovery_point
+
     def flush_if_due(self, now_ms: int) -> None:
         """Time-based flush (flush.ms), and the flush Kafka schedules after a roll."""
         with self._lock:
@@ -643,9 +894,55 @@ class Log:
 
     def read(self, offset: int, max_bytes: int, min_one_batch: bool = True,
              max_offset: int | None = None) -> ReadResult:
-        """Whole batches from ``offset``; with ``max_offset`` (read_committed: the last
-        stable offset) none at or after it."""
-        return self._local.read(offset, max_bytes, min_one_batch, max_offset)
+        """Whole batches from ``offset``; with ``max_offset`` none whose base offset is at
+        or after it, nor the batch holding it (a consumer: the high watermark; read_committed:
+        the last stable offset; a follower: None, up to the log end). The result's
+        ``high_watermark`` is the log's (``high_watermark``)."""
+        return self._local.read(offset, max_bytes, min_one_batch, max_offset,
+                                self._managed_high_watermark)
+
+    # ---- the high watermark under replication --------------------------------------------
+
+    def manage_high_watermark(self, initial: int) -> None:
+        """From now on the high watermark is explicit (replication decides it), starting
+        at ``initial`` clamped to [log start, log end] (a checkpointed value, or the log
+        end). Safe from any thread."""
+        with self._hw_lock:
+            view = self._local.view
+            self._managed_high_watermark = min(max(initial, view.log_start_offset),
+                                               view.log_end_offset)
+
+    def update_high_watermark(self, offset: int) -> bool:
+        """Move the managed high watermark forward to ``offset`` clamped to [log start, log
+        end]; never backwards. Returns whether it moved. Safe from any thread; never waits
+        for an append. Raises ValueError when the high watermark is not managed."""
+        with self._hw_lock:
+            current = self._managed_high_watermark
+            if current is None:
+                raise ValueError(f"{self.topic}-{self.partition}: high watermark not managed")
+            view = self._local.view
+            target = min(max(offset, view.log_start_offset), view.log_end_offset)
+            if target <= current:
+                return False
+            self._managed_high_watermark = target
+            return True
+
+    def follow_log_end_offset(self) -> None:
+        """Back to the single-node behaviour: the high watermark is the log end offset."""
+        with self._hw_lock:
+            self._managed_high_watermark = None
+
+    @property
+    def high_watermark_managed(self) -> bool:
+        return self._managed_high_watermark is not None
+
+    def _lower_high_watermark_locked(self, offset: int) -> None:
+        """Truncation: a managed high watermark above ``offset`` comes down to it (held:
+        the log's lock; taken here: the high-watermark lock)."""
+        with self._hw_lock:
+            managed = self._managed_high_watermark
+            if managed is not None and managed > offset:
+                self._managed_high_watermark = offset
 
     def collect_aborted_transactions(self, start_offset: int, upper_bound_offset: int
                                      ) -> list[AbortedTxn]:
@@ -663,11 +960,13 @@ class Log:
         with self._lock:
             local = self._local
             view = local.view
-            if offset < 0 or offset > view.log_end_offset:
+            high_watermark = self.high_watermark
+            if offset < 0 or offset > high_watermark:
                 raise OffsetOutOfRange(f"cannot delete records before {offset}: high watermark "
-                                       f"is {view.log_end_offset}")
+                                       f"is {high_watermark}")
             if offset > view.log_start_offset:
                 local.publish_log_start(offset)
+                self.leader_epoch_cache.truncate_from_start(offset)
             return local.view.log_start_offset
 
     def delete_old_segments(self, now_ms: int) -> int:
@@ -681,6 +980,7 @@ class Log:
         if deletable:
             first_kept = self._local.delete_oldest_segments(deletable, now_ms, "retention")
             self.producer_state.remove_snapshots(below_offset=first_kept)
+            self.leader_epoch_cache.truncate_from_start(self._local.view.log_start_offset)
         return deletable
 
     def _deletable_prefix(self, now_ms: int) -> int:

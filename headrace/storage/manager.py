@@ -15,6 +15,9 @@ On-disk layout of each data directory (Kafka's, plus one headrace file)::
                                                 255 bytes (Kafka's LocalLog does the same)
     <log.dir>/recovery-point-offset-checkpoint  see ``checkpoint``
     <log.dir>/log-start-offset-checkpoint
+    <log.dir>/replication-offset-checkpoint     the high watermarks of the logs whose high
+                                                watermark replication manages (written
+                                                only once there is one)
     <log.dir>/.headrace_cleanshutdown            written last by ``shutdown``; present at
                                                 start-up means no recovery scan is needed
     <first log.dir>/__topic_configs/<topic>     the topic's config overrides, key=value
@@ -90,6 +93,7 @@ from headrace.errors import (
 from headrace.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
     CheckpointCorrupt,
     read_checkpoint,
     write_checkpoint,
@@ -241,6 +245,8 @@ class LogManager:
         self._retention_check_running = False
         self._retention_deleted_segments = 0
         self._startup_state: dict[tuple[str, int], tuple[bool, int, int]] = {}
+        # the replication-offset-checkpoint values read at start-up (initial_high_watermark)
+        self._checkpointed_high_watermarks: dict[tuple[str, int], int] = {}
 
     @property
     def _configs_dir(self) -> Path:
@@ -312,6 +318,11 @@ class LogManager:
         except CheckpointCorrupt as error:
             logger.warning("%s; recovering every log in %s", error, log_dir)
             recovery_points, log_starts, clean = {}, {}, False
+        try:
+            self._checkpointed_high_watermarks.update(
+                read_checkpoint(self.fs, log_dir / REPLICATION_OFFSET_CHECKPOINT))
+        except CheckpointCorrupt as error:  # the high watermarks restart from 0, as absent
+            logger.warning("%s; high watermarks of %s start from 0", error, log_dir)
         for name in sorted(self.fs.listdir(log_dir)):
             path = log_dir / name
             if not self.fs.is_dir(path) or name == TOPIC_CONFIGS_DIR:
@@ -667,17 +678,28 @@ class LogManager:
                 log.close_without_flush()
             remove_tree(self.fs, path)
 
+    def initial_high_watermark(self, topic: str, partition: int) -> int:
+        """Where a log's managed high watermark starts (``Log.manage_high_watermark``): the
+        value in ``replication-offset-checkpoint`` at start-up, 0 when absent (Kafka's
+        default), clamped to the log's [log start, log end]."""
+        log = self.get_log(topic, partition)
+        checkpointed = self._checkpointed_high_watermarks.get((topic, partition), 0)
+        return min(max(checkpointed, log.log_start_offset), log.log_end_offset)
+
     def write_checkpoints(self, recovery_points: bool = True,
-                          log_start_offsets: bool = True) -> None:
-        """Write the recovery-point and/or log-start-offset checkpoints of every data
-        directory whose offsets changed since the last write (the broker writes each on its
-        own Kafka interval: log.flush.offset.checkpoint.interval.ms,
-        log.flush.start.offset.checkpoint.interval.ms). Safe from any thread, concurrently
+                          log_start_offsets: bool = True, high_watermarks: bool = False
+                          ) -> None:
+        """Write the recovery-point, log-start-offset and/or replication-offset (high
+        watermark) checkpoints of every data directory whose offsets changed since the last
+        write (the broker writes each on its own Kafka interval:
+        log.flush.offset.checkpoint.interval.ms, log.flush.start.offset.checkpoint.interval.ms,
+        replica.high.watermark.checkpoint.interval.ms). Safe from any thread, concurrently
         with appends and maintenance: the offsets are read under the manager's lock, the
         files are written (and fsynced) outside it. Checkpoints only shorten recovery; data
         is durable by the flush policy (flush.messages, flush.ms) alone."""
         names = [name for name, wanted in ((RECOVERY_POINT_CHECKPOINT, recovery_points),
-                                           (LOG_START_OFFSET_CHECKPOINT, log_start_offsets))
+                                           (LOG_START_OFFSET_CHECKPOINT, log_start_offsets),
+                                           (REPLICATION_OFFSET_CHECKPOINT, high_watermarks))
                  if wanted]
         with self._checkpoint_lock:
             self._write_checkpoints(names, only_if_changed=True)
@@ -691,6 +713,9 @@ class LogManager:
         for path, offsets in snapshots:
             if only_if_changed and self._last_checkpoints.get(path) == offsets:
                 continue
+            if path.name == REPLICATION_OFFSET_CHECKPOINT and not offsets and \
+                    not self.fs.exists(path):
+                continue  # no replicated log yet (a single node): no file
             write_checkpoint(self.fs, path, offsets)
             self._last_checkpoints[path] = offsets
 
@@ -698,6 +723,9 @@ class LogManager:
         keys = [k for k, d in self._log_dir_of.items() if d == log_dir]
         if name == RECOVERY_POINT_CHECKPOINT:
             return {k: self._logs[k].recovery_point for k in keys}
+        if name == REPLICATION_OFFSET_CHECKPOINT:
+            return {k: self._logs[k].high_watermark for k in keys
+                    if self._logs[k].high_watermark_managed}
         return {k: self._logs[k].log_start_offset for k in keys}
 
     def shutdown(self) -> None:
@@ -710,7 +738,7 @@ class LogManager:
                 if offline.log is not None:
                     offline.log.close()
             self._remove_dirs(self._take_due_dir_deletions(0, force=True))
-            self._write_checkpoints([RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT],
-                                    only_if_changed=False)
+            self._write_checkpoints([RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT,
+                                     REPLICATION_OFFSET_CHECKPOINT], only_if_changed=False)
             for log_dir in self.log_dirs:
                 write_file_atomically(self.fs, log_dir / CLEAN_SHUTDOWN_MARKER, b"")

@@ -603,6 +603,26 @@ class LogSegment:
         _, indexed_position = self.offset_index.last_entry()
         return position - indexed_position if self.offset_index.entries else position
 
+    # ---- truncation (a follower's) -------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop the batch holding ``offset`` and every later one (Kafka's
+        ``LogSegment.truncateTo``): the file, the index entries of dropped batches, the
+        timestamps, the aborted-transaction entries whose marker is dropped. Returns the bytes
+        removed (0: nothing at or after ``offset``)."""
+        location = self.find_batch(offset, self.size_bytes)
+        if location is None:
+            return 0
+        position = location.position
+        truncated = self.size_bytes - position
+        self._drop_index_entries_from(position)
+        held = self.log_file()
+        self.fs.truncate(held.fd, position)
+        self.size_bytes = position
+        self.bytes_since_last_index_entry = self._bytes_after_last_entry(position)
+        self.txn_index.truncate_to(offset)
+        return truncated
+
     # ---- deletion ------------------------------------------------------------------------
 
     def file_paths(self) -> list[Path]:

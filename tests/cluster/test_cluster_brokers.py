@@ -133,7 +133,7 @@ def test_create_topics_on_the_controller_spreads_12_leaders_4_4_4(cluster):
     states = topic_states(cluster.zk, "spread", 12)  # written before the answer
     assert Counter(state.leader for state in states.values()) == {1: 4, 2: 4, 3: 4}
     assert create_topics(controller, "spread", 1).error_code == 36  # TOPIC_ALREADY_EXISTS
-    assert create_topics(controller, "wide", 1, replication_factor=2).error_code == 38
+    assert create_topics(controller, "wide", 1, replication_factor=4).error_code == 38
 
 
 def test_non_controllers_answer_not_controller(cluster):

@@ -59,6 +59,8 @@ class Cluster:
                 "broker.id": str(broker_id), "zookeeper.connect": connect,
                 "zookeeper.session.timeout.ms": str(SESSION_TIMEOUT_MS),
                 "offsets.topic.num.partitions": str(OFFSETS_PARTITIONS),
+                # RF=1 flows: the group's offsets on one broker, as this module's topics
+                "offsets.topic.replication.factor": "1",
                 "group.initial.rebalance.delay.ms": "0",
                 "controlled.shutdown.retry.backoff.ms": "100",
             })

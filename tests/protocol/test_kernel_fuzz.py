@@ -139,10 +139,10 @@ def _through_cleaner(buf: bytes) -> None:
 def _through_append(buf: bytes, fd: int) -> None:
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
-    appended = _expect_clean(segment_io.append_plain_batch, buf, fd, 500, NO_LIMIT, NO_LIMIT,
+    appended = _expect_clean(segment_io.append_plain_batch, buf, fd, 500, 7, NO_LIMIT, NO_LIMIT,
                              NOW_MS, OPEN_LIMITS)
     if appended is not None and not appended[2]:
-        segment_io.write_batch(buf, fd, 500)  # validated, carries a producer id: written here
+        segment_io.write_batch(buf, fd, 500, 7)  # validated, carries a producer id: written here
 
 
 def _through_hashes(buf: bytes) -> None:

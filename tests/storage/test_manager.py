@@ -395,3 +395,33 @@ def test_a_cluster_broker_holds_only_its_partitions_under_the_clusters_topic_id(
     manager.delete_topic("spread")  # only the partitions held here
     assert sorted(p.name.split(".")[0] for p in scratch.iterdir()
                   if p.name.endswith("-delete")) == ["spread-1", "spread-4", "spread-5"]
+
+
+def test_managed_high_watermarks_are_checkpointed_and_read_back_at_start_up(scratch, clock):
+    manager = start([scratch], clock)
+    manager.create_topic("t", 2, {})
+    replicated, single = manager.get_log("t", 0), manager.get_log("t", 1)
+    for log in (replicated, single):
+        for _ in range(5):
+            log.append(build_batch([b"v"]), clock.now_ms())
+    manager.write_checkpoints(high_watermarks=True)
+    path = scratch / "replication-offset-checkpoint"
+    assert not path.exists()  # a single node's logs: no replicated high watermark, no file
+    replicated.manage_high_watermark(manager.initial_high_watermark("t", 0))
+    assert replicated.high_watermark == 0  # nothing checkpointed: Kafka's 0
+    replicated.update_high_watermark(3)
+    manager.write_checkpoints(high_watermarks=True)
+    assert read_checkpoint(manager.fs, path) == {("t", 0): 3}
+    replicated.update_high_watermark(4)
+    manager.shutdown()  # writes the latest on close
+    assert read_checkpoint(manager.fs, path) == {("t", 0): 4}
+    manager = start([scratch], clock)
+    assert manager.initial_high_watermark("t", 0) == 4
+    assert manager.initial_high_watermark("t", 1) == 0
+    manager.get_log("t", 0).truncate_to(2)
+    assert manager.initial_high_watermark("t", 0) == 2  # clamped to the log end
+    manager.shutdown()
+    path.write_text("0\n5\nt 0 4\n")  # torn
+    manager = start([scratch], clock)
+    assert manager.initial_high_watermark("t", 0) == 0
+    manager.shutdown()

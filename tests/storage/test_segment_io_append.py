@@ -7,7 +7,7 @@ plain path's own scope (exactly one batch, room in the segment, no producer id, 
 codec, uncompressed records, a header max timestamp equal to the records' largest): every
 batch with a bad CRC raises the same CorruptMessage, every request the record checks refuse is
 declined, every declined request leaves the file untouched, every accepted one lands in the
-file byte-for-byte with its base offset rewritten, and the caller's buffer -- writable or a
+file byte-for-byte with its base offset rewritten and the leader epoch stamped, and the caller's buffer -- writable or a
 read-only view of a larger frame -- is never changed. Writes go to real
 files; the failed-write tests run a child process under a file-size limit.
 """
@@ -33,6 +33,13 @@ from headrace.protocol.records import build_batch
 from headrace.storage import segment_io
 
 NOW_MS = 1_700_000_000_000
+LEADER_EPOCH = 7  # stamped as partitionLeaderEpoch (header bytes 12..15) by every write
+
+
+def _stamped(original: bytes | bytearray, base_offset: int) -> bytes:
+    """``original`` as written at ``base_offset`` by the leader of ``LEADER_EPOCH``."""
+    return (struct.pack(">q", base_offset) + bytes(original[8:12])
+            + struct.pack(">i", LEADER_EPOCH) + bytes(original[16:]))
 NO_LIMIT = 2**63 - 1
 OPEN_LIMITS = (NO_LIMIT, NO_LIMIT, NO_LIMIT, -1, False, False)
 
@@ -127,7 +134,7 @@ def test_decides_and_raises_exactly_as_the_general_path(tmp_path, buf, max_size_
             expected = _reference(bytearray(buf), *arguments)
         except CorruptMessage as error:  # raised alike, or declined for the general path
             try:
-                declined = segment_io.append_plain_batch(buf, fd, base_offset, max_size_bytes,
+                declined = segment_io.append_plain_batch(buf, fd, base_offset, LEADER_EPOCH, max_size_bytes,
                                                      max_last_offset, NOW_MS, limits)
             except CorruptMessage as raised:
                 assert str(raised) == str(error)
@@ -135,7 +142,7 @@ def test_decides_and_raises_exactly_as_the_general_path(tmp_path, buf, max_size_
                 assert declined is None
             expected = None
         else:
-            assert segment_io.append_plain_batch(buf, fd, base_offset, max_size_bytes,
+            assert segment_io.append_plain_batch(buf, fd, base_offset, LEADER_EPOCH, max_size_bytes,
                                              max_last_offset, NOW_MS, limits) == expected
         written = path.read_bytes()
     finally:
@@ -144,7 +151,7 @@ def test_decides_and_raises_exactly_as_the_general_path(tmp_path, buf, max_size_
     if expected is None or not expected[2]:
         assert written == b""
     else:
-        assert written == struct.pack(">q", base_offset) + original[8:]
+        assert written == _stamped(original, base_offset)
 
 
 @pytest.mark.parametrize("damage", ["magic", "crc"])
@@ -160,7 +167,7 @@ def test_a_damaged_batch_in_scope_raises_what_validate_batches_raises(tmp_path, 
         kernel.validate_batches(bytes(buf))
     fd = os.open(tmp_path / "segment.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     with pytest.raises(CorruptMessage) as raised:
-        segment_io.append_plain_batch(buf, fd, 5, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+        segment_io.append_plain_batch(buf, fd, 5, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
     os.close(fd)
     assert str(raised.value) == str(expected.value)
     assert os.path.getsize(tmp_path / "segment.log") == 0 and buf[:8] == bytes(8)
@@ -170,13 +177,13 @@ def test_appends_after_what_the_file_holds_and_returns_last_offset_and_max_times
     path = tmp_path / "segment.log"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     first, second = _batch(3), _batch(5, NOW_MS + 100)
-    assert segment_io.append_plain_batch(first, fd, 10, NO_LIMIT, NO_LIMIT, NOW_MS,
+    assert segment_io.append_plain_batch(first, fd, 10, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS,
                                      OPEN_LIMITS) == (12, NOW_MS + 2, True)
-    assert segment_io.append_plain_batch(second, fd, 13, NO_LIMIT, NO_LIMIT, NOW_MS,
+    assert segment_io.append_plain_batch(second, fd, 13, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS,
                                      OPEN_LIMITS) == (17, NOW_MS + 104, True)
     os.close(fd)
-    assert path.read_bytes() == (struct.pack(">q", 10) + first[8:]
-                                 + struct.pack(">q", 13) + second[8:])
+    assert path.read_bytes() == (_stamped(first, 10)
+                                 + _stamped(second, 13))
     assert first[:8] == second[:8] == bytes(8)  # the callers' buffers are left as they were
     assert kernel.validate_batches(path.read_bytes())[1][0] == len(first)
 
@@ -186,12 +193,12 @@ def test_a_producer_batch_is_validated_then_written_by_write_batch(tmp_path):
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     batch = _batch(2, producer_id=7, producer_epoch=0, base_sequence=4)
     original = bytes(batch)
-    assert segment_io.append_plain_batch(batch, fd, 20, NO_LIMIT, NO_LIMIT, NOW_MS,
+    assert segment_io.append_plain_batch(batch, fd, 20, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS,
                                      OPEN_LIMITS) == (21, NOW_MS + 1, False)
     assert path.read_bytes() == b"" and bytes(batch) == original
-    segment_io.write_batch(memoryview(original), fd, 20)
+    segment_io.write_batch(memoryview(original), fd, 20, LEADER_EPOCH)
     os.close(fd)
-    assert path.read_bytes() == struct.pack(">q", 20) + original[8:]
+    assert path.read_bytes() == _stamped(original, 20)
     assert bytes(batch) == original
 
 
@@ -200,21 +207,23 @@ def test_write_batch_rejects_what_it_cannot_write(tmp_path):
     path.write_bytes(b"")
     fd = os.open(path, os.O_RDONLY)
     with pytest.raises(OSError):
-        segment_io.write_batch(_batch(), fd, 0)
+        segment_io.write_batch(_batch(), fd, 0, LEADER_EPOCH)
     os.close(fd)
     with pytest.raises(TypeError):
-        segment_io.write_batch("not a buffer", 1, 0)
+        segment_io.write_batch("not a buffer", 1, 0, LEADER_EPOCH)
     with pytest.raises(ValueError):
-        segment_io.write_batch(bytearray(11), 1, 0)
+        segment_io.write_batch(bytearray(15), 1, 0, LEADER_EPOCH)
     with pytest.raises(TypeError):
-        segment_io.write_batch(_batch(), 1)
+        segment_io.write_batch(_batch(), 1, 0)
+    with pytest.raises(ValueError):
+        segment_io.write_batch(_batch(), 1, 0, -2)
     assert path.read_bytes() == b""
 
 
 def test_objects_that_are_no_buffer_are_declined_for_the_general_path_to_report(tmp_path):
     fd = os.open(tmp_path / "segment.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     for buf in ("not a buffer", None, memoryview(bytes(_batch()) * 2)[::2]):
-        assert segment_io.append_plain_batch(buf, fd, 0, NO_LIMIT, NO_LIMIT, NOW_MS,
+        assert segment_io.append_plain_batch(buf, fd, 0, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS,
                                          OPEN_LIMITS) is None
     os.close(fd)
     assert os.path.getsize(tmp_path / "segment.log") == 0
@@ -223,13 +232,13 @@ def test_objects_that_are_no_buffer_are_declined_for_the_general_path_to_report(
 def test_malformed_arguments_raise():
     buf = _batch()
     with pytest.raises(TypeError):
-        segment_io.append_plain_batch(buf, 1, 0, NO_LIMIT, NO_LIMIT, NOW_MS)
+        segment_io.append_plain_batch(buf, 1, 0, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS)
     with pytest.raises(TypeError):
-        segment_io.append_plain_batch(buf, 1, 0, NO_LIMIT, NO_LIMIT, NOW_MS, (1, 2, 3))
+        segment_io.append_plain_batch(buf, 1, 0, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS, (1, 2, 3))
     with pytest.raises(TypeError):
-        segment_io.append_plain_batch(buf, "1", 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+        segment_io.append_plain_batch(buf, "1", 0, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
     with pytest.raises(ValueError):
-        segment_io.append_plain_batch(buf, -1, 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+        segment_io.append_plain_batch(buf, -1, 0, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
     assert buf == _batch()  # nothing rewritten
 
 
@@ -238,7 +247,8 @@ def test_a_descriptor_that_cannot_write_raises_oserror(tmp_path):
     path.write_bytes(b"")
     fd = os.open(path, os.O_RDONLY)
     with pytest.raises(OSError):
-        segment_io.append_plain_batch(_batch(), fd, 0, NO_LIMIT, NO_LIMIT, NOW_MS, OPEN_LIMITS)
+        segment_io.append_plain_batch(_batch(), fd, 0, LEADER_EPOCH, NO_LIMIT, NO_LIMIT, NOW_MS,
+                                        OPEN_LIMITS)
     os.close(fd)
     assert path.read_bytes() == b""
 
@@ -256,9 +266,9 @@ _FILE_SIZE_LIMITED_CHILD = textwrap.dedent("""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     limits = (2**63 - 1, 2**63 - 1, 2**63 - 1, -1, False, False)
-    segment_io.append_plain_batch(first, fd, 0, 2**62, 2**62, 0, limits)
+    segment_io.append_plain_batch(first, fd, 0, 3, 2**62, 2**62, 0, limits)
     try:
-        segment_io.append_plain_batch(second, fd, 1, 2**62, 2**62, 0, limits)
+        segment_io.append_plain_batch(second, fd, 1, 3, 2**62, 2**62, 0, limits)
     except OSError as error:
         print(errno.errorcode[error.errno], len(first), os.fstat(fd).st_size)
 """)
@@ -312,7 +322,7 @@ _CRC_VARIANT_CHILD = textwrap.dedent("""
     fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
     limits = (2**63 - 1, 2**63 - 1, 2**63 - 1, -1, False, False)
     try:  # the storage extension's append path checks with its own copy of the CRC
-        segment_io.append_plain_batch(batch, fd, 0, 2**63 - 1, 2**63 - 1, 1_700_000_000_000,
+        segment_io.append_plain_batch(batch, fd, 0, 3, 2**63 - 1, 2**63 - 1, 1_700_000_000_000,
                                       limits)
     except CorruptMessage:
         print(segment_io.CRC32C_VARIANT)

@@ -75,14 +75,16 @@ def test_batches_are_stored_in_the_topic_codec_with_identical_records(scratch, s
     assert stored.header.compression == TARGETS[target]
     assert _contents(stored) == _contents(original)
     for field in ("last_offset_delta", "base_timestamp", "max_timestamp", "producer_id",
-                  "producer_epoch", "base_sequence", "records_count", "partition_leader_epoch"):
+                  "producer_epoch", "base_sequence", "records_count"):
         assert getattr(stored.header, field) == getattr(original.header, field), field
+    assert stored.header.partition_leader_epoch == 0  # stamped: the appending leader's epoch
     log.close()
 
 
 def test_producer_compression_type_stores_the_batch_byte_for_byte(scratch):
     log = _open(scratch, compression_type="producer")
-    sent = build_batch(_records(), compression=codecs.GZIP)
+    # sent as the leader stamps it (epoch 0): the rest is kept byte for byte
+    sent = build_batch(_records(), compression=codecs.GZIP, partition_leader_epoch=0)
     log.append(bytearray(build_batch(_records(2))), NOW_MS)
     log.append(bytearray(sent), NOW_MS)
     _, stored = read_all(log)[-1]
@@ -93,7 +95,7 @@ def test_producer_compression_type_stores_the_batch_byte_for_byte(scratch):
 
 def test_a_batch_already_in_the_topic_codec_is_not_rebuilt(scratch):
     log = _open(scratch, compression_type="zstd")
-    sent = build_batch(_records(), compression=codecs.ZSTD)
+    sent = build_batch(_records(), compression=codecs.ZSTD, partition_leader_epoch=0)
     log.append(bytearray(sent), NOW_MS)
     assert read_all(log)[0][1] == sent
     log.close()
@@ -151,7 +153,8 @@ def test_log_append_time_is_stamped_on_the_recompressed_batch(scratch):
 def test_control_batches_are_stored_as_written(scratch):
     log = _open(scratch, compression_type="zstd")
     marker = build_batch([(b"\x00\x00\x00\x00", b"\x00\x00\x00\x00\x00\x00", [], NOW_MS)],
-                         producer_id=5, producer_epoch=0, transactional=True, control=True)
+                         producer_id=5, producer_epoch=0, transactional=True, control=True,
+                         partition_leader_epoch=0)
     log.append(bytearray(marker), NOW_MS)
     assert read_all(log)[0][1] == marker
     log.close()

@@ -17,6 +17,13 @@ which a consumer ignores past the records it got. v17 (KIP-853) only adds a
 follower's ``replica_directory_id`` tagged field, which a consumer does not send; its response
 is v16's.
 
+In a cluster a fetch with ``replica_id`` >= 0 (v0-14 body field, v15+ ``replica_state``) is a
+follower's: it reads up to the log end offset, and its fetch offset (within the log) is the
+follower's log end offset for the leader (``cluster.leader_replicas``: ISR, high watermark;
+a broker outside the assignment is NOT_LEADER_OR_FOLLOWER, or UNKNOWN_LEADER_EPOCH when it
+named an epoch). Consumers read below the high watermark (read_committed: the last stable
+offset); a long poll also wakes when the high watermark advances.
+
 Topic ids (v13+) resolve through ``_TopicIds``, a per-broker id -> name map rebuilt from the
 log manager only when an id is missing from it or names a topic that no longer has that id.
 
@@ -77,6 +84,8 @@ FIRST_ZSTD_VERSION = 10
 LAST_VERSION_WITHOUT_STORAGE_ERROR = 5
 FIRST_ISOLATION_VERSION = 4
 READ_COMMITTED = 1
+FIRST_REPLICA_STATE_VERSION = 15  # v0-14: a replica_id field; v15+: replica_state (KIP-903)
+CONSUMER_REPLICA_ID = -1
 
 NO_SESSION_ID = 0
 ZERO_TOPIC_ID = uuid.UUID(int=0)
@@ -123,7 +132,8 @@ def _topic_ids(manager) -> _TopicIds:
 class _FetchPlan:
     """The partitions of one request, resolved to logs, and how to read them."""
 
-    __slots__ = ("max_bytes", "min_one_batch", "read_committed", "topics", "logs")
+    __slots__ = ("max_bytes", "min_one_batch", "read_committed", "from_follower", "topics",
+                 "logs")
 
     def __init__(self, ctx, request) -> None:
         manager = ctx.broker.log_manager
@@ -133,6 +143,9 @@ class _FetchPlan:
         self.read_committed = ctx.api_version >= FIRST_ISOLATION_VERSION and \
             request.isolation_level == READ_COMMITTED
         topic_ids = _topic_ids(manager) if ctx.api_version >= FIRST_TOPIC_ID_VERSION else None
+        cluster = ctx.broker.cluster
+        replica_id = _replica_id(request, ctx.api_version)
+        self.from_follower = cluster is not None and replica_id >= 0
         self.topics: list[tuple[str | None, uuid.UUID, list]] = []
         self.logs: list = []
         for topic in request.topics:
@@ -150,10 +163,13 @@ class _FetchPlan:
                 else:
                     try:
                         log = manager.get_log(name, partition.partition)
-                        if ctx.broker.cluster is not None:
-                            ctx.broker.cluster.check_leader_epoch(
-                                name, partition.partition,
-                                getattr(partition, "current_leader_epoch", -1))
+                        if cluster is not None:
+                            current_leader_epoch = getattr(partition, "current_leader_epoch", -1)
+                            cluster.check_leader_epoch(name, partition.partition,
+                                                       current_leader_epoch)
+                            if self.from_follower:
+                                _record_follower_fetch(cluster, log, name, partition,
+                                                       replica_id, current_leader_epoch)
                     except KafkaError as caught:
                         log = None
                         error = caught
@@ -173,7 +189,7 @@ class _FetchPlan:
             for partition, log, error in entries:
                 data = _read_partition(partition, log, error, remaining_bytes,
                                        self.min_one_batch and total_bytes == 0,
-                                       self.read_committed)
+                                       self.read_committed, self.from_follower)
                 any_error = any_error or data.error_code != 0
                 total_bytes += data.size_bytes
                 remaining_bytes -= data.size_bytes
@@ -182,15 +198,35 @@ class _FetchPlan:
         return topics, total_bytes, any_error
 
 
+def _replica_id(request, version: int) -> int:
+    """The fetching broker's id (v15+: ``replica_state``), -1 for a consumer."""
+    if version >= FIRST_REPLICA_STATE_VERSION:
+        state = request.replica_state
+        return state.replica_id if state is not None else CONSUMER_REPLICA_ID
+    return getattr(request, "replica_id", CONSUMER_REPLICA_ID)
+
+
+def _record_follower_fetch(cluster, log, name: str, partition, replica_id: int,
+                           current_leader_epoch: int) -> None:
+    """The leader's record of a follower's position (``leader_replicas``), when its fetch
+    offset lies in the log (else the read answers OFFSET_OUT_OF_RANGE, recording nothing)."""
+    fetch_offset = partition.fetch_offset
+    if log.log_start_offset <= fetch_offset <= log.log_end_offset:
+        cluster.leader_replicas.record_follower_fetch(
+            name, partition.partition, replica_id, fetch_offset,
+            getattr(partition, "log_start_offset", -1), current_leader_epoch)
+
+
 def _read_partition(partition, log, error, remaining_bytes: int, first_data: bool,
-                    read_committed: bool) -> PartitionData:
+                    read_committed: bool, from_follower: bool) -> PartitionData:
     index = partition.partition
     if log is None:
         return PartitionData(index, error_code=error.code)
     try:
         limit_bytes = min(partition.partition_max_bytes, max(remaining_bytes, 0))
         if limit_bytes > 0 or first_data:
-            return _read_records(partition, log, limit_bytes, first_data, read_committed)
+            return _read_records(partition, log, limit_bytes, first_data, read_committed,
+                                 from_follower)
         error_code = 0
     except KafkaError as caught:
         error_code = caught.code
@@ -203,18 +239,22 @@ def _read_partition(partition, log, error, remaining_bytes: int, first_data: boo
 
 
 def _read_records(partition, log, limit_bytes: int, first_data: bool,
-                  read_committed: bool) -> PartitionData:
-    """The partition's records from its fetch offset: under read_committed only below the
-    last stable offset, with the aborted transactions that overlap [fetch offset, LSO)."""
-    last_stable_offset = log.last_stable_offset  # before the read: never past its data
+                  read_committed: bool, from_follower: bool) -> PartitionData:
+    """The partition's records from its fetch offset: a follower's up to the log end, a
+    consumer's below the high watermark, under read_committed below the last stable offset,
+    with the aborted transactions that overlap [fetch offset, LSO)."""
+    high_watermark = log.high_watermark  # before the read: never past its data
+    last_stable_offset = min(log.last_stable_offset, high_watermark)
     fetch_offset = partition.fetch_offset
+    max_offset = None if from_follower else (
+        last_stable_offset if read_committed else high_watermark)
     result = log.read(fetch_offset, limit_bytes, min_one_batch=first_data,
-                      max_offset=last_stable_offset if read_committed else None)
+                      max_offset=max_offset)
     aborted = ()
     if read_committed and result.size_bytes:
         aborted = tuple((txn.producer_id, txn.first_offset) for txn in
                         log.collect_aborted_transactions(fetch_offset, last_stable_offset))
-    return PartitionData(partition.partition, 0, result.high_watermark, last_stable_offset,
+    return PartitionData(partition.partition, 0, high_watermark, last_stable_offset,
                          result.log_start_offset, result.slices, result.size_bytes, aborted)
 
 

@@ -1,8 +1,9 @@
 """ListOffsets (key 2), versions 0-9: offsets by time.
 
-Timestamps: -2 earliest (log start offset), -1 latest (log end offset = high watermark on one
-node; under read_committed, v2+, the last stable offset, and an offset found by time must lie
-below it, as Kafka's ``fetchOffsetForTimestamp``), -3 the record with the
+Timestamps: -2 earliest (log start offset), -1 latest (the last fetchable offset, as Kafka's
+``fetchOffsetForTimestamp``: the high watermark -- the log end offset on one node --, under
+read_committed, v2+, the last stable offset, for a replica (replica_id >= 0) the log end
+offset; an offset found by time must lie below it), -3 the record with the
 largest timestamp (v7+), -4 earliest local (v8+, KIP-405: without tiered storage the log
 start offset, as -2), -5 latest tiered (v9+, KIP-1005: without tiered storage offset -1,
 timestamp -1, leader epoch -1), or a time in ms: the first offset whose timestamp is >= it,
@@ -31,7 +32,7 @@ from __future__ import annotations
 import struct
 
 from headrace.broker.context import RawResponse
-from headrace.errors import KafkaError, UnsupportedVersion
+from headrace.errors import KafkaError, OffsetNotAvailable, UnsupportedVersion
 
 API_KEY = 2
 MIN_VERSION = 0
@@ -47,13 +48,15 @@ FIRST_VERSION_BY_SPECIAL_TIMESTAMP = {EARLIEST_TIMESTAMP: 1, LATEST_TIMESTAMP: 1
                                       MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8,
                                       LATEST_TIERED_TIMESTAMP: 9}
 CONSUMER_REPLICA_ID = -1
+NO_LEADER_EPOCH = -1
 FIRST_ISOLATION_VERSION = 2
 READ_COMMITTED = 1
 _INT16, _INT32, _INT64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 _PARTITION_HEAD = struct.Struct(">ihi")  # partition_index, error_code, offsets count
 
 
-def _partition(broker, topic: str, partition, version: int, read_committed: bool) -> dict:
+def _partition(broker, topic: str, partition, version: int, read_committed: bool,
+               from_replica: bool) -> dict:
     index = partition.partition_index
     wanted = partition.timestamp
     try:
@@ -68,7 +71,11 @@ def _partition(broker, topic: str, partition, version: int, read_committed: bool
                     "leader_epoch": -1}
         if wanted == EARLIEST_LOCAL_TIMESTAMP:  # every segment is local
             wanted = EARLIEST_TIMESTAMP
-        found = _offset_for(log, wanted, read_committed)
+        last_fetchable_offset = _last_fetchable_offset(log, read_committed, from_replica)
+        found = _offset_for(log, wanted, last_fetchable_offset)
+        leader_epoch = 0
+        if broker.cluster is not None:
+            leader_epoch = _leader_epoch_of(broker.cluster, log, wanted, found, from_replica)
     except KafkaError as error:
         return {"partition_index": index, "error_code": error.code, "timestamp": -1,
                 "offset": -1, "leader_epoch": -1}
@@ -79,20 +86,51 @@ def _partition(broker, topic: str, partition, version: int, read_committed: bool
     if wanted in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
         timestamp = -1
     return {"partition_index": index, "error_code": 0, "timestamp": timestamp,
-            "offset": offset, "leader_epoch": 0}
+            "offset": offset, "leader_epoch": leader_epoch}
 
 
-def _offset_for(log, wanted: int, read_committed: bool) -> tuple[int, int] | None:
-    """As Kafka's ``fetchOffsetForTimestamp``: under read_committed the last fetchable
-    offset is the last stable offset -- latest answers it, and an offset found by time (or
-    the max timestamp's) must lie below it."""
-    if not read_committed:
-        return log.offset_for_timestamp(wanted)
-    last_stable_offset = log.last_stable_offset
+def _leader_epoch_of(cluster, log, wanted: int, found, from_replica: bool) -> int:
+    """The leader epoch answered with ``found`` in a cluster, as Kafka's: the leader's for
+    latest, else the epoch of the batch holding the offset (the log's epoch cache; -1 when
+    unknown). A new leader whose high watermark has not reached the start of its epoch
+    answers a client OFFSET_NOT_AVAILABLE for latest (KIP-207,
+    ``Partition.fetchOffsetForTimestamp``)."""
+    leader = cluster.leader_replicas.leaders.get((log.topic, log.partition))
+    if leader is None:
+        return NO_LEADER_EPOCH
+    lagging = not from_replica and leader.epoch_start_offset > log.high_watermark
     if wanted == LATEST_TIMESTAMP:
-        return last_stable_offset, -1
+        if lagging:
+            raise OffsetNotAvailable(
+                f"{log.topic}-{log.partition}: the high watermark {log.high_watermark} is "
+                f"behind the start offset {leader.epoch_start_offset} of leader epoch "
+                f"{leader.leader_epoch}")
+        return leader.leader_epoch
+    if found is None:
+        return NO_LEADER_EPOCH
+    epoch = NO_LEADER_EPOCH
+    for entry in log.leader_epoch_cache.entries():
+        if entry.start_offset > found[0]:
+            break
+        epoch = entry.epoch
+    return epoch
+
+
+def _last_fetchable_offset(log, read_committed: bool, from_replica: bool) -> int:
+    """Kafka's ``fetchOffsetForTimestamp`` bound: the log end offset for a replica, the last
+    stable offset under read_committed, else the high watermark."""
+    if from_replica:
+        return log.log_end_offset
+    return log.last_stable_offset if read_committed else log.high_watermark
+
+
+def _offset_for(log, wanted: int, last_fetchable_offset: int) -> tuple[int, int] | None:
+    """As Kafka's ``fetchOffsetForTimestamp``: latest answers the last fetchable offset, and
+    an offset found by time (or the max timestamp's) must lie below it."""
+    if wanted == LATEST_TIMESTAMP:
+        return last_fetchable_offset, -1
     found = log.offset_for_timestamp(wanted)
-    if wanted != EARLIEST_TIMESTAMP and found is not None and found[0] >= last_stable_offset:
+    if wanted != EARLIEST_TIMESTAMP and found is not None and found[0] >= last_fetchable_offset:
         return None
     return found
 
@@ -153,12 +191,13 @@ async def handle(ctx, request):
         return _handle_v0(ctx, request)
     read_committed = ctx.api_version >= FIRST_ISOLATION_VERSION and \
         request.isolation_level == READ_COMMITTED
+    from_replica = request.replica_id != CONSUMER_REPLICA_ID
     return ctx.respond({
         "throttle_time": 0,
         "topics": [
             {"name": topic.name,
              "partitions": [_partition(ctx.broker, topic.name, p, ctx.api_version,
-                                       read_committed)
+                                       read_committed, from_replica)
                             for p in topic.partitions]}
             for topic in request.topics
         ],

@@ -115,8 +115,8 @@ async def _lookup_or_create(ctx, name: str, may_create: bool) -> dict:
         return _error_topic(UnknownTopicOrPartition.code, name)
     partitions = broker.config.get_int("num.partitions")
     if broker.cluster is not None:  # written to ZooKeeper; leaders follow from the controller
-        await broker.cluster.create_topic(name, partitions, "default.replication.factor", {})
-        return _error_topic(LeaderNotAvailable.code, name)
+        error = await broker.cluster.create_topic(name, partitions, "default.replication.factor", {})
+        return _error_topic(error.code if error else LeaderNotAvailable.code, name)
     try:
         info = await broker.run_append(manager.create_topic, name, partitions, {})
     except TopicAlreadyExists:

@@ -2,7 +2,15 @@
 
 acks 0 (no response at all), 1 and -1 (all: on one node the local write; a partition whose
 min.insync.replicas exceeds 1 answers NOT_ENOUGH_REPLICAS, as Kafka does with too few
-in-sync replicas); any other acks value gets INVALID_REQUIRED_ACKS for every partition.
+in-sync replicas); any other acks value gets INVALID_REQUIRED_ACKS for every partition. In a
+cluster, a partition led here (``cluster.partition_leader``) gets its leader epoch stamped
+into the batches; acks=-1 answers NOT_ENOUGH_REPLICAS before the append when its ISR is
+below min.insync.replicas, then waits (Kafka's DelayedProduce: a future completed when the
+high watermark passes the records, no polling) up to the request's ``timeout``:
+REQUEST_TIMED_OUT past it, NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR fell below
+min.insync.replicas meanwhile, NOT_LEADER_OR_FOLLOWER when leadership moved; the base offset
+is answered with those errors, as Kafka's. A partition whose ISR is its leader alone is
+flushed after the append (the last replica standing: see ``cluster.partition_leader``).
 Versions 0-2 (clients that skip ApiVersions) carry magic 0/1 message sets: each is
 up-converted to one v2 batch (``message_format.upconvert``, Kafka's LogValidator: a bad
 CRC-32 is CORRUPT_MESSAGE) -- a v2 batch is accepted there too, as Kafka accepts it. From v3
@@ -55,6 +63,7 @@ tagged-field section after every struct (``current_leader`` is left at its defau
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 
@@ -69,6 +78,7 @@ from headrace.errors import (
     KafkaStorageError,
     NotEnoughReplicas,
     NotLeaderOrFollower,
+    RequestTimedOut,
     TransactionalIdAuthorizationFailed,
     UnknownServerError,
     error_for_code,
@@ -162,14 +172,18 @@ def _prepare(records: memoryview | bytes | None, version: int) -> memoryview | b
 
 
 def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int,
-                version: int) -> dict:
+                version: int, leaders) -> dict:
     try:
         log_ = manager.get_log(topic, index)
-        if acks == -1 and log_.config.min_insync_replicas > 1:
-            raise NotEnoughReplicas(
-                f"min.insync.replicas={log_.config.min_insync_replicas} but 1 replica"
-            )
-        result = log_.append(_prepare(records, version), now_ms, True)
+        leader = leaders.get((topic, index)) if leaders is not None else None
+        if leader is not None:
+            result = _append_as_leader(leader, log_, _prepare(records, version), acks, now_ms)
+        else:
+            if acks == -1 and log_.config.min_insync_replicas > 1:
+                raise NotEnoughReplicas(
+                    f"min.insync.replicas={log_.config.min_insync_replicas} but 1 replica"
+                )
+            result = log_.append(_prepare(records, version), now_ms, True)
     except KafkaError as error:
         return _partition_error(index, error)
     except OSError as error:
@@ -181,11 +195,25 @@ def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int
         return _partition_error(index, UnknownServerError("append failed"))
     return {"index": index, "error_code": 0, "base_offset": result.base_offset,
             "log_append_time": result.log_append_time_ms,
-            "log_start_offset": result.log_start_offset}
+            "log_start_offset": result.log_start_offset,
+            "required_offset": result.last_offset + 1}
+
+
+def _append_as_leader(leader, log_, records, acks: int, now_ms: int):
+    """Kafka's ``appendRecordsToLeader``: NOT_ENOUGH_REPLICAS for acks=all below
+    min.insync.replicas, the leader epoch stamped; a partition whose ISR is its leader alone
+    is flushed (``partition_leader``: the last replica standing)."""
+    if acks == -1:
+        leader.check_enough_replicas()
+    result = log_.append(records, now_ms, True, leader.leader_epoch)
+    if leader.flush_after_append:
+        log_.flush()
+    return result
 
 
 def _append_all(manager, topic_data, acks: int, now_ms: int, version: int,
-                refused: dict[tuple[str, int], KafkaError] | None = None) -> list[dict]:
+                refused: dict[tuple[str, int], KafkaError] | None = None,
+                leaders=None) -> list[dict]:
     """Append every partition but those ``refused`` (answered with their error)."""
     refused = refused or {}
     return [
@@ -194,13 +222,13 @@ def _append_all(manager, topic_data, acks: int, now_ms: int, version: int,
              _partition_error(partition.index, refused[(topic.name, partition.index)])
              if (topic.name, partition.index) in refused else
              _append_one(manager, topic.name, partition.index, partition.records, acks, now_ms,
-                         version)
+                         version, leaders)
              for partition in topic.partition_data]}
         for topic in topic_data
     ]
 
 
-def _appends_cannot_sync(manager, topic_data, now_ms: int) -> bool:
+def _appends_cannot_sync(manager, topic_data, now_ms: int, leaders=None) -> bool:
     """Whether appending ``topic_data`` is small (at most ``INLINE_APPEND_MAX_BYTES`` of
     records) and, for every partition, certainly does no fsync and waits for no other thread
     (``Log.append_needs_no_io_wait``: an existing, not compacted log whose flush.messages and
@@ -217,6 +245,9 @@ def _appends_cannot_sync(manager, topic_data, now_ms: int) -> bool:
             try:
                 log_ = manager.get_log(topic.name, partition.index)
             except KafkaError:
+                return False
+            leader = leaders.get((topic.name, partition.index)) if leaders is not None else None
+            if leader is not None and leader.flush_after_append:
                 return False
             if not log_.append_needs_no_io_wait(size_bytes, now_ms, partition.records or b""):
                 return False
@@ -253,20 +284,50 @@ async def handle(ctx, request):
         manager = broker.log_manager
         refused = {} if getattr(request, "transactional_id", None) is None else (
             _unverified_partitions(ctx, request))
+        replication = broker.cluster.leader_replicas if broker.cluster is not None else None
+        leaders = replication.leaders if replication is not None else None
         if broker.append_thread_idle and _appends_cannot_sync(manager, request.topic_data,
-                                                              ctx.now_ms):
+                                                              ctx.now_ms, leaders):
             responses = _append_all(manager, request.topic_data, acks, ctx.now_ms,
-                                    ctx.api_version, refused)
+                                    ctx.api_version, refused, leaders)
         else:
             responses = await broker.run_append(
                 _append_all, manager, request.topic_data, acks, ctx.now_ms, ctx.api_version,
-                refused)
+                refused, leaders)
+        if replication is not None:
+            await _replicated(replication, responses, acks, request.timeout_ms)
     if acks == 0:
         return None
     if ctx.api_version < FIRST_STORAGE_ERROR_VERSION:
         _storage_errors_as_not_leader(responses)
     body = encode_produce_body(ctx.api_version, responses)
     return RawResponse((body,), len(body))
+
+
+async def _replicated(replication, responses: list[dict], acks: int, timeout_ms: int) -> None:
+    """After the local appends: the high watermark may move (a leader alone in its ISR);
+    acks=all waits, for at most the request's ``timeout_ms``, until each appended
+    partition's high watermark passes its records (``PartitionLeader.wait_for``), whose
+    answer replaces the partition's error code; REQUEST_TIMED_OUT for those still waiting,
+    as Kafka's ``DelayedProduce`` expires."""
+    waits: list[tuple[dict, asyncio.Future]] = []
+    for topic in responses:
+        for partition in topic["partition_responses"]:
+            if partition["error_code"] != 0:
+                continue
+            replication.appended(topic["name"], partition["index"])
+            leader = replication.leaders.get((topic["name"], partition["index"]))
+            if acks == -1 and leader is not None:
+                waits.append((partition, leader.wait_for(partition["required_offset"])))
+    pending = [future for _, future in waits if not future.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=max(timeout_ms, 0) / 1000)
+    for partition, future in waits:
+        if future.done():
+            partition["error_code"] = future.result()
+        else:
+            future.cancel()
+            partition["error_code"] = RequestTimedOut.code
 
 
 def _array_length(count: int, flexible: bool) -> bytes:

@@ -1,0 +1,273 @@
+"""The leader side of replication, driven by raw followers: a real broker process leads
+partitions whose other replicas are ids of no running broker, and a raw wire client fetches
+for them with their replica id (Fetch v12's ``replica_id``), so each test decides when each
+follower has which records: the high watermark, what consumers see, when acks=all is
+answered, ISR expansion and shrink as the partition state znode shows them,
+NOT_ENOUGH_REPLICAS before and after the append, REQUEST_TIMED_OUT.
+
+One ZooKeeper ensemble and two brokers under one chroot serve the module: broker 1 keeps
+Kafka's replica.lag.time.max.ms (30 s: no follower leaves its ISRs during a test), broker 2 a
+short one (its ISRs shrink within a test). Topics are written to ZooKeeper as Kafka's
+AdminZkClient writes them, with an explicit assignment naming the raw followers (the
+topic admin places replicas on live brokers only). Waits are on observed states, bounded.
+"""
+
+from __future__ import annotations
+
+import functools
+import select
+import time
+import uuid
+
+import pytest
+
+from headrace.cluster import zookeeper_paths as paths
+from headrace.cluster import zookeeper_records as records
+from headrace.errors import (
+    NotEnoughReplicas,
+    NotEnoughReplicasAfterAppend,
+    NotLeaderOrFollower,
+    RequestTimedOut,
+    UnknownLeaderEpoch,
+)
+from headrace.protocol import records as record_codec
+from headrace.protocol import wire
+from tests.broker.raw_client import RawClient
+from tests.cluster import cluster_helpers
+from tests.conftest import BrokerProcess
+from tests.record_reading import iter_records
+
+PRODUCE, FETCH, LIST_OFFSETS = 0, 1, 2
+FETCH_VERSION = 12  # the last version with the replica_id body field
+PATIENT_BROKER, IMPATIENT_BROKER = 1, 2
+SHORT_LAG_TIME_MS = 1500
+WAIT_TIMEOUT_S = 2 * cluster_helpers.WAIT_TIMEOUT_S
+wait_until = functools.partial(cluster_helpers.wait_until, timeout_s=WAIT_TIMEOUT_S)
+CONSUMER = -1
+NO_EPOCH = -1
+
+
+class LeaderCluster:
+    def __init__(self, base_dir, ensemble) -> None:
+        chroot = f"/replication-leader-{uuid.uuid4().hex[:8]}"
+        connect = ensemble.connect_string + chroot
+        self.brokers = {}
+        for broker_id, lag_ms in ((PATIENT_BROKER, 30_000), (IMPATIENT_BROKER, SHORT_LAG_TIME_MS)):
+            data_dir = base_dir / f"broker-{broker_id}"
+            data_dir.mkdir()
+            self.brokers[broker_id] = BrokerProcess(data_dir, {
+                "broker.id": str(broker_id), "zookeeper.connect": connect,
+                "zookeeper.session.timeout.ms": "4000",
+                "replica.lag.time.max.ms": str(lag_ms),
+                # the raw followers are no brokers: no leadership could move at shutdown
+                "controlled.shutdown.enable": "false"})
+        self.zk = None
+        self.connect = connect
+
+    def start(self) -> None:
+        for broker in self.brokers.values():
+            broker.start()
+        self.zk = cluster_helpers.zookeeper_client(self.connect)
+        wait_until(lambda: sorted(self.zk.get_children(paths.BROKER_IDS)) == ["1", "2"],
+                   "both brokers to register")
+
+    def stop(self) -> None:
+        if self.zk is not None:
+            cluster_helpers.close(self.zk)
+        for broker in self.brokers.values():
+            broker.stop()
+
+    def bootstrap(self, broker_id: int) -> str:
+        return self.brokers[broker_id].bootstrap
+
+    def create_topic(self, replicas: tuple[int, ...], min_insync_replicas: int) -> str:
+        """One partition on ``replicas`` (the first leads), as Kafka's AdminZkClient writes
+        a topic: config then assignment; then until its leader serves it."""
+        name = f"replicated-{uuid.uuid4().hex[:10]}"
+        configs = {"min.insync.replicas": str(min_insync_replicas)}
+        assignment = records.TopicAssignment(topic_id=records.new_topic_id(),
+                                             partitions={0: replicas})
+        transaction = self.zk.transaction()
+        transaction.create(paths.topic_config_path(name), records.encode_entity_config(configs))
+        transaction.create(paths.topic_path(name), records.encode_topic_assignment(assignment))
+        assert not any(isinstance(result, Exception) for result in transaction.commit())
+        wait_until(lambda: self.state(name) is not None, f"{name}'s state")
+        wait_until(lambda: list_offset(self.bootstrap(replicas[0]), name) == (0, 0),
+                   f"broker {replicas[0]} to serve {name}")
+        return name
+
+    def state(self, topic: str) -> records.PartitionState | None:
+        return cluster_helpers.partition_state(self.zk, topic, 0)
+
+    def wait_for_isr(self, topic: str, isr: set[int]) -> records.PartitionState:
+        return wait_until(lambda: (state := self.state(topic)) is not None
+                          and set(state.isr) == isr and state,
+                          f"the ISR of {topic} to be {sorted(isr)}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, zookeeper_ensemble):
+    cluster = LeaderCluster(tmp_path_factory.mktemp("leader"), zookeeper_ensemble)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+# --- raw requests ------------------------------------------------------------------------------
+
+
+def fetch(bootstrap: str, topic: str, offset: int, replica_id: int,
+          leader_epoch: int = NO_EPOCH, isolation_level: int = 0):
+    """One partition's Fetch v12 answer, for a follower (``replica_id`` >= 0) or a consumer."""
+    with RawClient(bootstrap) as client:
+        answer = client.request(FETCH, FETCH_VERSION, {
+            "replica_id": replica_id, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+            "isolation_level": isolation_level, "session_id": 0, "session_epoch": -1,
+            "rack_id": "", "forgotten_topics_data": [],
+            "topics": [{"topic": topic, "partitions": [{
+                "partition": 0, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
+                "current_leader_epoch": leader_epoch, "last_fetched_epoch": -1,
+                "log_start_offset": -1}]}]})
+    return answer.responses[0].partitions[0]
+
+
+def fetched_values(partition) -> list[bytes]:
+    return [record.value for record in iter_records(partition.records or b"")]
+
+
+def list_offset(bootstrap: str, topic: str) -> tuple[int, int]:
+    """(error code, latest offset) a consumer is told."""
+    with RawClient(bootstrap) as client:
+        answer = client.request(LIST_OFFSETS, 7, {
+            "replica_id": CONSUMER, "isolation_level": 0, "topics": [{
+                "name": topic, "partitions": [{"partition_index": 0, "timestamp": -1,
+                                               "current_leader_epoch": -1}]}]})
+    partition = answer.topics[0].partitions[0]
+    return partition.error_code, partition.offset
+
+
+def produce_request(topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000):
+    batch = record_codec.build_batch([(b"k", value, [], int(time.time() * 1000))
+                                      for value in values])
+    return {"acks": acks, "timeout": timeout_ms, "transactional_id": None, "topic_data": [
+        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000):
+    with RawClient(bootstrap) as client:
+        answer = client.request(PRODUCE, 9, produce_request(topic, values, acks, timeout_ms))
+    return answer.responses[0].partition_responses[0]
+
+
+def receive_produce(client: RawClient, correlation_id: int):
+    received_id, answer = wire.decode_response(PRODUCE, 9, client.receive_frame())
+    assert received_id == correlation_id
+    return answer.responses[0].partition_responses[0]
+
+
+def answered(client: RawClient) -> bool:
+    """Whether a response is waiting on ``client``'s socket now."""
+    return bool(select.select([client.sock], [], [], 0)[0])
+
+
+def join_isr(cluster: LeaderCluster, topic: str, leader: int, followers: tuple[int, ...],
+             offset: int = 0) -> None:
+    """The raw followers fetch at ``offset`` (the log end) until the leader has added them
+    all to the ISR (one proposal at a time)."""
+    def joined() -> bool:
+        for follower in followers:
+            assert fetch(cluster.bootstrap(leader), topic, offset, follower).error_code == 0
+        state = cluster.state(topic)
+        return state is not None and set(state.isr) == {leader, *followers}
+    wait_until(joined, f"{list(followers)} to join the ISR of {topic}")
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+def test_acks_all_is_answered_and_consumers_see_records_once_every_isr_follower_has_them(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 11, 12), min_insync_replicas=2)
+    join_isr(cluster, topic, leader, (11, 12))
+    bootstrap = cluster.bootstrap(leader)
+    with RawClient(bootstrap) as producer:
+        correlation_id = producer.send(PRODUCE, 9, produce_request(topic, [b"a", b"b"], -1))
+        # follower 11 copies the records (waiting for the append) and reports them
+        copied = wait_until(lambda: fetched_values(fetch(bootstrap, topic, 0, 11)) or None,
+                            "the append")
+        assert copied == [b"a", b"b"]
+        assert fetch(bootstrap, topic, 2, 11).high_watermark == 0  # 12 is still at 0
+        consumer_view = fetch(bootstrap, topic, 0, CONSUMER)
+        assert (consumer_view.high_watermark, fetched_values(consumer_view)) == (0, [])
+        assert list_offset(bootstrap, topic) == (0, 0)
+        assert not answered(producer), receive_produce(producer, correlation_id)
+        assert fetch(bootstrap, topic, 2, 12).high_watermark == 2
+        response = receive_produce(producer, correlation_id)
+    assert (response.error_code, response.base_offset) == (0, 0)
+    assert fetched_values(fetch(bootstrap, topic, 0, CONSUMER)) == [b"a", b"b"]
+    assert list_offset(bootstrap, topic) == (0, 2)
+
+
+def test_acks_all_times_out_while_a_follower_lags_and_acks_one_does_not_wait(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 13, 14), min_insync_replicas=2)
+    join_isr(cluster, topic, leader, (13, 14))
+    bootstrap = cluster.bootstrap(leader)
+    timed_out = produce(bootstrap, topic, [b"x"], acks=-1, timeout_ms=200)
+    assert (timed_out.error_code, timed_out.base_offset) == (RequestTimedOut.code, 0)
+    written = produce(bootstrap, topic, [b"y"], acks=1)
+    assert (written.error_code, written.base_offset) == (0, 1)
+    assert list_offset(bootstrap, topic) == (0, 0)  # neither is committed yet
+
+
+def test_the_leader_stamps_its_leader_epoch_into_appended_batches(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 15), min_insync_replicas=1)
+    epoch = cluster.state(topic).leader_epoch
+    assert produce(cluster.bootstrap(leader), topic, [b"e"], acks=1).error_code == 0
+    copied = fetch(cluster.bootstrap(leader), topic, 0, 15, leader_epoch=epoch)
+    assert copied.error_code == 0
+    partition_leader_epoch = int.from_bytes(copied.records[12:16], "big", signed=True)
+    assert partition_leader_epoch == epoch
+
+
+def test_a_fetch_from_a_broker_outside_the_assignment_is_refused(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 16), min_insync_replicas=1)
+    epoch = cluster.state(topic).leader_epoch
+    bootstrap = cluster.bootstrap(leader)
+    assert fetch(bootstrap, topic, 0, 99).error_code == NotLeaderOrFollower.code
+    assert fetch(bootstrap, topic, 0, 99, leader_epoch=epoch).error_code == \
+        UnknownLeaderEpoch.code
+    assert set(cluster.state(topic).isr) == {leader}
+
+
+def test_lagging_followers_leave_the_isr_and_acks_all_then_answers_not_enough_replicas(cluster):
+    leader = IMPATIENT_BROKER
+    topic = cluster.create_topic((leader, 21, 22), min_insync_replicas=2)
+    join_isr(cluster, topic, leader, (21, 22))
+    before = cluster.state(topic)
+    bootstrap = cluster.bootstrap(leader)
+    # a follower at the leader's log end is in sync however long it is silent (Kafka's
+    # rule): a record the followers never fetch makes them lag
+    assert produce(bootstrap, topic, [b"w"], acks=1).error_code == 0
+    shrunk = cluster.wait_for_isr(topic, {leader})
+    assert (shrunk.leader, shrunk.leader_epoch) == (before.leader, before.leader_epoch)
+    # the last replica standing commits what it flushed: the consumer sees it
+    wait_until(lambda: list_offset(bootstrap, topic) == (0, 1), "the high watermark to move")
+    refused = produce(bootstrap, topic, [b"z"], acks=-1)
+    assert refused.error_code == NotEnoughReplicas.code
+    assert fetched_values(fetch(bootstrap, topic, 0, 21)) == [b"w"]  # refused before the append
+
+
+def test_acks_all_waiting_when_the_isr_shrinks_below_min_insync_is_not_enough_after_append(cluster):
+    leader = IMPATIENT_BROKER
+    topic = cluster.create_topic((leader, 23), min_insync_replicas=2)
+    join_isr(cluster, topic, leader, (23,))
+    with RawClient(cluster.bootstrap(leader)) as producer:
+        correlation_id = producer.send(PRODUCE, 9, produce_request(topic, [b"late"], -1))
+        response = receive_produce(producer, correlation_id)  # 23 never fetches it
+    assert (response.error_code, response.base_offset) == (NotEnoughReplicasAfterAppend.code, 0)
+    assert set(cluster.state(topic).isr) == {leader}
