@@ -36,10 +36,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from headrace.faults.cluster import BROKER_HOSTS, ZOOKEEPER_HOSTS, FaultCluster
 from headrace.faults.history import INFO, INVOKE, NEMESIS, OK, History, dump
 from headrace.faults.namespace import Namespace
 from headrace.faults.nemesis import Nemesis
 from headrace.faults.nemesis.clock import ClockNemesis
+from headrace.faults.nemesis.cluster import CLUSTER_NEMESIS_KINDS, cluster_nemeses
 from headrace.faults.nemesis.network import PartitionNemesis
 from headrace.faults.nemesis.power import PowerNemesis
 from headrace.faults.nemesis.process import KillNemesis, PauseNemesis
@@ -50,12 +52,17 @@ from headrace.faults.workloads.list_append import ListAppendWorkload
 from headrace.faults.workloads.queue import QueueConfig, QueueWorkload
 
 NEMESIS_KINDS = ("kill", "pause", "clock", "power", "partition")
+TARGETS = ("node", "cluster")
+KINDS_OF_TARGET = {"node": NEMESIS_KINDS, "cluster": CLUSTER_NEMESIS_KINDS}
 WORKLOADS = ("queue", "list-append")
 BROKER_HOST = "127.0.0.2"
 CLIENT_HOST = "127.0.0.1"
 UNAVAILABLE_GAP_S = 1.0
 FIRST_FAULT_AFTER_S = (1.0, 2.0)
 GAP_BETWEEN_FAULTS_S = (0.5, 2.0)
+GAP_BETWEEN_OVERLAPPING_STARTS_S = (1.0, 5.0)
+RECOVERY_LIMIT_S = 30.0
+RECOVERY_POLL_S = 0.1
 SESSION_TIMEOUT_MS = 6_000
 REPLAY_SCRIPT = "bench/faults.py"
 
@@ -68,16 +75,22 @@ class RunConfig:
     duration_s: float = 10.0
     flush_every_record: bool = True
     drop_segment_fsyncs: bool = False  # a mutation: the shim turns .log fsyncs into no-ops
+    target: str = "node"
 
     def __post_init__(self) -> None:
-        unknown = set(self.nemeses) - set(NEMESIS_KINDS)
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}")
+        kinds = KINDS_OF_TARGET[self.target]
+        unknown = set(self.nemeses) - set(kinds)
         if unknown or not self.nemeses:
-            raise ValueError(f"nemeses must be among {NEMESIS_KINDS}, not {sorted(unknown)}")
+            raise ValueError(f"nemeses of target {self.target} must be among {kinds}, "
+                             f"not {sorted(unknown)}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}")
 
     def replay_command(self) -> str:
-        flags = [f"--seed {self.seed}", "--runs 1", f"--nemesis {','.join(self.nemeses)}",
+        flags = [f"--seed {self.seed}", "--runs 1", f"--target {self.target}",
+                 f"--nemesis {','.join(self.nemeses)}",
                  f"--workload {self.workload}", f"--duration-s {self.duration_s:g}"]
         if not self.flush_every_record:
             flags.append("--default-flush")
@@ -94,6 +107,14 @@ class Fault:
 
 
 def schedule(config: RunConfig, durations: dict[str, tuple[float, float]]) -> list[Fault]:
+    """The run's faults: one after another for one node, overlapping for the cluster."""
+    if config.target == "cluster":
+        return overlapping_schedule(config, durations)
+    return sequential_schedule(config, durations)
+
+
+def sequential_schedule(config: RunConfig, durations: dict[str, tuple[float, float]]
+                        ) -> list[Fault]:
     """Faults one after another from the seed: kind, start and length (within the kind's
     ``durations`` bounds); the last one starts before ``duration_s``."""
     rng = random.Random(config.seed)
@@ -106,6 +127,33 @@ def schedule(config: RunConfig, durations: dict[str, tuple[float, float]]) -> li
     return faults
 
 
+def overlapping_schedule(config: RunConfig, durations: dict[str, tuple[float, float]]
+                         ) -> list[Fault]:
+    """Faults from the seed whose starts are ``GAP_BETWEEN_OVERLAPPING_STARTS_S`` apart, so
+    that they overlap: each kind once (in a seeded order) before any kind repeats, and a kind
+    never twice at once (a start waits for its kind's previous fault to end when every kind is
+    in effect). The last one starts before ``duration_s``."""
+    rng = random.Random(config.seed)
+    first_round = rng.sample(config.nemeses, len(config.nemeses))
+    faults: list[Fault] = []
+    ends_s: dict[str, float] = {}
+    start_s = rng.uniform(*FIRST_FAULT_AFTER_S)
+    while start_s < config.duration_s:
+        idle = [kind for kind in config.nemeses if ends_s.get(kind, 0.0) <= start_s]
+        if not idle:
+            start_s = min(ends_s.values())
+            continue
+        unused = [kind for kind in first_round if kind in idle]
+        kind = unused[0] if unused else rng.choice(idle)
+        if unused:
+            first_round.remove(kind)
+        length_s = rng.uniform(*durations[kind])
+        faults.append(Fault(kind, round(start_s, 3), round(length_s, 3)))
+        ends_s[kind] = start_s + length_s
+        start_s += rng.uniform(*GAP_BETWEEN_OVERLAPPING_STARTS_S)
+    return faults
+
+
 @dataclass
 class RunResult:
     config: RunConfig
@@ -115,6 +163,7 @@ class RunResult:
     truncated: int = 0
     duplicated_non_idempotent: int = 0
     unavailable_s: float = 0.0
+    recovery_s: float | None = None
     errors: list[str] = field(default_factory=list)
     examples: dict[str, list] = field(default_factory=dict)
     saved_to: Path | None = None
@@ -124,7 +173,8 @@ class RunResult:
         return not any(self.counts.values()) and not self.errors
 
     def summary(self) -> dict:
-        line = {"seed": self.config.seed, "workload": self.config.workload,
+        line = {"seed": self.config.seed, "target": self.config.target,
+                "workload": self.config.workload,
                 "nemeses": list(self.config.nemeses),
                 "flush": "every-record" if self.config.flush_every_record else "default",
                 "faults": self.faults, "acked": self.acked,
@@ -133,7 +183,9 @@ class RunResult:
                     "divergent")},
                 "truncated": self.truncated,
                 "duplicated_non_idempotent": self.duplicated_non_idempotent,
-                "unavailable_s": round(self.unavailable_s, 3), "valid": self.valid}
+                "unavailable_s": round(self.unavailable_s, 3),
+                "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 3),
+                "valid": self.valid}
         if self.errors:
             line["errors"] = self.errors
         if self.examples:
@@ -153,9 +205,36 @@ class _Run:
         self.history = History()
         self.namespace: Namespace | None = None
         self.node: BrokerNode | None = None
+        self.cluster: FaultCluster | None = None
         self.nemeses: dict[str, Nemesis] = {}
 
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap if self.cluster is not None else self.node.bootstrap
+
     def open(self) -> None:
+        if self.config.target == "cluster":
+            self._open_cluster()
+        else:
+            self._open_node()
+
+    def _open_cluster(self) -> None:
+        self.namespace = Namespace()
+        self.namespace.create([CLIENT_HOST, *BROKER_HOSTS.values(), *ZOOKEEPER_HOSTS.values()])
+        overrides = {"log.flush.interval.messages": "1"} if self.config.flush_every_record else {}
+        shim = build_shim(self.work_dir / "shim") if "power" in self.config.nemeses else None
+        self.cluster = FaultCluster(self.work_dir, self.namespace, overrides, shim,
+                                    ".log" if self.config.drop_segment_fsyncs else "")
+        self.cluster.start()
+
+    def arm(self, topic: str, partitions: int) -> None:
+        """Make the nemeses (the cluster's find the leaders of ``topic``'s partitions)."""
+        if self.cluster is not None:
+            self.nemeses = cluster_nemeses(self.config.nemeses, self.cluster, topic, partitions)
+        else:
+            self.nemeses = {kind: self._nemesis(kind) for kind in self.config.nemeses}
+
+    def _open_node(self) -> None:
         kinds = set(self.config.nemeses)
         host = "127.0.0.1"
         if "partition" in kinds:
@@ -170,7 +249,6 @@ class _Run:
                                drop_fsync_suffix=".log" if self.config.drop_segment_fsyncs
                                else "")
         self.node.start()
-        self.nemeses = {kind: self._nemesis(kind) for kind in self.config.nemeses}
 
     def _nemesis(self, kind: str) -> Nemesis:
         return {"kill": lambda: KillNemesis(self.node),
@@ -185,17 +263,22 @@ class _Run:
             self.history.record(INFO, NEMESIS, action.name, action.details)
 
     def inject_schedule(self, faults: list[Fault], rng: random.Random) -> dict[str, int]:
-        """Run ``faults`` at their times (measured from now); returns counts injected."""
+        """Inject and heal ``faults`` at their times (measured from now; an action that takes
+        long, such as a restart, delays the later ones); returns counts injected."""
         counts: dict[str, int] = {}
         origin = time.monotonic()
-        idle = threading.Event()  # never set: a bounded wait between scheduled faults
-        for fault in faults:
-            idle.wait(max(0.0, origin + fault.start_s - time.monotonic()))
+        idle = threading.Event()  # never set: a bounded wait between scheduled actions
+        events = sorted([(f.start_s, 1, "inject", f) for f in faults]
+                        + [(f.start_s + f.duration_s, 0, "heal", f) for f in faults],
+                        key=lambda event: event[:2])
+        for at_s, _, action, fault in events:
+            idle.wait(max(0.0, origin + at_s - time.monotonic()))
             nemesis = self.nemeses[fault.kind]
-            self.record(nemesis.inject(rng))
-            counts[fault.kind] = counts.get(fault.kind, 0) + 1
-            idle.wait(fault.duration_s)
-            self.record(nemesis.heal())
+            if action == "inject":
+                self.record(nemesis.inject(rng))
+                counts[fault.kind] = counts.get(fault.kind, 0) + 1
+            else:
+                self.record(nemesis.heal())
         idle.wait(max(0.0, origin + self.config.duration_s - time.monotonic()))
         return counts
 
@@ -207,6 +290,8 @@ class _Run:
         try:
             if self.node is not None:
                 self.node.kill()
+            if self.cluster is not None:
+                self.cluster.close()
         finally:
             if self.namespace is not None:
                 self.namespace.remove()
@@ -218,9 +303,12 @@ class _Run:
             {"seed": self.config.seed, "nemeses": list(self.config.nemeses),
              "workload": self.config.workload, "duration_s": self.config.duration_s,
              "flush_every_record": self.config.flush_every_record,
+             "target": self.config.target,
              "replay": self.config.replay_command()}, indent=1) + "\n")
-        if self.node is not None and self.node.log_path.exists():
-            shutil.copy(self.node.log_path, destination / self.node.log_path.name)
+        nodes = self.cluster.nodes() if self.cluster is not None else [self.node]
+        for node in nodes:
+            if node is not None and node.log_path.exists():
+                shutil.copy(node.log_path, destination / node.log_path.name)
         return destination
 
 
@@ -241,12 +329,30 @@ def unavailable_s(ops, f: str) -> float:
     return sum(gap for gap in gaps if gap > UNAVAILABLE_GAP_S * 1e9) / 1e9
 
 
+def recovery_s(history: History, f: str, partitions: int, healed_ns: int,
+               limit_s: float = RECOVERY_LIMIT_S) -> float | None:
+    """Seconds from ``healed_ns`` until every partition acknowledged an ``f`` again, waiting
+    (bounded by ``limit_s``) while the clients keep writing; None when one did not in time."""
+    deadline = time.monotonic() + limit_s
+    idle = threading.Event()  # never set: a bounded wait between looks at the history
+    while True:
+        first_ok_ns: dict[int, int] = {}
+        for op in history.ops():
+            if op.f == f and op.type == OK and op.time_ns >= healed_ns:
+                first_ok_ns.setdefault(op.partition, op.time_ns)
+        if len(first_ok_ns) >= partitions:
+            return (max(first_ok_ns.values()) - healed_ns) / 1e9
+        if time.monotonic() > deadline:
+            return None
+        idle.wait(RECOVERY_POLL_S)
+
+
 def _workload(config: RunConfig, run: _Run) -> Workload:
     loss_allowed = not config.flush_every_record
     if config.workload == "queue":
-        return QueueWorkload(run.node.bootstrap, run.history, run.namespace,
+        return QueueWorkload(run.bootstrap, run.history, run.namespace,
                              QueueConfig(session_timeout_ms=SESSION_TIMEOUT_MS), loss_allowed)
-    return ListAppendWorkload(run.node.bootstrap, run.history, run.namespace,
+    return ListAppendWorkload(run.bootstrap, run.history, run.namespace,
                               unsynced_loss_allowed=loss_allowed)
 
 
@@ -259,9 +365,11 @@ def run(config: RunConfig, work_dir: Path, failures_dir: Path | None = None) -> 
     errors: list[str] = []
     faults: dict[str, int] = {}
     workload: Workload | None = None
+    recovered_s: float | None = None
     try:
         current.open()
         workload = _workload(config, current)
+        current.arm(workload.config.topic, workload.config.partitions)
         workload.setup()
         workload.start()
         try:
@@ -269,8 +377,16 @@ def run(config: RunConfig, work_dir: Path, failures_dir: Path | None = None) -> 
                 schedule(config, durations_of(current.nemeses)),
                 random.Random(config.seed ^ 0x5EED))
         finally:
-            current.heal_all()
-            workload.stop()
+            try:
+                current.heal_all()
+                healed = current.history.record(INFO, NEMESIS, "healed")
+                recovered_s = recovery_s(current.history, _write_f(config),
+                                         workload.config.partitions, healed.time_ns)
+            finally:
+                workload.stop()
+        if recovered_s is None:
+            errors.append(f"not back to full availability within {RECOVERY_LIMIT_S:g} s of "
+                          "healing: a partition acknowledged no write")
         workload.final_reads()
         errors += workload.thread_errors
     except Exception as error:  # noqa: BLE001 -- a run that cannot finish is a finding
@@ -279,14 +395,19 @@ def run(config: RunConfig, work_dir: Path, failures_dir: Path | None = None) -> 
         current.close()
     ops = current.history.ops()
     result = _judge(config, workload, ops, faults, errors)
+    result.recovery_s = recovered_s
     if not result.valid:
         result.saved_to = current.save((failures_dir or work_dir / "failed")
                                        / f"seed-{config.seed}")
     return result
 
 
+def _write_f(config: RunConfig) -> str:
+    return "send" if config.workload == "queue" else "append"
+
+
 def _judge(config: RunConfig, workload: Workload | None, ops, faults, errors) -> RunResult:
-    write = "send" if config.workload == "queue" else "append"
+    write = _write_f(config)
     if workload is None:
         return RunResult(config, faults, {}, 0, errors=errors)
     checked = workload.check(ops)

@@ -20,6 +20,7 @@ from headrace.faults.history import INFO, INVOKE, OK, History
 from headrace.faults.namespace import Namespace
 
 TOPIC_CREATE_TIMEOUT_S = 30.0
+DEFAULT_REPLICATION_FACTOR = -1  # CreateTopics: the broker's default.replication.factor
 THREAD_JOIN_TIMEOUT_S = 60.0
 PRODUCER_POLL_S = 0.01
 CLIENT_SETTINGS = {"log_level": 0, "reconnect.backoff.max.ms": 500,
@@ -146,8 +147,10 @@ class Workload:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """``topic`` with the broker's default.replication.factor (1 for one node, the cluster
+    target's 3) and its min.insync.replicas."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **CLIENT_SETTINGS})
-    futures = admin.create_topics([NewTopic(topic, partitions, 1)],
+    futures = admin.create_topics([NewTopic(topic, partitions, DEFAULT_REPLICATION_FACTOR)],
                                   request_timeout=TOPIC_CREATE_TIMEOUT_S)
     futures[topic].result(TOPIC_CREATE_TIMEOUT_S)
 
