@@ -308,7 +308,7 @@ class _Run:
         nodes = self.cluster.nodes() if self.cluster is not None else [self.node]
         for node in nodes:
             if node is not None and node.log_path.exists():
-                shutil.copy(node.log_path, destination / node.log_path.name)
+                shutil.copy(node.log_path, destination / f"{node.name}.log")
         return destination
 
 
