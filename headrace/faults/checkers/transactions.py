@@ -1,0 +1,182 @@
+"""The transactional checker: aborted reads (G1a), circular information flow (G1c), and lost
+committed writes, from a history of transactions and read_committed polls.
+
+Input operations:
+
+- ``txn`` (one per transaction, by a transactional producer): ``ok`` when its commit was
+  acknowledged, ``fail`` when the workload aborted it (certainly not committed), ``info``
+  when the outcome is unknown. The completion's value is ``{"sends": [[partition, value,
+  offset], ...], "reads": [[partition, offset, value], ...]}``: what it produced (offset
+  null when not known) and what its consumer read inside it.
+- ``poll`` (``ok``): ``[[partition, offset, value], ...]`` a read_committed consumer returned,
+  outside any transaction (the final drain among them).
+
+Anomalies:
+
+- ``g1a``: a value written only by an aborted transaction was read (by a poll or by a
+  transaction): Adya's aborted read.
+- ``g1c``: a cycle of committed transactions in the graph of write-write edges (T1 -> T2
+  when, in one partition, T2's value is the next one after T1's in offset order, as any read
+  or acknowledgement placed them) and write-read edges (T1 -> T2 when T2 read a value T1
+  wrote); each strongly connected component of two or more transactions is one anomaly,
+  reported as the transactions' indexes (their ``txn`` completions).
+- ``lost``: a value of a committed transaction that the drain (process ``drain``) did not
+  read.
+
+Values are unique across the run, so a value names the transaction that wrote it.
+Thread-safety: a pure function.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from headrace.faults.checkers import CheckResult
+from headrace.faults.checkers.queue import DRAIN_PROCESS
+from headrace.faults.history import FAIL, OK, Op
+
+ANOMALY_KINDS = ("g1a", "g1c", "lost")
+
+
+@dataclass
+class TransactionsResult(CheckResult):
+    ANOMALY_KINDS = ANOMALY_KINDS
+    committed: int = 0
+    aborted: int = 0
+
+
+@dataclass(frozen=True)
+class _Observations:
+    """Every (partition, offset, value) seen, and what each reader read."""
+
+    placed: dict[tuple[int, int], set[str]]
+    reads: list[tuple[Op, list]]
+
+
+def check(ops: list[Op]) -> TransactionsResult:
+    transactions = [op for op in ops if op.f == "txn" and op.type in (OK, FAIL, "info")]
+    writer = {}
+    for txn in transactions:
+        for _, value, _ in txn.value["sends"]:
+            writer[value] = txn
+    committed = [txn for txn in transactions if txn.type == OK]
+    result = TransactionsResult(acked=sum(len(t.value["sends"]) for t in committed),
+                                committed=len(committed),
+                                aborted=sum(t.type == FAIL for t in transactions))
+    observed = _observations(ops, transactions)
+    result.anomalies["g1a"] = _aborted_reads(observed, writer)
+    result.anomalies["g1c"] = _cycles(committed, writer, observed)
+    result.anomalies["lost"] = _lost(ops, committed)
+    return result
+
+
+def _observations(ops: list[Op], transactions: list[Op]) -> _Observations:
+    placed: dict[tuple[int, int], set[str]] = defaultdict(set)
+    reads = []
+    for op in ops:
+        if op.f == "poll" and op.type == OK:
+            reads.append((op, op.value))
+    for txn in transactions:
+        reads.append((txn, txn.value.get("reads", [])))
+        if txn.type == OK:
+            for partition, value, offset in txn.value["sends"]:
+                if offset is not None:
+                    placed[partition, offset].add(value)
+    for _, records in reads:
+        for partition, offset, value in records:
+            placed[partition, offset].add(value)
+    return _Observations(placed, reads)
+
+
+def _aborted_reads(observed: _Observations, writer: dict[str, Op]) -> list[dict]:
+    found = []
+    for reader, records in observed.reads:
+        for partition, offset, value in records:
+            source = writer.get(value)
+            if source is not None and source.type == FAIL:
+                found.append({"reader": reader.process, "index": reader.index,
+                              "partition": partition, "offset": offset, "value": value,
+                              "aborted_txn": source.index})
+    return found
+
+
+def _cycles(committed: list[Op], writer: dict[str, Op], observed: _Observations
+            ) -> list[list[int]]:
+    members = {txn.index for txn in committed}
+    edges: dict[int, set[int]] = defaultdict(set)
+    by_partition: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for (partition, offset), values in observed.placed.items():
+        for value in values:
+            txn = writer.get(value)
+            if txn is not None and txn.index in members:
+                by_partition[partition].append((offset, txn.index))
+    for entries in by_partition.values():
+        entries.sort()
+        for (_, earlier), (_, later) in zip(entries, entries[1:], strict=False):
+            if earlier != later:
+                edges[earlier].add(later)
+    for reader, records in observed.reads:
+        if reader.f != "txn" or reader.index not in members:
+            continue
+        for _, _, value in records:
+            txn = writer.get(value)
+            if txn is not None and txn.index in members and txn.index != reader.index:
+                edges[txn.index].add(reader.index)
+    return [sorted(component) for component in _strongly_connected(members, edges)
+            if len(component) > 1]
+
+
+def _strongly_connected(nodes: set[int], edges: dict[int, set[int]]) -> list[list[int]]:
+    """Tarjan's strongly connected components, iteratively (no recursion limit)."""
+    index_of: dict[int, int] = {}
+    low: dict[int, int] = {}
+    stack: list[int] = []
+    on_stack: set[int] = set()
+    components = []
+    counter = 0
+    for root in sorted(nodes):
+        if root in index_of:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index_of[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            advanced = False
+            for successor in successors:
+                if successor not in index_of:
+                    index_of[successor] = low[successor] = counter
+                    counter += 1
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(edges[successor]))))
+                    advanced = True
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index_of[successor])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index_of[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(component)
+    return components
+
+
+def _lost(ops: list[Op], committed: list[Op]) -> list[dict]:
+    drained = {value for op in ops if op.f == "poll" and op.type == OK
+               and op.process == DRAIN_PROCESS for _, _, value in op.value}
+    return [{"partition": partition, "value": value, "txn": txn.index}
+            for txn in committed for partition, value, _ in txn.value["sends"]
+            if value not in drained]
