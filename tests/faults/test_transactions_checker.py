@@ -78,3 +78,21 @@ def test_reads_and_writes_in_one_direction_are_no_cycle():
 def test_a_committed_value_the_drain_did_not_read_is_lost():
     rows = [*txn("t0", OK, [(0, "a", 0), (0, "b", 1)]), *poll("drain", (0, 0, "a"))]
     assert only(check(build(rows)), "lost") == {"partition": 0, "value": "b", "txn": 1}
+
+
+def test_interleaved_writes_of_transactions_open_at_once_are_no_cycle():
+    """T0 and T1 were open together: their records interleave in partition 0 (a0 b0 a1 b1),
+    which orders neither before the other."""
+    rows = [*txn("t0", OK, [(0, "a0", 0), (0, "a1", 2)]),
+            *txn("t1", OK, [(0, "b0", 1), (0, "b1", 3)]),
+            *poll("drain", (0, 0, "a0"), (0, 1, "b0"), (0, 2, "a1"), (0, 3, "b1"))]
+    assert check(build(rows)).valid
+
+
+def test_a_cycle_through_a_transaction_several_places_later_is_found():
+    """T0 < T1 < T2 in partition 0 (T1 and T2 overlapping T0 not), and T0 read T2's value."""
+    rows = [*txn("t0", OK, [(0, "a", 0)], reads=[(1, 0, "z")]),
+            *txn("t1", OK, [(0, "b", 1), (0, "b2", 3)]),
+            *txn("t2", OK, [(0, "c", 2), (1, "z", 0)]),
+            *poll("drain", (0, 0, "a"), (0, 1, "b"), (0, 2, "c"), (0, 3, "b2"), (1, 0, "z"))]
+    assert only(check(build(rows)), "g1c") == [1, 5]

@@ -16,8 +16,9 @@ Anomalies:
 - ``g1a``: a value written only by an aborted transaction was read (by a poll or by a
   transaction): Adya's aborted read.
 - ``g1c``: a cycle of committed transactions in the graph of write-write edges (T1 -> T2
-  when, in one partition, T2's value is the next one after T1's in offset order, as any read
-  or acknowledgement placed them) and write-read edges (T1 -> T2 when T2 read a value T1
+  when, in one partition, every value of T1 precedes every value of T2 in offset order, as any
+  read or acknowledgement placed them: transactions open at once may interleave their
+  records, which orders neither) and write-read edges (T1 -> T2 when T2 read a value T1
   wrote); each strongly connected component of two or more transactions is one anomaly,
   reported as the transactions' indexes (their ``txn`` completions).
 - ``lost``: a value of a committed transaction that the drain (process ``drain``) did not
@@ -29,6 +30,7 @@ Thread-safety: a pure function.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -105,17 +107,15 @@ def _cycles(committed: list[Op], writer: dict[str, Op], observed: _Observations
             ) -> list[list[int]]:
     members = {txn.index for txn in committed}
     edges: dict[int, set[int]] = defaultdict(set)
-    by_partition: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    spans: dict[int, dict[int, list[int]]] = defaultdict(dict)  # partition -> txn -> [lo, hi]
     for (partition, offset), values in observed.placed.items():
         for value in values:
             txn = writer.get(value)
             if txn is not None and txn.index in members:
-                by_partition[partition].append((offset, txn.index))
-    for entries in by_partition.values():
-        entries.sort()
-        for (_, earlier), (_, later) in zip(entries, entries[1:], strict=False):
-            if earlier != later:
-                edges[earlier].add(later)
+                span = spans[partition].setdefault(txn.index, [offset, offset])
+                span[0], span[1] = min(span[0], offset), max(span[1], offset)
+    for partition_spans in spans.values():
+        _add_write_order(partition_spans, edges)
     for reader, records in observed.reads:
         if reader.f != "txn" or reader.index not in members:
             continue
@@ -125,6 +125,26 @@ def _cycles(committed: list[Op], writer: dict[str, Op], observed: _Observations
                 edges[txn.index].add(reader.index)
     return [sorted(component) for component in _strongly_connected(members, edges)
             if len(component) > 1]
+
+
+def _add_write_order(spans: dict[int, list[int]], edges: dict[int, set[int]]) -> None:
+    """Edges T1 -> T2 for T2 among the first transactions wholly after T1 (lowest offset
+    above T1's highest, up to the earliest end among those): later ones follow by paths."""
+    ordered = sorted((low, high, txn) for txn, (low, high) in spans.items())
+    lows = [low for low, _, _ in ordered]
+    earliest_end_from = [0] * len(ordered)  # the lowest ``high`` of ordered[i:]
+    for position in range(len(ordered) - 1, -1, -1):
+        later_end = earliest_end_from[position + 1] if position + 1 < len(ordered) else None
+        high = ordered[position][1]
+        earliest_end_from[position] = high if later_end is None else min(high, later_end)
+    for _, high, txn in ordered:
+        first = bisect.bisect_right(lows, high)
+        if first == len(ordered):
+            continue
+        for low, _, later in ordered[first:]:
+            if low > earliest_end_from[first]:
+                break
+            edges[txn].add(later)
 
 
 def _strongly_connected(nodes: set[int], edges: dict[int, set[int]]) -> list[list[int]]:
