@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from headrace.faults.runner import KINDS_OF_TARGET, TARGETS, WORKLOADS, RunConfig, run  # noqa: E402
 
 COUNTED = ("acked", "lost", "duplicated", "inconsistent", "nonmonotonic", "skipped",
-           "divergent", "truncated", "duplicated_non_idempotent")
+           "divergent", "g1a", "g1c", "truncated", "duplicated_non_idempotent")
 
 
 def parse_arguments() -> argparse.Namespace:

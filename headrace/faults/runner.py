@@ -50,11 +50,12 @@ from headrace.faults.power_cut import build_shim
 from headrace.faults.workloads import Workload
 from headrace.faults.workloads.list_append import ListAppendWorkload
 from headrace.faults.workloads.queue import QueueConfig, QueueWorkload
+from headrace.faults.workloads.transactional import TransactionalConfig, TransactionalWorkload
 
 NEMESIS_KINDS = ("kill", "pause", "clock", "power", "partition")
 TARGETS = ("node", "cluster")
 KINDS_OF_TARGET = {"node": NEMESIS_KINDS, "cluster": CLUSTER_NEMESIS_KINDS}
-WORKLOADS = ("queue", "list-append")
+WORKLOADS = ("queue", "list-append", "transactional")
 BROKER_HOST = "127.0.0.2"
 CLIENT_HOST = "127.0.0.1"
 UNAVAILABLE_GAP_S = 1.0
@@ -180,7 +181,7 @@ class RunResult:
                 "faults": self.faults, "acked": self.acked,
                 **{kind: self.counts.get(kind, 0) for kind in (
                     "lost", "duplicated", "inconsistent", "nonmonotonic", "skipped",
-                    "divergent")},
+                    "divergent", "g1a", "g1c")},
                 "truncated": self.truncated,
                 "duplicated_non_idempotent": self.duplicated_non_idempotent,
                 "unavailable_s": round(self.unavailable_s, 3),
@@ -352,6 +353,9 @@ def _workload(config: RunConfig, run: _Run) -> Workload:
     if config.workload == "queue":
         return QueueWorkload(run.bootstrap, run.history, run.namespace,
                              QueueConfig(session_timeout_ms=SESSION_TIMEOUT_MS), loss_allowed)
+    if config.workload == "transactional":
+        return TransactionalWorkload(run.bootstrap, run.history, run.namespace,
+                                     TransactionalConfig(seed=config.seed))
     return ListAppendWorkload(run.bootstrap, run.history, run.namespace,
                               unsynced_loss_allowed=loss_allowed)
 
@@ -381,7 +385,7 @@ def run(config: RunConfig, work_dir: Path, failures_dir: Path | None = None) -> 
                 current.heal_all()
                 healed = current.history.record(INFO, NEMESIS, "healed")
                 recovered_s = recovery_s(current.history, _write_f(config),
-                                         workload.config.partitions, healed.time_ns)
+                                         _write_keys(config, workload), healed.time_ns)
             finally:
                 workload.stop()
         if recovered_s is None:
@@ -403,7 +407,12 @@ def run(config: RunConfig, work_dir: Path, failures_dir: Path | None = None) -> 
 
 
 def _write_f(config: RunConfig) -> str:
-    return "send" if config.workload == "queue" else "append"
+    return {"queue": "send", "list-append": "append", "transactional": "txn"}[config.workload]
+
+
+def _write_keys(config: RunConfig, workload: Workload) -> int:
+    """How many partitions must acknowledge a write again (a transaction names none: one)."""
+    return 1 if config.workload == "transactional" else workload.config.partitions
 
 
 def _judge(config: RunConfig, workload: Workload | None, ops, faults, errors) -> RunResult:

@@ -17,10 +17,15 @@ Anomalies:
   transaction): Adya's aborted read.
 - ``g1c``: a cycle of committed transactions in the graph of write-write edges (T1 -> T2
   when, in one partition, every value of T1 precedes every value of T2 in offset order, as any
-  read or acknowledgement placed them: transactions open at once may interleave their
-  records, which orders neither) and write-read edges (T1 -> T2 when T2 read a value T1
-  wrote); each strongly connected component of two or more transactions is one anomaly,
-  reported as the transactions' indexes (their ``txn`` completions).
+  read or acknowledgement placed them, and T1 completed before T2 was invoked) and
+  write-read edges (T1 -> T2 when T2 read a value T1 wrote); each strongly connected
+  component of two or more transactions is one anomaly, reported as the transactions'
+  indexes (their ``txn`` completions). Kafka orders concurrent transactions in each
+  partition by their appends, so two transactions open at once may be ordered one way in one
+  partition and the other way in another (a write cycle Kafka allows): write-write edges
+  between transactions open at once are left out. A transaction reads before it is invoked
+  (the workload polls, then begins it), so every edge goes forward in invocation order, and
+  a cycle means a transaction read a value of one invoked after it, directly or by a chain.
 - ``lost``: a value of a committed transaction that the drain (process ``drain``) did not
   read.
 
@@ -36,7 +41,7 @@ from dataclasses import dataclass
 
 from headrace.faults.checkers import CheckResult
 from headrace.faults.checkers.queue import DRAIN_PROCESS
-from headrace.faults.history import FAIL, OK, Op
+from headrace.faults.history import FAIL, INVOKE, OK, Op
 
 ANOMALY_KINDS = ("g1a", "g1c", "lost")
 
@@ -68,7 +73,7 @@ def check(ops: list[Op]) -> TransactionsResult:
                                 aborted=sum(t.type == FAIL for t in transactions))
     observed = _observations(ops, transactions)
     result.anomalies["g1a"] = _aborted_reads(observed, writer)
-    result.anomalies["g1c"] = _cycles(committed, writer, observed)
+    result.anomalies["g1c"] = _cycles(ops, committed, writer, observed)
     result.anomalies["lost"] = _lost(ops, committed)
     return result
 
@@ -103,8 +108,22 @@ def _aborted_reads(observed: _Observations, writer: dict[str, Op]) -> list[dict]
     return found
 
 
-def _cycles(committed: list[Op], writer: dict[str, Op], observed: _Observations
-            ) -> list[list[int]]:
+def _times(ops: list[Op], committed: list[Op]) -> tuple[dict[int, int], dict[int, int]]:
+    """When each committed transaction (by completion index) was invoked and completed."""
+    wanted = {txn.index for txn in committed}
+    invoked, last_invoke_ns = {}, {}
+    for op in ops:
+        if op.f != "txn":
+            continue
+        if op.type == INVOKE:
+            last_invoke_ns[op.process] = op.time_ns
+        elif op.index in wanted:
+            invoked[op.index] = last_invoke_ns.get(op.process, op.time_ns)
+    return invoked, {txn.index: txn.time_ns for txn in committed}
+
+
+def _cycles(ops: list[Op], committed: list[Op], writer: dict[str, Op],
+            observed: _Observations) -> list[list[int]]:
     members = {txn.index for txn in committed}
     edges: dict[int, set[int]] = defaultdict(set)
     spans: dict[int, dict[int, list[int]]] = defaultdict(dict)  # partition -> txn -> [lo, hi]
@@ -114,8 +133,9 @@ def _cycles(committed: list[Op], writer: dict[str, Op], observed: _Observations
             if txn is not None and txn.index in members:
                 span = spans[partition].setdefault(txn.index, [offset, offset])
                 span[0], span[1] = min(span[0], offset), max(span[1], offset)
+    invoked_ns, completed_ns = _times(ops, committed)
     for partition_spans in spans.values():
-        _add_write_order(partition_spans, edges)
+        _add_write_order(partition_spans, invoked_ns, completed_ns, edges)
     for reader, records in observed.reads:
         if reader.f != "txn" or reader.index not in members:
             continue
@@ -127,24 +147,16 @@ def _cycles(committed: list[Op], writer: dict[str, Op], observed: _Observations
             if len(component) > 1]
 
 
-def _add_write_order(spans: dict[int, list[int]], edges: dict[int, set[int]]) -> None:
-    """Edges T1 -> T2 for T2 among the first transactions wholly after T1 (lowest offset
-    above T1's highest, up to the earliest end among those): later ones follow by paths."""
+def _add_write_order(spans: dict[int, list[int]], invoked_ns: dict[int, int],
+                     completed_ns: dict[int, int], edges: dict[int, set[int]]) -> None:
+    """Edges T1 -> T2 where every value of T1 precedes every value of T2 in the partition and
+    T1 completed before T2 was invoked."""
     ordered = sorted((low, high, txn) for txn, (low, high) in spans.items())
     lows = [low for low, _, _ in ordered]
-    earliest_end_from = [0] * len(ordered)  # the lowest ``high`` of ordered[i:]
-    for position in range(len(ordered) - 1, -1, -1):
-        later_end = earliest_end_from[position + 1] if position + 1 < len(ordered) else None
-        high = ordered[position][1]
-        earliest_end_from[position] = high if later_end is None else min(high, later_end)
     for _, high, txn in ordered:
-        first = bisect.bisect_right(lows, high)
-        if first == len(ordered):
-            continue
-        for low, _, later in ordered[first:]:
-            if low > earliest_end_from[first]:
-                break
-            edges[txn].add(later)
+        for _, _, later in ordered[bisect.bisect_right(lows, high):]:
+            if completed_ns[txn] < invoked_ns[later]:
+                edges[txn].add(later)
 
 
 def _strongly_connected(nodes: set[int], edges: dict[int, set[int]]) -> list[list[int]]:
