@@ -1,10 +1,11 @@
-"""Fault campaigns against one headrace broker: seeded runs of the fault harness, one JSON line
-each, a summary table at the end; exit status 1 when any run finds an anomaly or cannot finish.
+"""Fault campaigns against a headrace broker or cluster: seeded runs of the fault harness, one
+JSON line each, a summary table at the end; exit status 1 when any run finds an anomaly or
+cannot finish.
 
 Run ``i`` of ``--runs N --seed S`` has seed ``S + i``; its faults are drawn from ``--nemesis``
-(any of kill, pause, clock, power, partition; default all) on a seeded schedule for
-``--duration-s`` seconds of workload (``--workload queue`` or ``list-append``, default
-alternating). ``log.flush.interval.messages=1`` unless ``--default-flush``: then a power cut
+(for ``--target node``: any of kill, pause, clock, power, partition; default all) on a seeded
+schedule for ``--duration-s`` seconds of workload (``--workload queue``, ``list-append`` or
+``transactional`` (one node only), default alternating among those of the target). ``log.flush.interval.messages=1`` unless ``--default-flush``: then a power cut
 may drop an acknowledged suffix, never a hole. A failing run keeps its history, config and
 broker log and prints the command that replays its seed (``headrace/faults/runner.py``).
 
@@ -31,7 +32,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from headrace.faults.runner import KINDS_OF_TARGET, TARGETS, WORKLOADS, RunConfig, run  # noqa: E402
+from headrace.faults.runner import (  # noqa: E402
+    KINDS_OF_TARGET,
+    TARGETS,
+    WORKLOADS,
+    WORKLOADS_OF_TARGET,
+    RunConfig,
+    run,
+)
 
 COUNTED = ("acked", "lost", "duplicated", "inconsistent", "nonmonotonic", "skipped",
            "divergent", "g1a", "g1c", "truncated", "duplicated_non_idempotent")
@@ -78,7 +86,8 @@ def main() -> int:
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="faults-"))
     lines = []
     for index in range(args.runs):
-        workload = args.workload or WORKLOADS[index % len(WORKLOADS)]
+        workloads = WORKLOADS_OF_TARGET[args.target]
+        workload = args.workload or workloads[index % len(workloads)]
         config = RunConfig(seed=args.seed + index, nemeses=nemeses, workload=workload,
                            duration_s=args.duration_s,
                            flush_every_record=not args.default_flush,

@@ -1,26 +1,41 @@
-"""One fault run: a seeded schedule of faults against a broker under a workload, then a check.
+"""One fault run: a seeded schedule of faults against a target under a workload, then a check.
 
-``run(RunConfig, work_dir)`` starts one broker (``BrokerNode``; inside a fresh network
-namespace on 127.0.0.2 when a ``partition`` nemesis is asked for, under the power-cut shim for
-``power``, with a skewable clock for ``clock``), creates the workload's topic, starts its
-clients, and injects faults from ``schedule(config)``: faults one after another, each of a
-kind drawn from the configured nemeses, lasting a seeded time, with seeded gaps, until
-``duration_s``. Then every nemesis heals, the clients stop, the workload's final reads run,
-and its checker judges the history. Everything started is removed in ``finally``: the broker
-by pid, rules by id, the namespace by name.
+Targets (``RunConfig.target``):
+
+- ``node``: ``run(RunConfig, work_dir)`` starts one broker (``BrokerNode``; inside a fresh
+  network namespace on 127.0.0.2 when a ``partition`` nemesis is asked for, under the
+  power-cut shim for ``power``, with a skewable clock for ``clock``), and injects faults one
+  after another (``sequential_schedule``): each of a kind drawn from the configured nemeses
+  (``NEMESIS_KINDS``), lasting a seeded time, with seeded gaps, until ``duration_s``.
+- ``cluster``: three ZooKeeper nodes and three brokers (RF=3, min.insync.replicas=2; clients
+  send with acks=all) in a namespace (``cluster.FaultCluster``), with the cluster's nemeses
+  (``nemesis.cluster``) overlapping (``overlapping_schedule``: each kind once, in a seeded
+  order, before any kind repeats; starts a seeded 1-5 s apart; a kind never twice at once).
+
+Then the run creates the workload's topic, starts its clients, injects the faults (each
+action at its time; an action that takes long, such as a restart waiting for a registration
+to expire, delays the later ones), heals every nemesis, measures ``recovery_s`` (clients still
+writing: seconds from healing until every partition acknowledged a write again; a run not back
+within ``RECOVERY_LIMIT_S`` is invalid), stops the clients, runs the workload's final reads,
+and its checker judges the history. Everything started is removed in ``finally``: nodes by
+pid, rules by id, the namespace by name.
 
 The flush policy is the run's: ``flush_every_record`` sets log.flush.interval.messages=1, and
 only then must a power cut keep every acknowledged record; otherwise the checker allows a cut
 to drop an acknowledged suffix (never a hole). A SIGKILL keeps the page cache: nothing
 acknowledged may be lost to it under either policy.
 
-Result: ``RunResult.summary()``, the JSON line ``bench/faults.py`` prints: seed, workload,
-nemeses, flush, ``faults`` (kind -> count injected), acked, lost, duplicated, inconsistent,
-nonmonotonic, skipped, divergent, truncated, duplicated_non_idempotent, unavailable_s (the
-sum of gaps longer than ``UNAVAILABLE_GAP_S`` between successive acknowledgements while the
-clients wrote), valid, and, when invalid, the directory the history and logs were saved to
-and the command that replays the seed. The schedule replays exactly; the interleaving of
-clients and faults does not (threads and a real broker).
+Workloads: ``queue``, ``list-append``, and ``transactional`` (G1a / G1c; one-node target: the
+transaction coordinator is single-node).
+
+Result: ``RunResult.summary()``, the JSON line ``bench/faults.py`` prints: seed, target,
+workload, nemeses, flush, ``faults`` (kind -> count injected), acked, lost, duplicated,
+inconsistent, nonmonotonic, skipped, divergent, g1a, g1c, truncated,
+duplicated_non_idempotent, unavailable_s (the sum of gaps longer than ``UNAVAILABLE_GAP_S``
+between successive acknowledgements while the clients wrote), recovery_s, valid, and, when
+invalid, the directory the history and node logs were saved to and the command that replays
+the seed. The schedule replays exactly; the interleaving of clients and faults does not
+(threads and real processes).
 
 Thread-safety: ``run`` drives everything from the calling thread plus the workload's threads.
 """
@@ -56,6 +71,8 @@ NEMESIS_KINDS = ("kill", "pause", "clock", "power", "partition")
 TARGETS = ("node", "cluster")
 KINDS_OF_TARGET = {"node": NEMESIS_KINDS, "cluster": CLUSTER_NEMESIS_KINDS}
 WORKLOADS = ("queue", "list-append", "transactional")
+# The transaction coordinator is single-node: transactions run against one broker only.
+WORKLOADS_OF_TARGET = {"node": WORKLOADS, "cluster": ("queue", "list-append")}
 BROKER_HOST = "127.0.0.2"
 CLIENT_HOST = "127.0.0.1"
 UNAVAILABLE_GAP_S = 1.0
@@ -86,8 +103,9 @@ class RunConfig:
         if unknown or not self.nemeses:
             raise ValueError(f"nemeses of target {self.target} must be among {kinds}, "
                              f"not {sorted(unknown)}")
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"workload must be one of {WORKLOADS}")
+        if self.workload not in WORKLOADS_OF_TARGET[self.target]:
+            raise ValueError(f"workload of target {self.target} must be one of "
+                             f"{WORKLOADS_OF_TARGET[self.target]}")
 
     def replay_command(self) -> str:
         flags = [f"--seed {self.seed}", "--runs 1", f"--target {self.target}",
