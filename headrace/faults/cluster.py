@@ -11,7 +11,8 @@ Brokers run with ``BROKER_OVERRIDES`` (RF=3 and min.insync.replicas=2 defaults, 
 timeout of ``SESSION_TIMEOUT_MS``) plus the run's own. The harness watches ZooKeeper with its
 own kazoo client (created inside the namespace): broker registrations (a killed broker is
 started again only once ZooKeeper dropped its old registration, as a broker refuses to
-register over a live one) and partition states (which broker leads a partition).
+register over a live one, and started again while it exits at start-up for want of a
+ZooKeeper quorum) and partition states (which broker leads a partition).
 
 Every wait is bounded (``WAIT_TIMEOUT_S``) and polls an observed state. ``close`` kills every
 node by pid and stops the kazoo client; the namespace is the runner's to remove.
@@ -47,6 +48,7 @@ CLIENT_HOST = "127.0.0.1"
 BROKER_PORT = 9092
 SESSION_TIMEOUT_MS = 6_000
 WAIT_TIMEOUT_S = 60.0
+RESTART_TIMEOUT_S = 120.0
 POLL_INTERVAL_S = 0.1
 KAZOO_TIMEOUT_S = 10.0
 SOURCE_ADDRESS_SHIM = Path(__file__).with_name("source_address_shim.c")
@@ -163,10 +165,21 @@ class FaultCluster:
         return state.leader if state.has_leader else None
 
     def restart_broker(self, broker_id: int) -> None:
-        """Start a killed broker once its old registration expired; wait until it registers."""
+        """Start a killed broker once its old registration expired, again while it exits at
+        start-up (no ZooKeeper quorum within zookeeper.connection.timeout.ms while other
+        faults last), as a supervisor would; wait until it registers."""
         wait_until(lambda: broker_id not in self.registered(),
                    f"broker {broker_id}'s old registration to expire")
-        self.brokers[broker_id].start()
+        broker = self.brokers[broker_id]
+
+        def started() -> bool:
+            try:
+                broker.start()
+            except RuntimeError:  # exited at start-up: its log says why
+                return False
+            return True
+
+        wait_until(started, f"broker {broker_id} to start", RESTART_TIMEOUT_S)
         wait_until(lambda: broker_id in self.registered(), f"broker {broker_id} to register")
 
     def restart_zookeeper(self, node_id: int) -> None:
