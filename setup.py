@@ -18,7 +18,9 @@ package, each imported only by its package's Python face:
 Shared C lives in headers, static, compiled into each extension that includes them:
 ``headrace/protocol/{kernel_common,crc32c,record_batches}.h`` and
 ``headrace/storage/cooperative_spans.h`` (C includes follow the layer rule). The C is plain
-C11 against the Python C API: no numpy headers, no third-party libraries.
+C11 against the Python C API: no numpy headers. One system library: the record kernel links
+liblz4 (Debian's ``liblz4-dev``, installed by ``scripts/install-system-deps.sh``) for its
+frame decoder, so that an lz4 batch is inflated and its records checked in one pass.
 """
 
 from setuptools import Extension, setup
@@ -33,6 +35,7 @@ KERNEL = Extension(
     sources=["headrace/protocol/_kernel.c"],
     depends=PROTOCOL_HEADERS,
     extra_compile_args=["-O3", *WARNINGS],
+    libraries=["lz4"],  # liblz4's frame decoder: lz4 sections inflated and checked in one pass
 )
 
 PREPASS = Extension(

@@ -15,16 +15,19 @@ A three-node ZooKeeper ensemble and three brokers (the replication tests' harnes
    clock), p50/p99/max.
 3. ``catch_up``: an RF=3 single-partition topic; one follower is SIGKILLed, ``--catch-up-mb``
    are written (acks=all, the ISR being the two others), the follower is started again;
-   timed from its registration in ZooKeeper until the state znode lists it in the ISR. Then
+   timed from its start (it fetches before it registers) until the state znode lists it in
+   the ISR. Then
    a plain consumer reads the same bytes from the leader from offset 0.
 4. ``unavailability``: an RF=3 topic (min.insync.replicas=2) written continuously
    (``--outage-rate`` records/s, acks=all, idempotent); its leader is SIGKILLed (then
    SIGTERMed in a second round); unavailability = from the signal until the first
-   acknowledgement of a record sent after it. Afterwards every acknowledged record is looked
-   for in the topic: ``lost`` counts the missing ones.
+   acknowledgement of a record sent after it (``unavailable_s``), and the longest time
+   without any acknowledgement from the signal until a second of writes after that
+   (``longest_ack_gap_s``). Afterwards every acknowledged record is looked for in the topic:
+   ``lost`` counts the missing ones.
 
-Output: one JSON object per phase and a summary (``--output json``: the summary alone, one
-line). Every loop is bounded in count and time (``--wait-timeout-s``).
+Output: one JSON object per phase, then the summary (``--output json``: one line, the summary
+with every phase in it). Every loop is bounded in count and time (``--wait-timeout-s``).
 
     .venv/bin/python bench/replication.py --produce-mb 256 --catch-up-mb 1024 --output json
 
@@ -47,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from headrace.cluster import zookeeper_paths as paths  # noqa: E402
 from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble  # noqa: E402
 from tests.cluster.replication import replicated_cluster as harness  # noqa: E402
 from tests.cluster.replication.replicated_cluster import ReplicatedCluster  # noqa: E402
@@ -183,12 +185,10 @@ def catch_up_phase(cluster: ReplicatedCluster, args) -> dict:
     produce_mb_per_s(cluster.bootstrap, topic, 1, total_bytes, args.record_bytes,
                      args.wait_timeout_s)
     cluster.wait_for_unregistered(follower)
+    started = time.perf_counter()  # the follower fetches before it registers: time it all
     cluster.brokers[follower].start()
-    harness.wait_until(lambda: cluster.zk.exists(paths.broker_id_path(follower)) is not None,
-                       "the follower to register", args.wait_timeout_s)
-    registered = time.perf_counter()
     cluster.wait_for_isr(topic, [1, 2, 3])
-    follower_s = time.perf_counter() - registered
+    follower_s = time.perf_counter() - started
     records = total_bytes // args.record_bytes
     consumer_mb_per_s = consume_mb_per_s(cluster.bootstrap, topic, records, args.record_bytes,
                                          args.wait_timeout_s)
@@ -231,6 +231,11 @@ class ContinuousProducer:
         times = [at for at, value in list(self.acked) if self.sent_at[value] >= moment]
         return min(times) if times else None
 
+    def longest_ack_gap_s(self, since: float) -> float:
+        """The longest time without an acknowledgement from ``since`` on."""
+        times = [since, *sorted(at for at, _ in list(self.acked) if at >= since)]
+        return max(later - earlier for earlier, later in zip(times, times[1:], strict=False))
+
 
 def outage_round(cluster: ReplicatedCluster, args, topic: str, signal_number: int) -> dict:
     create(cluster, topic, [[1, 2, 3]], 2)
@@ -246,13 +251,17 @@ def outage_round(cluster: ReplicatedCluster, args, topic: str, signal_number: in
         cluster.brokers[leader].stop()
     recovered = harness.wait_until(lambda: writer.first_ack_of_a_record_sent_after(signalled),
                                    "an acknowledgement after the signal", args.wait_timeout_s)
+    acked_at_recovery = len(writer.acked)
+    harness.wait_until(lambda: len(writer.acked) >= acked_at_recovery + args.outage_rate,
+                       "a second of writes after recovering", args.wait_timeout_s)
     writer.stopping.set()
     writer.thread.join(args.wait_timeout_s)
     acked = {value for _, value in writer.acked}
     consumed = set(harness.read_all(cluster.bootstrap_of(cluster.running()), topic, len(acked)))
     cluster.restore()
-    return {"unavailable_s": round(recovered - signalled, 3), "acked": len(acked),
-            "lost": len(acked - consumed)}
+    return {"unavailable_s": round(recovered - signalled, 3),
+            "longest_ack_gap_s": round(writer.longest_ack_gap_s(signalled), 3),
+            "acked": len(acked), "lost": len(acked - consumed)}
 
 
 def unavailability_phase(cluster: ReplicatedCluster, args) -> dict:
@@ -308,8 +317,8 @@ def main() -> None:
     parser.add_argument("--output", choices=("text", "json"), default="text")
     args = parser.parse_args()
     summary = run(args)
-    if args.output == "json":
-        summary.pop("phases")
+    if args.output == "text":
+        summary.pop("phases")  # printed one by one already
     print(json.dumps(summary), flush=True)
 
 

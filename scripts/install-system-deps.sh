@@ -2,7 +2,8 @@
 # Installs the Debian packages the test suite needs when they are missing: kcat (a real
 # client), a Java runtime (Spark, ZooKeeper), zookeeper (Debian's 3.8 package: the jars under
 # /usr/share/java that the cluster tests and `headrace cluster up` start as plain JVM
-# processes; no system service is used), and iptables, faketime and iproute2 (fault tests).
+# processes; no system service is used), iptables, faketime and iproute2 (fault tests), and
+# liblz4-dev (headers of liblz4, which the record kernel links: setup.py).
 # Idempotent: when everything is present it only runs a few `command -v`/`test` checks.
 # Needs root (as on CI); prints what to run otherwise.
 set -euo pipefail
@@ -13,6 +14,7 @@ command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(iptables)
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing+=(iproute2)
+[ -f /usr/include/lz4frame.h ] || missing+=(liblz4-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
     echo "missing Debian packages: ${missing[*]} (run: sudo apt-get install ${missing[*]})" >&2

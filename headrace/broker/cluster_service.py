@@ -27,6 +27,10 @@ same way); auto-created topics get ``default.replication.factor`` replicas, and 
 the creation's error (INVALID_REPLICATION_FACTOR when too few brokers are alive) or
 LEADER_NOT_AVAILABLE once it is written, as Kafka's ``AutoTopicCreationManager.createTopicsInZk``.
 
+Replication's follower side runs here too: ``fetchers`` (``broker.replica_fetcher``) copy the
+partitions the replica manager hands them, and ``leader_throttle``
+(``broker.replication_quota``) holds back throttled followers' fetches of partitions led here.
+
 On SIGTERM the server calls ``controlled_shutdown`` before stopping: the controller is asked to
 move this broker's leaderships away (``cluster.controlled_shutdown``).
 
@@ -41,6 +45,7 @@ import logging
 from kazoo.exceptions import KazooException
 
 from headrace.broker.replica_fetcher import ReplicaFetcherManager
+from headrace.broker.replication_quota import LeaderReplicationThrottle
 from headrace.cluster.controlled_shutdown import ControlledShutdownPolicy, shut_down_controlled
 from headrace.cluster.leader_replicas import LeaderReplicas
 from headrace.cluster.metadata_cache import ClusterMetadata, MetadataCache, MetadataWatcher
@@ -65,6 +70,20 @@ FIRST_APPLY_TIMEOUT_MS = 30_000
 NO_LEADER_EPOCH = -1  # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH: no check asked
 
 
+def check_current_leader_epoch(topic: str, partition: int, current_leader_epoch: int,
+                               leader_epoch: int) -> None:
+    """Kafka's ``checkCurrentLeaderEpoch``: -1 asks no check; older than ``leader_epoch`` is
+    FENCED_LEADER_EPOCH, newer UNKNOWN_LEADER_EPOCH."""
+    if current_leader_epoch == NO_LEADER_EPOCH:
+        return
+    if current_leader_epoch < leader_epoch:
+        raise FencedLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is "
+                                f"older than the leader's {leader_epoch}")
+    if current_leader_epoch > leader_epoch:
+        raise UnknownLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is "
+                                 f"newer than the leader's {leader_epoch}")
+
+
 class ClusterService:
     def __init__(self, state, zk) -> None:
         self._state = state
@@ -75,10 +94,11 @@ class ClusterService:
         self.local_logs = state.log_manager
         self.leader_replicas = LeaderReplicas(
             self.broker_id, zk, state.clock, state.config.get_int("replica.lag.time.max.ms"),
-            state.run_append, state.appended.notify)
+            state.run_append, state.appended.notify, self.local_logs.initial_high_watermark)
         self.replicas = ReplicaManager(self.broker_id, self.local_logs, self.cache,
                                        state.run_append, self.leader_replicas)
         self.fetchers = ReplicaFetcherManager(state, self.cache, self.local_logs)
+        self.leader_throttle = LeaderReplicationThrottle(self.broker_id, state.config, self.cache)
         self.replicas.fetchers = self.fetchers
         self._creating: dict[str, asyncio.Task] = {}
 
@@ -169,16 +189,9 @@ class ClusterService:
         (v4+): -1 asks no check; an older epoch than this leader's is FENCED_LEADER_EPOCH,
         a newer one UNKNOWN_LEADER_EPOCH (this broker has not seen it yet). Both make the
         client refresh its metadata."""
-        if current_leader_epoch == NO_LEADER_EPOCH:
-            return
         state = self.metadata.states.get((topic, partition))
         leader_epoch = state.leader_epoch if state is not None else NO_LEADER_EPOCH
-        if current_leader_epoch < leader_epoch:
-            raise FencedLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is "
-                                    f"older than the leader's {leader_epoch}")
-        if current_leader_epoch > leader_epoch:
-            raise UnknownLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is "
-                                     f"newer than the leader's {leader_epoch}")
+        check_current_leader_epoch(topic, partition, current_leader_epoch, leader_epoch)
 
     def hosts_replica(self, topic: str, partition: int) -> bool:
         """Whether this broker is one of the partition's assigned replicas."""

@@ -213,6 +213,10 @@ _SERVER_DEFS = (
     _static("controlled.shutdown.max.retries", "int", "3"),
     _static("controlled.shutdown.retry.backoff.ms", "long", "5000"),
     _static("controller.socket.timeout.ms", "int", "30000"),
+    # The controller's automatic preferred-leader rebalance (headrace.cluster.controller).
+    _static("auto.leader.rebalance.enable", "boolean", "true"),
+    _static("leader.imbalance.check.interval.seconds", "long", "300"),
+    _static("leader.imbalance.per.broker.percentage", "int", "10"),
 )
 
 # Broker synonyms of topic configs that have no default of their own in Kafka

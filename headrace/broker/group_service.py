@@ -15,7 +15,7 @@ Owns ``GroupService``:
   coordinator as ``AppendResult(append_id, error_code)`` (the exception's Kafka code, or
   UNKNOWN_SERVER_ERROR), whose effects are carried out in turn. The coordinator decides what
   a failed append means for the clients (Kafka's GroupMetadataManager mapping). In a cluster
-  the appends are Kafka's acks=-1 ones: the leader epoch stamped, NOT_ENOUGH_REPLICAS below
+  the appends are Kafka's acks=-1 ones: NOT_ENOUGH_REPLICAS below
   min.insync.replicas, and each reported once replicated to the ISR (the partition's high
   watermark passed it), or with REQUEST_TIMED_OUT after ``offsets.commit.timeout.ms``;
 * the loader logs, per start-up, the groups loaded, the records replayed
@@ -80,7 +80,7 @@ def _append_all(manager, appends: list[AppendToOffsetsTopic], now_ms: int, leade
     """Append thread: one batch per effect, in order; how each ended, with the offset past
     its records (-1 when it failed). In a cluster (``leaders``: the partitions led here) as
     Kafka's coordinator appends, with acks=-1: NOT_ENOUGH_REPLICAS below
-    min.insync.replicas, the leader epoch stamped (``cluster.partition_leader``)."""
+    min.insync.replicas (``cluster.partition_leader``); the log stamps its leader's epoch."""
     results: list[tuple[AppendResult, int]] = []
     for effect in appends:
         try:
@@ -94,7 +94,7 @@ def _append_all(manager, appends: list[AppendToOffsetsTopic], now_ms: int, leade
                 appended = log_.append(bytearray(batch), now_ms)
             else:
                 leader.check_enough_replicas()
-                appended = log_.append(bytearray(batch), now_ms, False, leader.leader_epoch)
+                appended = log_.append(bytearray(batch), now_ms)
                 if leader.flush_after_append:
                     log_.flush()
             results.append((AppendResult(effect.append_id), appended.last_offset + 1))

@@ -22,6 +22,7 @@ from headrace.errors import KafkaError
 from headrace.protocol import wire
 
 FRAME_LENGTH_BYTES = 4
+READ_BUFFER_LIMIT_BYTES = 4 * 1024 * 1024
 _INT32 = struct.Struct(">i")
 
 
@@ -45,8 +46,11 @@ class ReplicaConnection:
         return self._writer is not None and not self._writer.is_closing()
 
     async def open(self) -> None:
+        # The reader's buffer limit is its flow-control mark: at asyncio's 64 KiB a response
+        # of megabytes pauses and resumes the socket every few reads.
         self._reader, self._writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), self._timeout_s)
+            asyncio.open_connection(self.host, self.port, limit=READ_BUFFER_LIMIT_BYTES),
+            self._timeout_s)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -74,23 +73,23 @@ UNDEFINED_EPOCH_OFFSET = -1
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
 FOLLOWER_THROTTLED_REPLICAS = "follower.replication.throttled.replicas"
 FOLLOWER_THROTTLED_RATE = "follower.replication.throttled.rate"
-# The largest batch a leader can hold is bounded by its socket.request.max.bytes (100 MiB):
-# a fetch response may exceed replica.fetch.response.max.bytes by one batch (KIP-74).
-MAX_BATCH_BYTES = 100 * 1024 * 1024
 ERROR_LOG_INTERVAL_MS = 5000
-_BATCH_LENGTH = struct.Struct(">i")
-LOG_OVERHEAD_BYTES = 12  # base offset + batch length, outside batch_length
 _errors = RateLimitedLog(log, ERROR_LOG_INTERVAL_MS)
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaFetcherConfig:
-    fetch_max_bytes: int = 1048576
-    response_max_bytes: int = 10485760
-    wait_max_ms: int = 500
-    min_bytes: int = 1
-    backoff_ms: int = 1000
-    socket_timeout_ms: int = 30000
+    """The replica.fetch.* configs (defaults in ``headrace.broker.config``)."""
+
+    fetch_max_bytes: int
+    response_max_bytes: int
+    wait_max_ms: int
+    min_bytes: int
+    backoff_ms: int
+    socket_timeout_ms: int
+    # A response may pass response_max_bytes by one batch (KIP-74), which the leader's
+    # socket.request.max.bytes bounds; this broker's stands in for it.
+    max_batch_bytes: int
 
     @classmethod
     def from_broker_config(cls, config) -> ReplicaFetcherConfig:
@@ -99,20 +98,8 @@ class ReplicaFetcherConfig:
                    config.get_int("replica.fetch.wait.max.ms"),
                    config.get_int("replica.fetch.min.bytes"),
                    config.get_int("replica.fetch.backoff.ms"),
-                   config.get_int("replica.socket.timeout.ms"))
-
-
-def whole_batches_bytes(records: bytes) -> int:
-    """The length of the prefix of ``records`` made of whole batches (a leader may end a
-    response with part of one, which a follower leaves for its next fetch)."""
-    position, size = 0, len(records)
-    while position + LOG_OVERHEAD_BYTES <= size:
-        (batch_length,) = _BATCH_LENGTH.unpack_from(records, position + 8)
-        end = position + LOG_OVERHEAD_BYTES + batch_length
-        if batch_length <= 0 or end > size:
-            break
-        position = end
-    return position
+                   config.get_int("replica.socket.timeout.ms"),
+                   config.get_int("socket.request.max.bytes"))
 
 
 def truncation_offset(log_end_offset: int, high_watermark: int, leader_epoch: int,
@@ -225,6 +212,10 @@ class ReplicaFetcher:
                               "%r; backing off", self._manager.broker_id, self.leader_id, error)
                 self._close()
                 self._delay(list(self._partitions.values()))
+            except Exception as error:  # a log that failed (closed, storage): never the loop
+                _errors.event(logging.ERROR, "broker %d: replicating from leader %d failed: "
+                              "%r; backing off", self._manager.broker_id, self.leader_id, error)
+                self._delay(list(self._partitions.values()))
 
     def _next_ready_ms(self, now_ms: int) -> int | None:
         if not self._partitions:
@@ -253,7 +244,7 @@ class ReplicaFetcher:
         config = self._manager.config
         self._connection = ReplicaConnection(
             endpoint[0], endpoint[1], f"broker-{self._manager.broker_id}-fetcher-0",
-            config.socket_timeout_ms, config.response_max_bytes + MAX_BATCH_BYTES)
+            config.socket_timeout_ms, config.response_max_bytes + config.max_batch_bytes)
         await self._connection.open()
 
     def _current(self, state: _PartitionFetch) -> bool:
@@ -305,7 +296,8 @@ class ReplicaFetcher:
             log.info("broker %d truncating %s-%d from %d to %d (leader %d, epoch %d)",
                      self._manager.broker_id, state.topic, state.partition,
                      log_.log_end_offset, offset, self.leader_id, state.leader_epoch)
-            await self._manager.run_append(log_.truncate_to, offset)
+            await self._manager.run_append(log_.truncate_to, offset,
+                                           self._manager.wall_clock_ms())
         state.fetch_offset = log_.log_end_offset
         state.truncating = not complete
 
@@ -319,6 +311,7 @@ class ReplicaFetcher:
 
     def _unthrottled(self, states: list[_PartitionFetch], now_ms: int) -> list[_PartitionFetch]:
         quota = self._manager.follower_quota
+        quota.bound_bytes_per_second = self._manager.follower_rate()  # dynamic
         if not quota.is_exceeded(now_ms):
             return states
         return [s for s in states
@@ -361,11 +354,11 @@ class ReplicaFetcher:
             self._partition_error(state, "Fetch", data.error_code)
             return
         records = data.records or b""
-        size = whole_batches_bytes(records)
+        size = len(records)
         manager = self._manager
         try:
             state.fetch_offset = await manager.run_append(
-                append_fetched, state.log, memoryview(records)[:size], data.high_watermark,
+                append_fetched, state.log, records, data.high_watermark,
                 data.log_start_offset, manager.wall_clock_ms())
         except KafkaError as error:
             _errors.event(logging.ERROR, "broker %d: appending %d bytes fetched from leader %d "
@@ -399,7 +392,8 @@ class ReplicaFetcher:
             log.warning("broker %d: %s-%d ends at %d, past leader %d's end %d: truncating",
                         self._manager.broker_id, state.topic, state.partition,
                         log_.log_end_offset, self.leader_id, leader_end)
-            await self._manager.run_append(log_.truncate_to, leader_end)
+            await self._manager.run_append(log_.truncate_to, leader_end,
+                                           self._manager.wall_clock_ms())
         else:
             leader_start = await self._leader_offset(state, EARLIEST_TIMESTAMP)
             if leader_start is None:
@@ -408,7 +402,10 @@ class ReplicaFetcher:
                 log.warning("broker %d: %s-%d ends at %d, below leader %d's start %d: "
                             "restarting the log there", self._manager.broker_id, state.topic,
                             state.partition, log_.log_end_offset, self.leader_id, leader_start)
-                await self._manager.run_append(log_.truncate_fully_and_start_at, leader_start)
+                await self._manager.run_append(log_.truncate_fully_and_start_at, leader_start,
+                                               self._manager.wall_clock_ms())
+        if log_.log_end_offset == state.fetch_offset:  # nothing moved: do not spin
+            self._delay([state])
         state.fetch_offset = log_.log_end_offset
 
     async def _leader_offset(self, state: _PartitionFetch, timestamp: int) -> int | None:
@@ -424,11 +421,12 @@ class ReplicaFetcher:
         return answer.offset
 
 
-def append_fetched(log, records: memoryview, leader_high_watermark: int,
+def append_fetched(log, records: bytes, leader_high_watermark: int,
                    leader_log_start_offset: int, now_ms: int) -> int:
-    """On the append thread: append whole fetched batches as a follower, then move the high
-    watermark to min(leader's, log end) and the log start offset up to the leader's (never
-    past the high watermark). Returns the new log end offset."""
+    """On the append thread: append fetched batches as a follower (a trailing partial batch
+    is left for the next fetch), then move the high watermark to min(leader's, log end) and
+    the log start offset up to the leader's (never past the high watermark). Returns the new
+    log end offset."""
     if len(records):
         log.append_as_follower(records, now_ms)
     log.update_high_watermark(min(leader_high_watermark, log.log_end_offset))
@@ -452,7 +450,8 @@ class ReplicaFetcherManager:
             state.config.get_int("replication.quota.window.num"),
             state.config.get_int("replication.quota.window.size.seconds") * 1000)
         self._fetchers: dict[int, ReplicaFetcher] = {}
-        self._followed: dict[tuple[str, int], tuple[int, int]] = {}
+        # partition -> (leader, leader epoch, log) of every partition handed to a fetcher
+        self._followed: dict[tuple[str, int], tuple[int, int, object]] = {}
 
     def now_ms(self) -> int:
         """Monotonic: backoffs and the quota's windows."""
@@ -464,6 +463,9 @@ class ReplicaFetcherManager:
 
     async def run_append(self, function, *args):
         return await self._state.run_append(function, *args)
+
+    def follower_rate(self) -> int:
+        return self._state.config.get_int(FOLLOWER_THROTTLED_RATE)
 
     def endpoint_of(self, broker_id: int) -> tuple[str, int] | None:
         broker = self._cache.current.brokers.get(broker_id)
@@ -480,27 +482,46 @@ class ReplicaFetcherManager:
         return self._fetchers
 
     async def follow(self, followed: Mapping[tuple[str, int], tuple[int, int]]) -> None:
-        """Make the fetchers fetch exactly ``followed``: partition -> (leader, leader epoch)."""
-        self.follower_quota.bound_bytes_per_second = \
-            self._state.config.get_int(FOLLOWER_THROTTLED_RATE)
-        changed = {key for key, value in self._followed.items() if followed.get(key) != value}
-        for leader_id, fetcher in self._fetchers.items():
-            await fetcher.remove([key for key in changed if self._followed[key][0] == leader_id])
+        """Make the fetchers fetch exactly ``followed``: partition -> (leader, leader epoch).
+        A partition whose leader, epoch or log (a topic re-created) changed starts over."""
+        wanted = {}
         for key, (leader_id, leader_epoch) in followed.items():
-            if self._followed.get(key) == (leader_id, leader_epoch):
-                continue
             try:
-                log_ = self._logs.get_log(*key)
-                await self.run_append(log_.manage_high_watermark, log_.high_watermark)
+                wanted[key] = (leader_id, leader_epoch, self._logs.get_log(*key))
+            except KafkaError as error:  # offline, or not created: the next change retries
+                log.error("broker %d cannot follow %s-%d: %s", self.broker_id, *key, error)
+        await self._remove([key for key, value in self._followed.items()
+                            if wanted.get(key) != value])
+        for key, value in wanted.items():
+            if key in self._followed:
+                continue
+            leader_id, leader_epoch, log_ = value
+            try:
+                await self.run_append(self._manage_high_watermark, key, log_)
             except Exception:  # this partition only; the next metadata change retries it
                 log.exception("broker %d cannot follow %s-%d", self.broker_id, *key)
                 continue
             self._fetcher_for(leader_id).add(_PartitionFetch(key[0], key[1], log_, leader_epoch))
-            self._followed[key] = (leader_id, leader_epoch)
-        for key in changed - set(followed):
-            self._followed.pop(key, None)
+            self._followed[key] = value
         for leader_id in [i for i, f in self._fetchers.items() if not f.partitions]:
             await self._fetchers.pop(leader_id).stop()
+
+    async def unfollow_topic(self, name: str) -> None:
+        """Stop fetching every partition of topic ``name`` (its logs are about to go)."""
+        await self._remove([key for key in self._followed if key[0] == name])
+
+    async def _remove(self, keys: list[tuple[str, int]]) -> None:
+        """Drop ``keys`` from their fetchers; returns once no log work on them is under way."""
+        for leader_id, fetcher in self._fetchers.items():
+            await fetcher.remove([key for key in keys if self._followed[key][0] == leader_id])
+        for key in keys:
+            del self._followed[key]
+
+    def _manage_high_watermark(self, key: tuple[str, int], log_) -> None:
+        """A follower's high watermark is the leader's: from the checkpoint at start-up
+        (Kafka's ``initialHighWatermark``) unless already managed (it led until now)."""
+        if not log_.high_watermark_managed:
+            log_.manage_high_watermark(self._logs.initial_high_watermark(*key))
 
     def _fetcher_for(self, leader_id: int) -> ReplicaFetcher:
         fetcher = self._fetchers.get(leader_id)

@@ -20,17 +20,28 @@ the leader leaves their bytes out of follower fetch responses; both record the b
 move for throttled replicas (``record``). Its own accounting (``recorded_bytes``,
 ``throttled_ms``: time during which ``is_exceeded`` answered true) is what tests read.
 
+``LeaderReplicationThrottle`` is the leader's side, used by Fetch for followers: a partition
+whose ``leader.replication.throttled.replicas`` names this broker, fetched by a follower not in
+its ISR (ZooKeeper's partition state) while ``leader.replication.throttled.rate`` is exceeded,
+is answered without records (its high watermark and offsets still); the bytes sent for
+throttled partitions are recorded.
+
 Clock injected (``now_ms``). Event loop thread only.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 LONG_MAX = 2**63 - 1
 DEFAULT_WINDOW_COUNT = 11  # Kafka's replication.quota.window.num
 DEFAULT_WINDOW_SIZE_MS = 1000  # Kafka's replication.quota.window.size.seconds, 1
 ALL_REPLICAS = "*"
+LEADER_THROTTLED_REPLICAS = "leader.replication.throttled.replicas"
+LEADER_THROTTLED_RATE = "leader.replication.throttled.rate"
+MAX_TRACKED_FOLLOWERS = 100_000  # (partition, follower) pairs remembered as behind
+log = logging.getLogger(__name__)
 
 
 def throttled_replicas(config_value: str | None, broker_id: int) -> frozenset[int] | str:
@@ -104,3 +115,51 @@ class ReplicationQuota:
         horizon_ms = now_ms - self._window_count * self._window_size_ms
         while self._samples and self._samples[0][0] + self._window_size_ms <= horizon_ms:
             self._samples.popleft()
+
+
+class LeaderReplicationThrottle:
+    """The leader's replication quota and Kafka's ``shouldLeaderThrottle``."""
+
+    def __init__(self, broker_id: int, config, cache) -> None:
+        self._broker_id = broker_id
+        self._config = config
+        self._cache = cache  # headrace.cluster.metadata_cache.MetadataCache
+        # (topic, partition, follower) of throttled partitions whose follower is behind
+        self._behind: set[tuple[str, int, int]] = set()
+        self.quota = ReplicationQuota(
+            config.get_int(LEADER_THROTTLED_RATE), config.get_int("replication.quota.window.num"),
+            config.get_int("replication.quota.window.size.seconds") * 1000)
+
+    def is_throttled(self, topic: str, partition: int) -> bool:
+        cluster_topic = self._cache.current.topics.get(topic)
+        return cluster_topic is not None and is_throttled(
+            cluster_topic.configs.get(LEADER_THROTTLED_REPLICAS), self._broker_id, partition)
+
+    def holds_back(self, topic: str, partition: int, follower_id: int, now_ms: int) -> bool:
+        """Whether a follower's fetch of the partition gets no records now."""
+        if not self.is_throttled(topic, partition):
+            return False
+        state = self._cache.current.states.get((topic, partition))
+        if state is not None and follower_id in state.isr:
+            return False
+        self.quota.bound_bytes_per_second = self._config.get_int(LEADER_THROTTLED_RATE)
+        return self.quota.is_exceeded(now_ms)
+
+    def note_follower_position(self, topic: str, partition: int, follower_id: int,
+                               fetch_offset: int, log_end_offset: int, now_ms: int) -> None:
+        """Log the quota's accounting when a follower of a throttled partition reaches the
+        log end after being behind."""
+        key = (topic, partition, follower_id)
+        if fetch_offset < log_end_offset:
+            if len(self._behind) < MAX_TRACKED_FOLLOWERS:
+                self._behind.add(key)
+            return
+        if key in self._behind:
+            self._behind.discard(key)
+            quota = self.quota
+            quota.bound_bytes_per_second = self._config.get_int(LEADER_THROTTLED_RATE)
+            log.info("follower %d caught up with %s-%d under the leader replication quota: "
+                     "window rate %d bytes/s (bound %d), %d bytes recorded, throttled %d ms",
+                     follower_id, topic, partition, quota.rate_bytes_per_second(now_ms),
+                     quota.bound_bytes_per_second, quota.recorded_bytes,
+                     quota.throttled_ms_at(now_ms))

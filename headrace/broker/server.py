@@ -83,7 +83,7 @@ from headrace.broker.state import (
     load_or_create_cluster_id,
 )
 from headrace.broker.transaction_service import TransactionService
-from headrace.cluster.producer_id_blocks import ZooKeeperProducerIdAllocator
+from headrace.cluster.producer_id_blocks import block_claimer
 from headrace.errors import InvalidConfig
 from headrace.storage.clock import SystemClock
 from headrace.storage.manager import LogManager
@@ -135,9 +135,8 @@ class Broker:
             else load_or_create_cluster_id(log_dirs[0], config.node_id),
             advertised_host=advertised_host,
             advertised_port=advertised_port,
-            producer_ids=ZooKeeperProducerIdAllocator(membership.session.client,
-                                                      membership.broker_id) if membership
-            else ProducerIdAllocator(log_dirs[0]),
+            producer_ids=ProducerIdAllocator(log_dirs[0], claim_block=block_claimer(
+                membership.session.client, membership.broker_id) if membership else None),
             appended=AppendHub(asyncio.get_running_loop()),
             membership=membership,
         )

@@ -11,6 +11,8 @@ Files, in the first log directory (Java properties text):
 * ``producer-ids.properties`` -- ``next.block.start``: the first producer id not yet handed
   out in a persisted block. Ids are allocated in blocks of ``PRODUCER_ID_BLOCK_SIZE``; the
   block end is fsynced before any id of it is used, so ids are never reused after a crash.
+  In cluster mode there is no such file: blocks are claimed in ZooKeeper
+  (``headrace.cluster.producer_id_blocks``), so brokers never hand out the same id.
 
 Thread-safety: handlers run on the event loop thread. ``AppendHub.notify`` may be called from
 any thread (log append listeners) and hops to the loop with ``call_soon_threadsafe`` (plain
@@ -29,6 +31,7 @@ import base64
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,21 +81,26 @@ def load_or_create_cluster_id(log_dir: Path, node_id: int) -> str:
 
 
 class ProducerIdAllocator:
-    """Hands out producer ids that are never reused, across restarts and crashes."""
+    """Hands out producer ids that are never reused, across restarts and crashes: from blocks
+    persisted in ``log_dir``'s file, or, in a cluster, from blocks ``claim_block`` claims
+    (``headrace.cluster.producer_id_blocks``: ``() -> (first id, end id exclusive)``)."""
 
-    def __init__(self, log_dir: Path, block_size: int = PRODUCER_ID_BLOCK_SIZE) -> None:
+    def __init__(self, log_dir: Path, block_size: int = PRODUCER_ID_BLOCK_SIZE,
+                 claim_block: Callable[[], tuple[int, int]] | None = None) -> None:
         self._path = log_dir / PRODUCER_IDS_FILE
         self._block_size = block_size
+        self._claim_block = claim_block or self._claim_file_block
         self._lock = threading.Lock()
         start = 0
-        if self._path.exists():
+        if claim_block is None and self._path.exists():
             start = int(parse_properties_text(self._path.read_text()).get("next.block.start", 0))
         self._next_id = start
         self._block_end = start
 
     def next_id_without_io(self) -> int | None:
-        """The next id when it is in the block already persisted; None when taking it means
-        persisting the next block (an fsync: call ``next_id`` off the event loop then)."""
+        """The next id when it is in the block already claimed; None when taking it means
+        claiming the next block (an fsync or a ZooKeeper write: call ``next_id`` off the event
+        loop then)."""
         with self._lock:
             if self._next_id >= self._block_end:
                 return None
@@ -101,14 +109,18 @@ class ProducerIdAllocator:
             return producer_id
 
     def next_id(self) -> int:
-        """The next id, persisting the next block first when the current one is used up."""
+        """The next id, claiming the next block first when the current one is used up."""
         with self._lock:
             if self._next_id >= self._block_end:
-                self._block_end = self._next_id + self._block_size
-                write_properties_durably(self._path, {"next.block.start": str(self._block_end)})
+                self._next_id, self._block_end = self._claim_block()
             producer_id = self._next_id
             self._next_id += 1
             return producer_id
+
+    def _claim_file_block(self) -> tuple[int, int]:
+        block_end = self._next_id + self._block_size
+        write_properties_durably(self._path, {"next.block.start": str(block_end)})
+        return self._next_id, block_end
 
 
 class AppendHub:

@@ -27,7 +27,10 @@ Owns ``TransactionService``:
 Producer ids come from the broker's persisted allocator (an fsync per 1000 ids, on the event
 loop thread when a block runs out). The coordinator epoch of every partition is 0 on one
 node. Thread-safety: event loop thread only; appends and markers for the effects of one call
-go to the single append thread in one job, in the coordinator's order.
+go to the single append thread in one job, in the coordinator's order. In a cluster the
+transaction log records and the markers are Kafka's acks=-1 writes: each outcome is reported
+once the partition's high watermark passed it (``cluster.leader_replicas.wait_replicated``),
+or with the error that ended the wait.
 """
 
 from __future__ import annotations
@@ -58,29 +61,30 @@ from headrace.protocol.records import build_batch
 log = logging.getLogger(__name__)
 
 SINGLE_NODE_COORDINATOR_EPOCH = 0
+REPLICATION_TIMEOUT_MS = 30_000  # Kafka's request.timeout.ms, its coordinators' acks=-1 wait
 
 
 def _error_code(error: Exception) -> int:
     return error.code if isinstance(error, errors.KafkaError) else errors.UnknownServerError.code
 
 
-def _single_node_epoch(_topic: str, _partition: int) -> int:
-    return 0
-
-
 def _carry_out_on_append_thread(manager, effects, now_ms: int,
-                                leader_epoch=_single_node_epoch) -> list:
-    """Append thread: each append and marker effect in order; the result of each.
-    ``leader_epoch(topic, partition)``: the epoch stamped into the batches (in a cluster the
-    partition state's, ``cluster.leader_replicas``)."""
+                                written: list | None = None) -> list:
+    """Append thread: each append and marker effect in order; the result of each. With
+    ``written`` (a cluster), also, per effect, the (topic, partition, end offset) of each
+    record written, for the replication wait."""
     results: list = []
     for effect in effects:
+        ends: list[tuple[str, int, int]] = []
+        if written is not None:
+            written.append(ends)
         if isinstance(effect, AppendToTransactionLog):
             try:
                 batch = build_batch([(key, value, (), now_ms) for key, value in effect.records])
-                manager.get_log(TRANSACTION_STATE_TOPIC_NAME, effect.partition).append(
-                    bytearray(batch), now_ms, False,
-                    leader_epoch(TRANSACTION_STATE_TOPIC_NAME, effect.partition))
+                appended = manager.get_log(TRANSACTION_STATE_TOPIC_NAME, effect.partition).append(
+                    bytearray(batch), now_ms)
+                ends.append((TRANSACTION_STATE_TOPIC_NAME, effect.partition,
+                             appended.last_offset + 1))
                 results.append(AppendResult(effect.append_id))
             except Exception as error:  # every failure is reported to the coordinator
                 log.warning("append to %s-%d failed: %s", TRANSACTION_STATE_TOPIC_NAME,
@@ -88,18 +92,20 @@ def _carry_out_on_append_thread(manager, effects, now_ms: int,
                 results.append(AppendResult(effect.append_id, _error_code(error)))
         else:
             results.append(TxnMarkersResult(effect.marker_id, _write_markers(
-                manager, effect, now_ms, leader_epoch)))
+                manager, effect, now_ms, ends)))
     return results
 
 
 def _write_markers(manager, effect: WriteTxnMarkers, now_ms: int,
-                   leader_epoch=_single_node_epoch) -> dict:
+                   ends: list[tuple[str, int, int]] | None = None) -> dict:
     partition_errors = {}
     for topic, partition in effect.partitions:
         try:
-            manager.get_log(topic, partition).append_transaction_marker(
+            appended = manager.get_log(topic, partition).append_transaction_marker(
                 effect.producer_id, effect.producer_epoch, effect.commit,
-                effect.coordinator_epoch, now_ms, leader_epoch(topic, partition))
+                effect.coordinator_epoch, now_ms)
+            if ends is not None:
+                ends.append((topic, partition, appended.last_offset + 1))
             partition_errors[(topic, partition)] = 0
         except Exception as error:
             log.warning("transaction marker for producer %d on %s-%d failed: %s",
@@ -217,9 +223,13 @@ class TransactionService(CoordinatorRuntime):
         if not writes:
             return
         state = self._state
+        written: list | None = [] if state.cluster is not None else None
         results = await state.run_append(
-            _carry_out_on_append_thread, state.log_manager, writes, self._now_ms(),
-            self._leader_epoch_lookup())
+            _carry_out_on_append_thread, state.log_manager, writes, self._now_ms(), written)
+        if written is not None:
+            results = list(await asyncio.gather(*(
+                self._replicated(result, ends) for result, ends in zip(results, written,
+                                                                       strict=True))))
         for effect, result in zip(writes, results, strict=True):
             if isinstance(effect, WriteTxnMarkers):
                 await self._complete_txn_offsets(effect, result)
@@ -227,16 +237,32 @@ class TransactionService(CoordinatorRuntime):
             await self._carry_out(outcome.effects)
         self._reschedule()
 
-    def _leader_epoch_lookup(self):
-        cluster = self._state.cluster
-        return cluster.leader_replicas.leader_epoch if cluster is not None else _single_node_epoch
+    async def _replicated(self, result, ends: list[tuple[str, int, int]]):
+        """Kafka's acks=-1 for the coordinator's writes in a cluster: ``result`` once the
+        high watermark of each partition written passed its record, with the error that
+        ended a wait in place of success (REQUEST_TIMED_OUT after request.timeout.ms...)."""
+        replication = self._state.cluster.leader_replicas
+        codes = await asyncio.gather(*(
+            replication.wait_replicated(topic, partition, end, REPLICATION_TIMEOUT_MS)
+            for topic, partition, end in ends))
+        failed = {(topic, partition): code
+                  for (topic, partition, _), code in zip(ends, codes, strict=True) if code}
+        if not failed:
+            return result
+        if isinstance(result, AppendResult):
+            return AppendResult(result.append_id, next(iter(failed.values())))
+        return TxnMarkersResult(result.marker_id, {**result.partition_errors, **failed})
 
     async def write_markers(self, markers: WriteTxnMarkers) -> dict:
         """Write one producer's markers at once, for a coordinator elsewhere (the
         WriteTxnMarkers request); each partition's error code."""
+        ends: list[tuple[str, int, int]] = []
         partition_errors = await self._state.run_append(
-            _write_markers, self._state.log_manager, markers, self._now_ms(),
-            self._leader_epoch_lookup())
+            _write_markers, self._state.log_manager, markers, self._now_ms(), ends)
+        if self._state.cluster is not None:
+            replicated = await self._replicated(
+                TxnMarkersResult(markers.marker_id, partition_errors), ends)
+            partition_errors = dict(replicated.partition_errors)
         await self._complete_txn_offsets(
             markers, TxnMarkersResult(markers.marker_id, partition_errors))
         return partition_errors

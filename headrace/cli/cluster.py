@@ -4,11 +4,28 @@
 confluent-kafka's AdminClient plus one Metadata request for the topic count.
 
 ``describe``: the brokers, the controller, and per broker how many partitions it holds
-(replicas) and leads, from DescribeCluster and Metadata.
+(replicas) and leads, from DescribeCluster and Metadata; and the partition health counts
+Kafka's brokers report as metrics: under-replicated (ISR smaller than the replicas), offline
+(no leader) and under-min-ISR (ISR smaller than the topic's ``min.insync.replicas``, read with
+DescribeConfigs) partitions.
 
 ``elect-leaders (--topic T [--partition P] | --all-topic-partitions) [--election-type
 preferred|unclean]``: ElectLeaders through the controller (confluent-kafka's AdminClient), one
 row per partition: ``elected`` or Kafka's error name (ELECTION_NOT_NEEDED, ...).
+
+``reassign (--execute|--cancel|--verify) (--reassignment-json-file F | --topic T --partition P
+--replicas 3,1)`` and ``reassign --list [--topic T]``: kafka-reassign-partitions' modes through
+AlterPartitionReassignments / ListPartitionReassignments on the controller (``reassignments``):
+execute starts (or replaces) the reassignments (``--throttle B``: Kafka's replication throttles,
+``leader/follower.replication.throttled.rate`` B bytes/s on the brokers involved and the
+moving partitions' replicas in the topics' ``*.replication.throttled.replicas``), cancel reverts
+them to their original replicas, verify reports each one completed, in progress, or neither
+(and removes the throttles once none is in progress); one row per partition.
+
+``decommission --broker-id B [--dry-run]``: every replica on broker B reassigned to the other
+brokers (``reassignments.plan_decommission``); the plan is printed (as Kafka's reassignment JSON
+with ``--output json``) and executed unless ``--dry-run``; the broker may be stopped once
+``reassign --list`` no longer shows its partitions.
 
 ``up --brokers N [--base-dir D] [--zookeeper-nodes 3] [--first-port 9092] [--output json]``:
 a local ZooKeeper ensemble and N brokers on 127.0.0.1 (``local_cluster.LocalCluster``); prints
@@ -46,9 +63,10 @@ from headrace.cli.common import (
 app = typer.Typer(no_args_is_help=True, help="Inspect the cluster.")
 
 
-def describe_cluster(connection: Connection):
+def describe_cluster(connection: Connection, admin=None, metadata=None):
     """(DescribeCluster's answer, the Metadata of every topic) through one AdminClient."""
-    admin, metadata = connection.admin()
+    if admin is None:
+        admin, metadata = connection.admin()
     description = admin.describe_cluster(
         request_timeout=connection.request_timeout_s
     ).result(timeout=connection.request_timeout_s)
@@ -89,9 +107,11 @@ def describe(
     connection: Connection = DEFAULT_CONNECTION,
     output: OutputOption = OutputFormat.table,
 ) -> None:
-    """Brokers, the controller, and per broker how many partitions it holds and leads."""
+    """Brokers, the controller, per broker how many partitions it holds and leads, and how many
+    partitions are offline, under-replicated and under their min.insync.replicas."""
     with user_errors():
-        description, metadata = describe_cluster(connection)
+        admin, metadata = connection.admin()
+        description, metadata = describe_cluster(connection, admin, metadata)
         controller = description.controller.id if description.controller else None
         replicas, leaders = partition_counts_by_broker(metadata)
         brokers = [
@@ -100,17 +120,49 @@ def describe(
              "leaders": leaders.get(node.id, 0)}
             for node in sorted(description.nodes, key=lambda node: node.id)
         ]
-        offline = leaders.get(-1, 0)
+        health = partition_health_counts(
+            metadata, topic_min_insync_replicas(connection, admin, metadata))
         data = {"cluster_id": description.cluster_id, "controller_id": controller,
-                "brokers": brokers, "offline_partitions": offline}
-        summary = make_table(None, ["cluster id", "controller", "brokers", "offline partitions"],
-                             [(description.cluster_id, controller, len(brokers), offline)])
+                "brokers": brokers, **health}
+        summary = make_table(None, ["cluster id", "controller", "brokers", "offline partitions",
+                                    "under-replicated", "under min ISR"],
+                             [(description.cluster_id, controller, len(brokers),
+                               health["offline_partitions"], health["under_replicated_partitions"],
+                               health["under_min_isr_partitions"])])
         columns = ["id", "host", "port", "rack", "controller", "partitions", "leaders"]
         broker_table = make_table("brokers", columns, [
             tuple("*" if column == "controller" and broker[column] else
                   "" if column == "controller" else broker[column] for column in columns)
             for broker in brokers])
         emit(output, data, summary, broker_table)
+
+
+def topic_min_insync_replicas(connection: Connection, admin, metadata) -> dict[str, int]:
+    """topic -> its effective ``min.insync.replicas`` (one DescribeConfigs for every topic)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    from headrace.cli.common import wait_all
+
+    names = sorted(metadata.topics)
+    if not names:
+        return {}
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name) for name in names],
+                                     request_timeout=connection.request_timeout_s)
+    described = wait_all(futures, connection.request_timeout_ms)
+    return {resource.name: int(entries["min.insync.replicas"].value)
+            for resource, entries in described.items() if "min.insync.replicas" in entries}
+
+
+def partition_health_counts(metadata, min_insync_replicas: dict[str, int]) -> dict[str, int]:
+    """Kafka's UnderReplicatedPartitions, OfflinePartitionsCount and UnderMinIsrPartitionCount
+    over every partition of confluent-kafka's ClusterMetadata."""
+    counts = {"offline_partitions": 0, "under_replicated_partitions": 0, "under_min_isr_partitions": 0}
+    for name, topic in metadata.topics.items():
+        for partition in topic.partitions.values():
+            counts["offline_partitions"] += partition.leader < 0
+            counts["under_replicated_partitions"] += len(partition.isrs) < len(partition.replicas)
+            counts["under_min_isr_partitions"] += len(partition.isrs) < min_insync_replicas.get(name, 1)
+    return counts
 
 
 def partition_counts_by_broker(metadata) -> tuple[dict[int, int], dict[int, int]]:
@@ -211,3 +263,121 @@ def elect_leaders(
                        for tp, error in results.items()))
         data = [{"topic": t, "partition": p, "result": r} for t, p, r in rows]
         emit(output, data, make_table(None, ["topic", "partition", "result"], rows))
+
+
+@app.command()
+@connection_options
+def reassign(
+    execute: Annotated[bool, typer.Option("--execute", help="start the reassignments")] = False,
+    cancel: Annotated[bool, typer.Option("--cancel", help="revert them to the original replicas")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="report whether they completed")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="the ongoing reassignments")] = False,
+    reassignment_json_file: Annotated[Path | None, typer.Option(
+        "--reassignment-json-file", help="Kafka's reassignment JSON")] = None,
+    topic: Annotated[str | None, typer.Option("--topic", help="one partition's topic (or --list's)")] = None,
+    partition: Annotated[int | None, typer.Option("--partition", min=0)] = None,
+    replicas: Annotated[str | None, typer.Option("--replicas", help="target broker ids, e.g. 3,1")] = None,
+    throttle: Annotated[int | None, typer.Option(
+        "--throttle", min=1, help="with --execute: replication bytes/s for the moving replicas "
+        "(removed by --verify once every listed reassignment completed)")] = None,
+    connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Reassign partitions to other brokers, as kafka-reassign-partitions."""
+    from headrace.cli import reassignments
+
+    with user_errors():
+        if sum((execute, cancel, verify, list_)) != 1:
+            raise UserError("give exactly one of --execute, --cancel, --verify, --list")
+        admin, metadata = connection.admin()
+        if list_:
+            ongoing = reassignments.list_ongoing(metadata, connection.request_timeout_ms,
+                                                 None if topic is None else [topic])
+            _emit_ongoing(output, ongoing)
+            return
+        targets = _requested_reassignments(reassignment_json_file, topic, partition, replicas)
+        current = reassignments.current_replicas(metadata)
+        if verify:
+            ongoing = reassignments.list_ongoing(metadata, connection.request_timeout_ms)
+            _emit_verification(output, targets, current, ongoing)
+            if not any(key in ongoing for key in targets):  # as Kafka's --verify: throttles off
+                reassignments.clear_throttles(
+                    admin, {t for t, _ in targets},
+                    {b for key, r in targets.items() for b in (*r, *current.get(key, ()))
+                     if b in metadata.brokers},
+                    connection.request_timeout_ms)
+            return
+        if throttle is not None and execute:
+            topic_configs, brokers = reassignments.throttle_plan(current, targets)
+            reassignments.set_throttles(admin, topic_configs, brokers, throttle,
+                                        connection.request_timeout_ms)
+        results = reassignments.alter(
+            metadata, dict.fromkeys(targets) if cancel else targets, connection.request_timeout_ms)
+        rows = sorted((t, p, result) for (t, p), result in results.items())
+        emit(output, [{"topic": t, "partition": p, "result": r} for t, p, r in rows],
+             make_table(None, ["topic", "partition", "result"], rows))
+
+
+def _requested_reassignments(path: Path | None, topic: str | None, partition: int | None,
+                             replicas: str | None) -> dict[tuple[str, int], tuple[int, ...]]:
+    from headrace.cli import reassignments
+
+    if (path is None) == (topic is None):
+        raise UserError("give either --reassignment-json-file or --topic, --partition and --replicas")
+    if path is not None:
+        return reassignments.read_reassignment_file(path)
+    if partition is None or not replicas:
+        raise UserError("--topic needs --partition and --replicas")
+    try:
+        return {(topic, partition): tuple(int(r) for r in replicas.split(","))}
+    except ValueError:
+        raise UserError(f"--replicas {replicas!r} is not a comma-separated list of broker ids") from None
+
+
+def _emit_ongoing(output: OutputFormat, ongoing: dict) -> None:
+    rows = sorted((t, p, a["replicas"], a["adding_replicas"], a["removing_replicas"])
+                  for (t, p), a in ongoing.items())
+    emit(output, [{"topic": t, "partition": p, "replicas": r, "adding_replicas": a,
+                   "removing_replicas": d} for t, p, r, a, d in rows],
+         make_table(None, ["topic", "partition", "replicas", "adding", "removing"], rows))
+
+
+def _emit_verification(output: OutputFormat, targets: dict, current: dict, ongoing: dict) -> None:
+    """Kafka's --verify: completed (the replicas are the target), in progress, or neither."""
+    rows = []
+    for (t, p), target in sorted(targets.items()):
+        if (t, p) in ongoing:
+            status = "in progress"
+        elif current.get((t, p)) == tuple(target):
+            status = "completed"
+        else:
+            status = f"not reassigning; replicas are {list(current.get((t, p), ()))}"
+        rows.append((t, p, list(target), status))
+    emit(output, [{"topic": t, "partition": p, "target": r, "status": s} for t, p, r, s in rows],
+         make_table(None, ["topic", "partition", "target", "status"], rows))
+
+
+@app.command()
+@connection_options
+def decommission(
+    broker_id: Annotated[int, typer.Option("--broker-id", help="the broker to empty")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan only")] = False,
+    connection: Connection = DEFAULT_CONNECTION,
+    output: OutputOption = OutputFormat.table,
+) -> None:
+    """Reassign every replica off a broker (before stopping it for good)."""
+    from headrace.cli import reassignments
+
+    with user_errors():
+        _admin, metadata = connection.admin()
+        if broker_id not in metadata.brokers and not any(
+                broker_id in r for r in reassignments.current_replicas(metadata).values()):
+            raise UserError(f"broker {broker_id} holds no replica and is not in the cluster")
+        plan = reassignments.plan_decommission(metadata, broker_id)
+        results = {} if dry_run or not plan else reassignments.alter(
+            metadata, plan, connection.request_timeout_ms)
+        rows = [(t, p, list(r), results.get((t, p), "planned"))
+                for (t, p), r in sorted(plan.items())]
+        data = {**reassignments.reassignment_document(plan),
+                "results": [{"topic": t, "partition": p, "result": res} for t, p, _r, res in rows]}
+        emit(output, data, make_table(None, ["topic", "partition", "replicas", "result"], rows))

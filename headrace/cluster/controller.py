@@ -37,6 +37,16 @@ written conditional on its zkVersion, and on BadVersion re-read and computed aga
 that the controller never overwrites an ISR change it has not seen. Before choosing by ISR
 membership (a broker gone, a controlled shutdown, a new controller) the states are re-read.
 
+Partition reassignment (AlterPartitionReassignments, KIP-455) as Kafka's ZooKeeper-mode
+controller: RS = ORS + TRS with ``adding_replicas``/``removing_replicas`` in the assignment znode
+and a leader epoch bump; a DataWatch on the state znode of each partition being reassigned
+completes it once TRS is in the ISR (leader moved into TRS, RR out of the ISR, RS = TRS); a new
+controller resumes the reassignments it finds in the assignments (see ``partition_reassignment``).
+
+Automatic preferred-leader rebalance (``LeaderRebalance``: ``auto.leader.rebalance.enable``,
+``leader.imbalance.check.interval.seconds``, ``leader.imbalance.per.broker.percentage``): the
+event thread's wait for the next event is bounded by the next check, which runs as an event.
+
 Unclean leader election: per topic, ``unclean.leader.election.enable`` of ``/config/topics/<t>``
 else the broker's (dynamic: read at each election); a topic config change (a
 ``/config/changes`` notification) elects offline partitions again, as Kafka's
@@ -49,11 +59,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -99,8 +111,25 @@ INITIAL_CONTROLLER_EPOCH = 0
 ELECTION_TYPE_PREFERRED = 0
 ELECTION_TYPE_UNCLEAN = 1
 STOP_TIMEOUT_S = 10.0
+FIRST_REBALANCE_CHECK_DELAY_S = 5.0
 MAX_STATE_WRITE_ATTEMPTS = 10
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"  # re-reads of a state that keeps changing under one event
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderRebalance:
+    """Kafka's automatic preferred-leader rebalance: ``auto.leader.rebalance.enable`` (true),
+    ``leader.imbalance.check.interval.seconds`` (300), ``leader.imbalance.per.broker.percentage``
+    (10)."""
+
+    enable: bool = True
+    check_interval_s: float = 300.0
+    imbalance_per_broker_percentage: int = 10
+
+    @property
+    def first_check_delay_s(self) -> float:
+        """Kafka checks 5 s after a controller is elected (sooner when the interval is)."""
+        return min(FIRST_REBALANCE_CHECK_DELAY_S, self.check_interval_s)
 
 
 class ControllerFenced(Exception):
@@ -113,11 +142,14 @@ class Controller:
     def __init__(
         self, zk: KazooClient, broker_id: int, *,
         unclean_leader_election: Callable[[], bool] = lambda: False,
+        leader_rebalance: LeaderRebalance = LeaderRebalance(enable=False),
         now_ms: Callable[[], int] | None = None,
     ) -> None:
         self._zk = zk
         self.broker_id = broker_id
         self._unclean_leader_election = unclean_leader_election
+        self._leader_rebalance = leader_rebalance
+        self._next_rebalance_check_s = math.inf  # time.monotonic() of the next check, while active
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self._events: queue.Queue = queue.Queue()
         self._queued_keys: set[str] = set()
@@ -203,7 +235,12 @@ class Controller:
 
     def _run(self) -> None:
         while True:
-            key, action = self._events.get()
+            try:
+                key, action = self._events.get(timeout=self._seconds_to_rebalance_check())
+            except queue.Empty:
+                self._next_rebalance_check_s = time.monotonic() + self._leader_rebalance.check_interval_s
+                self._run_event("rebalance", self._check_leader_imbalance)
+                continue
             if action is None:
                 return
             with self._lock:
@@ -305,9 +342,12 @@ class Controller:
         for topic in sorted(context.assignments):
             self._watch_assignment(topic)
         log.info("controller %d: became the controller, epoch %d", self.broker_id, epoch)
+        if self._leader_rebalance.enable:
+            self._next_rebalance_check_s = time.monotonic() + self._leader_rebalance.first_check_delay_s
         self._reconcile()
 
     def _resign(self, reason: str) -> None:
+        self._next_rebalance_check_s = math.inf
         with self._lock:
             context, self._context = self._context, None
         if context is not None:
@@ -812,7 +852,9 @@ class Controller:
 
     def _complete_reassignment(self, context: ControllerContext, topic: str, partition: int,
                                done: reassignment.ReplicaAssignment) -> None:
-        """TRS is in the ISR: leadership into TRS, RR out of the ISR, then RS = TRS."""
+        """TRS is in the ISR: leadership into TRS, then RS = TRS (the brokers learn the new
+        replica set from the assignment, as Kafka's learn it from B3's LeaderAndIsr, so the
+        leader no longer takes RR back into the ISR), then RR out of the ISR."""
         final = done.completed()
         electable = context.electable_brokers()
         led = self._update_state(context, topic, partition, lambda state: leadership.elect_reassigned_leader(
@@ -821,12 +863,13 @@ class Controller:
             log.warning("controller %d: no live leader in %s for reassigned %s-%d; completed later",
                         self.broker_id, list(final.replicas), topic, partition)
             return
+        if not self._write_replica_assignment(context, topic, partition, final):
+            return
         if done.removing:
             self._update_state(context, topic, partition, lambda state: leadership.remove_replicas_from_isr(
                 state, done.removing, context.epoch) if state is not None else None)
-        if self._write_replica_assignment(context, topic, partition, final):
-            log.info("controller %d: reassignment of %s-%d to %s completed", self.broker_id, topic,
-                     partition, list(final.replicas))
+        log.info("controller %d: reassignment of %s-%d to %s completed", self.broker_id, topic,
+                 partition, list(final.replicas))
 
     def _write_replica_assignment(self, context: ControllerContext, topic: str, partition: int,
                                   wanted: reassignment.ReplicaAssignment) -> bool:
@@ -907,3 +950,36 @@ class Controller:
                 if replica_assignment.is_being_reassigned:
                     ongoing[(topic, partition)] = replica_assignment
         return ongoing
+
+    # --- automatic preferred-leader rebalance ------------------------------------------------
+
+    def _seconds_to_rebalance_check(self) -> float | None:
+        """How long the event thread may wait for an event before the next imbalance check;
+        None: no check is due (rebalance disabled, or not the active controller)."""
+        if math.isinf(self._next_rebalance_check_s):
+            return None
+        return max(0.0, self._next_rebalance_check_s - time.monotonic())
+
+    def _check_leader_imbalance(self) -> None:
+        """Kafka's ``checkAndTriggerAutoLeaderRebalance``: per preferred leader (first replica),
+        the share of its partitions led by another broker; above
+        ``leader.imbalance.per.broker.percentage``, a preferred election for those whose
+        preferred replica is live and in the ISR."""
+        context = self._context
+        if context is None:
+            return
+        self._refresh_all_states(context)  # leaders expand ISRs themselves
+        by_preferred: dict[int, list[tuple[str, int]]] = {}
+        for topic, partition, replicas in context.partitions():
+            if replicas and (topic, partition) in context.states:
+                by_preferred.setdefault(replicas[0], []).append((topic, partition))
+        electable = context.electable_brokers()
+        threshold = self._leader_rebalance.imbalance_per_broker_percentage / 100
+        for preferred, partitions in sorted(by_preferred.items()):
+            not_led = [(t, p) for t, p in partitions if context.states[(t, p)].state.leader != preferred]
+            if not not_led or len(not_led) / len(partitions) <= threshold:
+                continue
+            for topic, partition in not_led:
+                state = context.states[(topic, partition)].state
+                if preferred in electable and preferred in state.isr:
+                    self._elect_one(context, ELECTION_TYPE_PREFERRED, topic, partition)

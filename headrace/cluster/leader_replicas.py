@@ -3,8 +3,9 @@
 Owns ``LeaderReplicas``: one ``partition_leader.PartitionLeader`` per partition this broker
 leads and holds a log for (``leaders``, replaced, never mutated), and the work around them:
 
-* becoming leader (a state naming this broker leader in a new leader epoch): appends are
-  stamped with the epoch (the log's epoch cache records where it starts at its first
+* becoming leader (a state naming this broker leader in a new leader epoch): every append is
+  stamped with the epoch (``Log.set_leader_epoch``: produce, the coordinators' records and
+  transaction markers alike; the log's epoch cache records where it starts at its first
   append), a replicated log's high watermark is managed (``Log.manage_high_watermark`` from its current
   value: the replication-offset-checkpoint's at load, the follower's when it followed), a
   single-replica log's follows its log end offset; acks=all waits of the previous epoch carry
@@ -84,13 +85,14 @@ def write_isr_change(zk, topic: str, partition: int, broker_id: int, state: Part
     return None
 
 
-def _apply_high_watermark_rule(leader: PartitionLeader) -> None:
-    """A replicated partition's high watermark is managed (from its current value: the
-    replication-offset-checkpoint's after a load, the follower's after following), a single
-    replica's follows the log end offset."""
+def _apply_high_watermark_rule(leader: PartitionLeader,
+                               initial_high_watermark: Callable[[str, int], int]) -> None:
+    """A replicated partition's high watermark is managed (kept when it was already: the
+    follower's; else from the replication-offset-checkpoint, ``initial_high_watermark``), a
+    single replica's follows the log end offset."""
     log_ = leader.log
     if leader.replicated and not log_.high_watermark_managed:
-        log_.manage_high_watermark(log_.high_watermark)
+        log_.manage_high_watermark(initial_high_watermark(leader.topic, leader.partition))
     elif not leader.replicated and log_.high_watermark_managed:
         log_.follow_log_end_offset()
 
@@ -98,13 +100,15 @@ def _apply_high_watermark_rule(leader: PartitionLeader) -> None:
 class LeaderReplicas:
     def __init__(self, broker_id: int, zk, clock, lag_time_max_ms: int,
                  run_append: Callable[..., Awaitable],
-                 notify_fetches: Callable[[Key], None]) -> None:
+                 notify_fetches: Callable[[Key], None],
+                 initial_high_watermark: Callable[[str, int], int]) -> None:
         self.broker_id = broker_id
         self._zk = zk
         self._clock = clock
         self.lag_time_max_ms = lag_time_max_ms
         self._run_append = run_append
         self._notify_fetches = notify_fetches
+        self._initial_high_watermark = initial_high_watermark
         self.leaders: MappingProxyType[Key, PartitionLeader] = MappingProxyType({})
         self._isr_tasks: set[asyncio.Task] = set()
         self._shrink_task: asyncio.Task | None = None
@@ -140,7 +144,7 @@ class LeaderReplicas:
                 continue
             if tuple(replicas) != current.replicas:
                 current.update_replicas(tuple(replicas), now_ms)
-                _apply_high_watermark_rule(current)
+                _apply_high_watermark_rule(current, self._initial_high_watermark)
             if current.update_state(state, version):
                 self._after_isr_change(current)
         self.leaders = MappingProxyType(leaders)
@@ -149,7 +153,12 @@ class LeaderReplicas:
                        previous: PartitionLeader | None, now_ms: int) -> PartitionLeader:
         leader = PartitionLeader(self.broker_id, log_, state, version, tuple(replicas),
                                  now_ms, self.lag_time_max_ms)
-        _apply_high_watermark_rule(leader)
+        _apply_high_watermark_rule(leader, self._initial_high_watermark)
+        try:
+            log_.set_leader_epoch(state.leader_epoch)
+        except ValueError as error:  # the log has a later epoch than this state: stale state
+            log.error("not stamping leader epoch %d into %s-%d: %s", state.leader_epoch,
+                      leader.topic, leader.partition, error)
         key = (leader.topic, leader.partition)
         leader.high_watermark_listeners.append(lambda: self._notify_fetches(key))
         if previous is not None:
@@ -181,12 +190,6 @@ class LeaderReplicas:
             raise NotLeaderOrFollower(f"broker {self.broker_id} does not lead "
                                       f"{topic}-{partition}")
         return leader
-
-    def leader_epoch(self, topic: str, partition: int) -> int:
-        """The epoch this broker's appends to a partition it leads are stamped with (0 for
-        one it does not lead: those appends are refused by the log's routing anyway)."""
-        leader = self.leaders.get((topic, partition))
-        return leader.leader_epoch if leader is not None else 0
 
     def record_follower_fetch(self, topic: str, partition: int, replica_id: int,
                               fetch_offset: int, log_start_offset: int,

@@ -1,7 +1,8 @@
 """The broker's view of the cluster, fed by ZooKeeper watches.
 
 Owns ``ClusterMetadata`` (one immutable snapshot: cluster id, controller id, live brokers
-with their endpoints, topics with their assignment, topic id and config, partition states),
+with their endpoints, topics with their assignment, topic id and config, partition states
+with their znode versions -- a leader's ISR write is conditional on the version it saw),
 ``MetadataCache`` (the snapshot handlers read, on the event loop) and ``MetadataWatcher``
 (the ZooKeeper watches that build the snapshots).
 

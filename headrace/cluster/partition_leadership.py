@@ -15,7 +15,10 @@ and returning the next state or None when nothing changes or no leader can be ch
   is kept and comes back with its broker);
 - controlled shutdown: leader = first replica live, in the ISR and not shutting down; the
   shutting-down brokers leave the ISR;
-- preferred leader: the first replica of the assignment if it is live and in the ISR.
+- preferred leader: the first replica of the assignment if it is live and in the ISR;
+- a reassignment: its start bumps the leader epoch; at its end the leader moves into the target
+  replicas if it is not a live one of them (first target replica live and in the ISR), and the
+  removed replicas leave the ISR.
 
 Every new state carries the controller epoch of the controller that writes it. Pure; thread-safe.
 """

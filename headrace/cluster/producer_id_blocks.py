@@ -14,14 +14,14 @@ conditionally on that version, and on BadVersion reads again: concurrent claiman
 the same block. A claim whose answer was lost and which is retried finds the version moved
 and claims the next block: a block may be skipped, never shared.
 
-Thread-safety: ``next_id`` and ``next_id_without_io`` may be called from any thread (one lock);
-``next_id`` does ZooKeeper I/O when the current block is used up (call it off the event loop).
+Thread-safety: the functions hold no state; the broker's ``ProducerIdAllocator`` calls the
+claimer under its lock, off the event loop (a claim is ZooKeeper I/O).
 """
 
 from __future__ import annotations
 
 import json
-import threading
+from collections.abc import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError
@@ -63,34 +63,12 @@ def claim_block(zk: KazooClient, broker_id: int, block_size_ids: int) -> tuple[i
     raise RuntimeError(f"no producer id block claimed in {MAX_CLAIM_ATTEMPTS} attempts")
 
 
-class ZooKeeperProducerIdAllocator:
-    """``ProducerIdAllocator``'s interface over blocks claimed in ZooKeeper."""
+def block_claimer(zk: KazooClient, broker_id: int,
+                  block_size_ids: int = PRODUCER_ID_BLOCK_SIZE) -> Callable[[], tuple[int, int]]:
+    """``() -> (first id, end id exclusive)`` of a newly claimed block, for the broker's
+    ``ProducerIdAllocator``."""
+    def claim() -> tuple[int, int]:
+        first_id, last_id = claim_block(zk, broker_id, block_size_ids)
+        return first_id, last_id + 1
 
-    def __init__(self, zk: KazooClient, broker_id: int,
-                 block_size_ids: int = PRODUCER_ID_BLOCK_SIZE) -> None:
-        self._zk = zk
-        self._broker_id = broker_id
-        self._block_size_ids = block_size_ids
-        self._lock = threading.Lock()
-        self._next_id = 0
-        self._block_end = 0  # exclusive: no block yet
-
-    def next_id_without_io(self) -> int | None:
-        """The next id of the claimed block; None when a new block must be claimed first."""
-        with self._lock:
-            if self._next_id >= self._block_end:
-                return None
-            producer_id = self._next_id
-            self._next_id += 1
-            return producer_id
-
-    def next_id(self) -> int:
-        """The next id, claiming a block in ZooKeeper when the current one is used up."""
-        with self._lock:
-            if self._next_id >= self._block_end:
-                first_id, last_id = claim_block(self._zk, self._broker_id,
-                                                self._block_size_ids)
-                self._next_id, self._block_end = first_id, last_id + 1
-            producer_id = self._next_id
-            self._next_id += 1
-            return producer_id
+    return claim

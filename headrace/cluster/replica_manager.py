@@ -165,6 +165,8 @@ class ReplicaManager:
                    f"its id {info.topic_id} is not the cluster's {cluster_topic.topic_id}")
             log.warning("deleting the local logs of topic %s: %s", name, why)
             self._set_served(frozenset(key for key in self.served if key[0] != name))
+            if self.fetchers is not None:
+                await self.fetchers.unfollow_topic(name)
             self._applied_configs.pop(name, None)
             await self._run_append(self._manager.delete_topic, name)
 

@@ -17,7 +17,9 @@ the partitions it still leads that have other replicas; empty when it may stop).
 
 Replication factors: any from 1 up to the number of live brokers (INVALID_REPLICATION_FACTOR
 otherwise, with Kafka's messages); replicas placed by Kafka's rack-unaware assignment
-(``zookeeper_records.assign_replicas_to_brokers``).
+(``zookeeper_records.assign_replicas_to_brokers``). ``min.insync.replicas`` is not checked
+against the replication factor (Kafka accepts a larger one: acks=all writes then answer
+NOT_ENOUGH_REPLICAS).
 
 Functions take a connected ``KazooClient``; they block on ZooKeeper (call them from a thread,
 never from the event loop). Thread-safe as kazoo is. Reads are retried across a lost

@@ -5,14 +5,17 @@
  * decoding records into Arrow-layout columns (decode_columns, and decode_arrow into the
  * caller's buffers), key hashes (MurmurHash3 x64 128), the produce-time record walk
  * (walk_records), and produce validation as Kafka's LogValidator does it (validate_batches,
- * check_compressed_records, first_batch_outside_limits), and CRC-32C. The loops themselves are
- * in record_batches.h (batches, records, validation), crc32c.h and kernel_common.h, which the
- * storage layer's C includes too. The Python face is headrace/protocol/kernel.py: it
- * decompresses compressed record sections (one call per batch) and hands them here as
- * `sections`, in the order the walk meets the compressed batches it does not skip.
+ * check_compressed_records, first_batch_outside_limits; check_lz4_records: an lz4 batch's
+ * section inflated with liblz4's frame decoder, the one library linked, and checked in the
+ * same pass), and CRC-32C. The loops themselves are in record_batches.h (batches, records,
+ * validation), crc32c.h and kernel_common.h, which the storage layer's C includes too. The
+ * Python face is headrace/protocol/kernel.py: it decompresses compressed record sections (one
+ * call per batch) and hands them here as `sections`, in the order the walk meets the
+ * compressed batches it does not skip.
  *
  * Thread-safety: no shared mutable state after module init (the CRC tables are written
- * and the CRC-32C variant chosen there, from the CPU's features). Every loop runs with the GIL
+ * and the CRC-32C variant chosen there, from the CPU's features; each thread's lz4 decoder is
+ * its own, behind a thread-specific key). Every loop runs with the GIL
  * released over a buffer the caller holds (validate_batches only for 256 KiB or more);
  * output is collected in malloc'd buffers handed to Python as read-only OwnedBuffers
  * (decode_arrow alone writes into writable buffers the caller holds for the call).
@@ -22,6 +25,9 @@
  */
 #define KERNEL_MODULE_NAME "headrace.protocol._kernel"
 #include "record_batches.h"
+
+#include <lz4frame.h>
+#include <pthread.h>
 
 static PyObject *records_rejected_error; /* _kernel.RecordsRejected: per-record errors */
 #define VALIDATE_GIL_RELEASE_MIN_BYTES (256 * 1024)
@@ -590,6 +596,190 @@ static PyObject *py_check_compressed_records(PyObject *self, PyObject *const *ar
     return PyLong_FromLongLong(max_timestamp);
 }
 
+/* ------------------------------------------------------------------ lz4 sections */
+
+/* A compressed lz4 batch is inflated with liblz4's frame decoder straight into the caller's
+ * section buffer, one block per decoder call, and its records are checked after each call
+ * while the block just written is still in the CPU caches: one pass over the section instead
+ * of an inflate and then a walk, and no Python between the two. Only a section that inflates
+ * completely is answered for; anything else (data liblz4 refuses, a truncated frame, output
+ * not fitting the buffer with a byte to spare) is declined, and the caller's general path,
+ * which decodes the same way, raises the precise error. So a record error found before a
+ * later block turns out undecodable is never reported: as on the general path, data that
+ * does not decode is CorruptMessage first. */
+
+#define LZ4_CODEC_ID 3
+/* Release the GIL for sections from this many compressed bytes (~0.1 ms of inflating). */
+#define LZ4_GIL_RELEASE_MIN_PAYLOAD_BYTES (64 * 1024)
+
+/* Each thread's frame decoder: created on its first lz4 batch, reset before each, freed when
+ * the thread exits (its key's destructor). A context allocates its block buffers once (up to
+ * twice the largest block size a frame declares, 4 MiB), not once per batch. One left in the
+ * middle of a frame (refused or cut-short data) is freed instead of reused: liblz4 1.9.4's
+ * reset keeps the remaining content size of such a frame, and the next frame without a
+ * content size would then be refused as the wrong size. */
+static pthread_key_t lz4_decoder_key;
+
+static void free_lz4_decoder(void *decoder) { LZ4F_freeDecompressionContext(decoder); }
+
+static LZ4F_dctx *thread_lz4_decoder(void)
+{
+    LZ4F_dctx *decoder = pthread_getspecific(lz4_decoder_key);
+    if (decoder != NULL) {
+        LZ4F_resetDecompressionContext(decoder);
+        return decoder;
+    }
+    if (LZ4F_isError(LZ4F_createDecompressionContext(&decoder, LZ4F_VERSION)))
+        return NULL;
+    if (pthread_setspecific(lz4_decoder_key, decoder) != 0) {
+        LZ4F_freeDecompressionContext(decoder);
+        return NULL;
+    }
+    return decoder;
+}
+
+static void discard_thread_lz4_decoder(void)
+{
+    LZ4F_freeDecompressionContext(pthread_getspecific(lz4_decoder_key));
+    pthread_setspecific(lz4_decoder_key, NULL);
+}
+
+typedef struct {
+    const uint8_t *payload; /* the batch's LZ4 frames */
+    size_t payload_len;
+    uint8_t *out; /* the section buffer */
+    size_t out_len;
+} Lz4Section;
+
+enum { LZ4_SECTION_INFLATED = 0, LZ4_SECTION_DECLINED = 1 };
+
+/* Inflate every frame of s->payload into s->out, advancing `walk` over the records after each
+ * decoder call; the first walk failure stops the walk (*walk_failed, in walk_failure) but not
+ * the inflating. LZ4_SECTION_INFLATED with *written, or LZ4_SECTION_DECLINED. */
+static int inflate_lz4_walking(LZ4F_dctx *decoder, const Lz4Section *s, RecordsWalk *walk,
+                               RecordErrors *errs, Failure *walk_failure, int *walk_failed,
+                               size_t *written)
+{
+    size_t in_pos = 0, out_pos = 0;
+    /* the smallest frame header first: liblz4 then asks for the rest of the header and each
+     * block whole, and decodes the block from the payload itself, never a copy of it */
+    size_t next_input_bytes = LZ4F_HEADER_SIZE_MIN, frame_unfinished = 1;
+    while (in_pos < s->payload_len) {
+        size_t in_bytes = s->payload_len - in_pos;
+        size_t out_bytes = s->out_len - out_pos;
+        if (in_bytes > next_input_bytes)
+            in_bytes = next_input_bytes; /* one block per call: walked while in cache */
+        frame_unfinished = LZ4F_decompress(decoder, s->out + out_pos, &out_bytes,
+                                           s->payload + in_pos, &in_bytes, NULL);
+        if (LZ4F_isError(frame_unfinished) || (in_bytes == 0 && out_bytes == 0))
+            return LZ4_SECTION_DECLINED;
+        in_pos += in_bytes;
+        out_pos += out_bytes;
+        if (out_pos >= s->out_len)
+            return LZ4_SECTION_DECLINED; /* too large: the buffer keeps a byte to spare */
+        if (out_bytes && !*walk_failed &&
+            records_walk_advance(walk, s->out + out_pos, 1, errs, walk_failure))
+            *walk_failed = 1;
+        /* 0: a frame ended; another may follow */
+        next_input_bytes = frame_unfinished ? frame_unfinished : LZ4F_HEADER_SIZE_MIN;
+    }
+    if (frame_unfinished)
+        return LZ4_SECTION_DECLINED; /* no input, or a frame cut short */
+    *written = out_pos;
+    return LZ4_SECTION_INFLATED;
+}
+
+/* Inflate and check the lz4 batch whose header is at p: LZ4_SECTION_DECLINED, or
+ * LZ4_SECTION_INFLATED with *written and either 0 (*max_timestamp set) or -1 in *checked
+ * (f set: the batch's first record failure, as check_records reports it). */
+static int check_lz4_section(const uint8_t *p, size_t pos, const Lz4Section *s,
+                             const RecordChecks *checks, RecordErrors *errs, Failure *f,
+                             int *checked, int64_t *max_timestamp, size_t *written)
+{
+    LZ4F_dctx *decoder = thread_lz4_decoder();
+    if (decoder == NULL) {
+        *checked = fail_no_memory(f);
+        return LZ4_SECTION_INFLATED;
+    }
+    RecordsWalk walk;
+    records_walk_start(&walk, s->out, p, pos, checks);
+    int walk_failed = 0;
+    if (inflate_lz4_walking(decoder, s, &walk, errs, f, &walk_failed, written)) {
+        discard_thread_lz4_decoder();
+        return LZ4_SECTION_DECLINED;
+    }
+    if (!walk_failed && records_walk_advance(&walk, s->out + *written, 0, errs, f))
+        walk_failed = 1;
+    *checked = walk_failed ? -1 : 0;
+    *max_timestamp = walk.max;
+    return LZ4_SECTION_INFLATED;
+}
+
+/* check_lz4_records(buf, position, out, checks) -> (max_timestamp, section_bytes) or None:
+ * check_compressed_records for the lz4 batch at `position`, its section inflated into the
+ * writable buffer `out` as it is checked; None (declined) when the section does not inflate
+ * into `out` with a byte to spare. The header's max timestamp is rewritten likewise. */
+static PyObject *py_check_lz4_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    RecordChecks checks;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "check_lz4_records(buf, position, out, checks)");
+        return NULL;
+    }
+    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
+    if ((position == -1 && PyErr_Occurred()) || record_checks_from(args[3], &checks) < 0)
+        return NULL;
+    Py_buffer view, out;
+    uint8_t *writable;
+    if (get_buffer_maybe_writable(args[0], &view, &writable) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[2], &out, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Failure failure = {FAIL_NONE, ""};
+    RecordErrors errs = {{NULL, 0, 0}, -1, 0};
+    int64_t max_timestamp = NO_TIMESTAMP;
+    int status = -1, outcome = LZ4_SECTION_INFLATED;
+    size_t written = 0;
+    const uint8_t *p = NULL;
+    size_t size_bytes = 0;
+    if (position >= 0 && view.len - position >= BATCH_HEADER_BYTES) {
+        p = (const uint8_t *)view.buf + position;
+        size_bytes = (size_t)(int32_t)be32(p + 8) + LOG_OVERHEAD_BYTES;
+    }
+    if (p == NULL || size_bytes < BATCH_HEADER_BYTES ||
+        size_bytes > (size_t)(view.len - position) ||
+        (p[22] & ATTR_COMPRESSION_MASK) != LZ4_CODEC_ID) {
+        fail(&failure, FAIL_USAGE, "no whole lz4 batch at %lld", (long long)position);
+    } else if (check_batch_fields(p, (size_t)position, &checks, &failure) == 0) {
+        Lz4Section section = {p + BATCH_HEADER_BYTES, size_bytes - BATCH_HEADER_BYTES, out.buf,
+                              (size_t)out.len};
+        if (section.payload_len >= LZ4_GIL_RELEASE_MIN_PAYLOAD_BYTES) {
+            Py_BEGIN_ALLOW_THREADS
+            outcome = check_lz4_section(p, (size_t)position, &section, &checks, &errs,
+                                        &failure, &status, &max_timestamp, &written);
+            Py_END_ALLOW_THREADS
+        } else {
+            outcome = check_lz4_section(p, (size_t)position, &section, &checks, &errs,
+                                        &failure, &status, &max_timestamp, &written);
+        }
+    }
+    if (outcome == LZ4_SECTION_INFLATED && status == 0 && writable != NULL &&
+        needs_max_timestamp_rewrite(p, max_timestamp))
+        set_batch_max_timestamp(writable + position, size_bytes, max_timestamp);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&view);
+    if (outcome == LZ4_SECTION_DECLINED) {
+        free(errs.errors.data);
+        Py_RETURN_NONE;
+    }
+    if (status < 0)
+        return raise_validation_failure(&failure, &errs);
+    return Py_BuildValue("(Ln)", (long long)max_timestamp, (Py_ssize_t)written);
+}
+
 static PyObject *py_crc32c_interleaved(PyObject *self, PyObject *arg)
 {
     (void)self;
@@ -682,6 +872,10 @@ static PyMethodDef kernel_methods[] = {
      METH_FASTCALL,
      "check_compressed_records(buf, position, records, checks) -> max_timestamp: the batch "
      "and record checks of validate_batches for a compressed batch's decompressed records."},
+    {"check_lz4_records", (PyCFunction)(void (*)(void))py_check_lz4_records, METH_FASTCALL,
+     "check_lz4_records(buf, position, out, checks) -> (max_timestamp, section_bytes) or "
+     "None: check_compressed_records for an lz4 batch, its section inflated into the "
+     "writable buffer out as it is checked; None where it does not inflate into out."},
     {"crc32c", py_crc32c_interleaved, METH_O,
      "crc32c(buf) -> CRC-32C of buf (three interleaved hardware streams where available)."},
     {"first_batch_outside_limits", (PyCFunction)(void (*)(void))py_first_batch_outside_limits,
@@ -701,6 +895,10 @@ static struct PyModuleDef kernel_module = {
 PyMODINIT_FUNC PyInit__kernel(void)
 {
     crc32c_init();
+    if (pthread_key_create(&lz4_decoder_key, free_lz4_decoder) != 0) {
+        PyErr_SetString(PyExc_OSError, "no thread-specific key for the lz4 decoders");
+        return NULL;
+    }
     if (kernel_common_init() < 0)
         return NULL;
     records_rejected_error = PyErr_NewException("headrace.protocol._kernel.RecordsRejected",

@@ -4,7 +4,8 @@ Owns the protocol layer's per-record work, no I/O: decoding records into columns
 the group coordinator's loading, the Spark data source; ``decode_arrow`` writes the source's
 Arrow buffers in place), key hashes (the log cleaner's), the produce-time record walk, and
 produce validation (``validate_batches`` and ``check_compressed_records``: Kafka's
-LogValidator checks of every record, in the CRC pass; ``first_batch_outside_limits``), and
+LogValidator checks of every record, in the CRC pass; ``check_lz4_records``: an lz4 batch's
+section inflated with liblz4 and checked in one pass; ``first_batch_outside_limits``), and
 CRC-32C. The loops live in C (``_kernel.c`` over ``record_batches.h``, ``crc32c.h`` and
 ``kernel_common.h``, built by ``pip install``); this module checks arguments, decompresses
 compressed record sections (one ``compression.decompress_section`` call per batch: at most
@@ -357,6 +358,16 @@ validate_batches = _kernel.validate_batches
 # whose decompressed records section is ``records``; the header's max timestamp is rewritten
 # likewise when ``buf`` is writable.
 check_compressed_records = _kernel.check_compressed_records
+
+# check_lz4_records(buf, position, out, checks) -> (max_timestamp, section_bytes) or None:
+# ``check_compressed_records`` for the lz4 batch at ``position`` in one pass: its section
+# inflated by liblz4's frame decoder into the writable buffer ``out``, a block at a time, each
+# block's records checked as soon as it is written. None (declined, nothing raised) where the
+# section does not inflate -- data liblz4 refuses, a truncated frame, or output that does not
+# fit ``out`` with a byte to spare -- so the caller's general path (``compression``'s decoders,
+# then ``check_compressed_records``) decides and raises the precise error; where it answers,
+# it answers what that path would. Errors as ``check_compressed_records``.
+check_lz4_records = _kernel.check_lz4_records
 
 # Raised by the two above with the refused records of one batch (KIP-467 record errors).
 RecordsRejected = _kernel.RecordsRejected

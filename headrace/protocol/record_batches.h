@@ -554,48 +554,96 @@ static int needs_max_timestamp_rewrite(const uint8_t *header, int64_t max_timest
     return (int64_t)be64(header + 35) != max_timestamp || (header[22] & ATTR_LOG_APPEND_TIME);
 }
 
-/* Parse every record of a batch (header at `header`, records in `records`: the bytes after
- * the header, or the decompressed section): each record whole and well formed, offset deltas
- * 0..count-1, no bytes left over; then each record's key and timestamp. *max_timestamp gets
- * the largest record timestamp (-1 if none has one). Per-record refusals collect in `errs`
- * (FAIL_RECORD_ERRORS); a malformed batch is FAIL_INVALID_RECORD. */
-static int check_records(Cursor records, const uint8_t *header, size_t pos,
-                         const RecordChecks *c, int64_t *max_timestamp, RecordErrors *errs,
-                         Failure *f)
+/* Kafka's record checks of one batch as a walk that can pause: its records may arrive a piece
+ * at a time (a compressed section as it is inflated). Each record is checked whole and well
+ * formed, with offset delta = its index, then its key and timestamp; max is the largest
+ * record timestamp so far (-1 while none has one). */
+typedef struct {
+    const uint8_t *header, *next; /* the batch header; the next record to check */
+    const RecordChecks *checks;
+    size_t pos; /* the batch's byte position, for messages */
+    uint64_t base_timestamp;
+    int64_t max;
+    int32_t count, index;
+    int log_append_time;
+} RecordsWalk;
+
+static void records_walk_start(RecordsWalk *w, const uint8_t *records, const uint8_t *header,
+                               size_t pos, const RecordChecks *c)
 {
-    uint64_t base_timestamp = be64(header + 27);
-    int32_t count = (int32_t)be32(header + 57);
-    int log_append_time = (header[22] & ATTR_LOG_APPEND_TIME) != 0;
-    int64_t max = NO_TIMESTAMP;
-    for (int32_t i = 0; i < count; i++) {
+    *w = (RecordsWalk){header, records, c, pos, be64(header + 27), NO_TIMESTAMP,
+                       (int32_t)be32(header + 57), 0, (header[22] & ATTR_LOG_APPEND_TIME) != 0};
+}
+
+/* Whether the record at p is wholly before end: its length varint complete and in range.
+ * Otherwise it is either cut by end or malformed; only the walk to the true end tells. */
+static int record_is_whole(const uint8_t *p, const uint8_t *end)
+{
+    Cursor c = {p, end};
+    int32_t length;
+    return read_varint(&c, &length) == 0 && length >= 0 && length <= c.end - c.p;
+}
+
+/* Check the records from w->next up to end. With more_to_come, stop at the first record not
+ * wholly before end (more bytes follow it later); without, end is the records' true end:
+ * every record is checked, and then nothing may be left over. Per-record refusals collect in
+ * `errs` (FAIL_RECORD_ERRORS once the walk is complete); a malformed batch is
+ * FAIL_INVALID_RECORD. Checking the records in pieces finds exactly what one walk over all of
+ * them finds: a whole record parses the same whatever follows it. */
+static int records_walk_advance(RecordsWalk *w, const uint8_t *end, int more_to_come,
+                                RecordErrors *errs, Failure *f)
+{
+    const RecordChecks *c = w->checks;
+    Cursor records = {w->next, end};
+    for (; w->index < w->count; w->index++) {
+        int32_t i = w->index;
+        if (more_to_come && !record_is_whole(records.p, end))
+            break;
         Record r;
         if (read_record(&records, &r))
             return fail(f, FAIL_INVALID_RECORD, "Found invalid record structure: record %d of "
-                        "the batch at byte %lld", (int)i, (long long)pos);
+                        "the batch at byte %lld", (int)i, (long long)w->pos);
         if (r.offset_delta != i)
             return fail(f, FAIL_INVALID_RECORD, "Record %d of the batch at byte %lld has offset "
-                        "delta %d, expected %d", (int)i, (long long)pos, (int)r.offset_delta,
+                        "delta %d, expected %d", (int)i, (long long)w->pos, (int)r.offset_delta,
                         (int)i);
         /* as Kafka reads them: a LogAppendTime batch's records all carry its max timestamp */
-        int64_t timestamp = log_append_time
-                                ? (int64_t)be64(header + 35)
-                                : (int64_t)(base_timestamp + (uint64_t)r.timestamp_delta);
-        if (timestamp > max)
-            max = timestamp;
-        int kind = record_error_kind(c, &r, timestamp, log_append_time);
+        int64_t timestamp = w->log_append_time
+                                ? (int64_t)be64(w->header + 35)
+                                : (int64_t)(w->base_timestamp + (uint64_t)r.timestamp_delta);
+        if (timestamp > w->max)
+            w->max = timestamp;
+        int kind = record_error_kind(c, &r, timestamp, w->log_append_time);
         RecordError error = {timestamp, i, kind, r.offset_delta};
         if (kind && errs->total++ < RECORD_ERRORS_LISTED_MAX &&
             buf_put(&errs->errors, &error, sizeof error))
             return fail_no_memory(f);
+        w->next = records.p;
     }
+    if (more_to_come)
+        return 0;
     if (records.p != records.end)
         return fail(f, FAIL_INVALID_RECORD, "Incorrect declared batch size, records still "
-                    "remaining in file (batch at byte %lld)", (long long)pos);
+                    "remaining in file (batch at byte %lld)", (long long)w->pos);
     if (errs->total) {
-        errs->batch_position = (int64_t)pos;
+        errs->batch_position = (int64_t)w->pos;
         return fail(f, FAIL_RECORD_ERRORS, "records refused");
     }
-    *max_timestamp = max;
+    return 0;
+}
+
+/* Parse every record of a batch (header at `header`, records in `records`: the bytes after
+ * the header, or the decompressed section) in one walk: records_walk_advance to the end.
+ * *max_timestamp gets the largest record timestamp (-1 if none has one). */
+static int check_records(Cursor records, const uint8_t *header, size_t pos,
+                         const RecordChecks *c, int64_t *max_timestamp, RecordErrors *errs,
+                         Failure *f)
+{
+    RecordsWalk walk;
+    records_walk_start(&walk, records.p, header, pos, c);
+    if (records_walk_advance(&walk, records.end, 0, errs, f))
+        return -1;
+    *max_timestamp = walk.max;
     return 0;
 }
 

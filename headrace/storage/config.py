@@ -216,10 +216,12 @@ _DEFS = (
          [("unclean.leader.election.enable", 1)]),
     _def("leader.replication.throttled.replicas", "list", (),
          "Replicas ('partition:broker' or '*') whose replication is throttled on the leader "
-         "side." + _NO_EFFECT + _ONE_REPLICA, validator=_throttled_replicas_problem),
+         "side, at the broker's leader.replication.throttled.rate, while their follower is "
+         "out of the ISR.", validator=_throttled_replicas_problem),
     _def("follower.replication.throttled.replicas", "list", (),
          "Replicas ('partition:broker' or '*') whose replication is throttled on the follower "
-         "side." + _NO_EFFECT + _ONE_REPLICA, validator=_throttled_replicas_problem),
+         "side, at the broker's follower.replication.throttled.rate, until they have caught "
+         "up.", validator=_throttled_replicas_problem),
     _def("compression.gzip.level", "int", GZIP_DEFAULT_LEVEL,
          "gzip level when compression.type is gzip." + _NO_EFFECT + "gzip's default level is "
          "used.", [("compression.gzip.level", 1)], validator=_gzip_level_problem),

@@ -87,15 +87,16 @@ def decode_entries(raw: bytes, name: str) -> tuple[EpochEntry, ...]:
 class LeaderEpochCache:
     """The (epoch, start offset) entries of one log, backed by its checkpoint file."""
 
-    def __init__(self, fs: FileSystem, directory: Path, log_end_offset: Callable[[], int]
-                 ) -> None:
-        """Load ``directory``'s checkpoint (empty if there is none); raises
-        ``CheckpointCorrupt`` if it does not parse (the caller then ``rebuild``s)."""
+    def __init__(self, fs: FileSystem, directory: Path, log_end_offset: Callable[[], int],
+                 load: bool = True) -> None:
+        """Load ``directory``'s checkpoint (empty if there is none, or with ``load`` False);
+        raises ``CheckpointCorrupt`` if it does not parse (the caller then uses
+        ``rebuilt``). ``log_end_offset`` answers the log's end for ``end_offset_for``."""
         self._fs = fs
         self.path = directory / LEADER_EPOCH_CHECKPOINT
         self._log_end_offset = log_end_offset
         self._entries: tuple[EpochEntry, ...] = ()
-        if fs.exists(self.path):
+        if load and fs.exists(self.path):
             self._publish(decode_entries(read_whole_file(fs, self.path), str(self.path)))
 
     @classmethod
@@ -103,10 +104,7 @@ class LeaderEpochCache:
                 batch_epochs: Iterable[tuple[int, int]]) -> LeaderEpochCache:
         """A cache made from the log's (partitionLeaderEpoch, base offset) of every batch in
         log order, ignoring the checkpoint file, which is rewritten."""
-        cache = cls.__new__(cls)
-        cache._fs, cache.path, cache._log_end_offset = fs, directory / LEADER_EPOCH_CHECKPOINT, \
-            log_end_offset
-        cache._entries = ()
+        cache = cls(fs, directory, log_end_offset, load=False)
         entries: list[EpochEntry] = []
         for epoch, base_offset in batch_epochs:
             if epoch >= 0 and (not entries or epoch > entries[-1].epoch):

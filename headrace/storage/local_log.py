@@ -371,7 +371,8 @@ class LocalLog:
     def truncate_to(self, offset: int, now_ms: int) -> int:
         """Drop every batch holding an offset >= ``offset`` (``log_start <= offset <
         log end``): later segments retired as ``.deleted``, the one holding ``offset`` cut
-        (and made the active segment). Returns the new log end offset: the end of the last
+        (and made the active segment), both made durable (fsync of the cut file and of the
+        directory). Returns the new log end offset: the end of the last
         batch kept (``offset`` itself at a batch boundary)."""
         segments = self.segments
         keep = max(1, bisect.bisect_right([s.base_offset for s in segments], offset))
@@ -383,6 +384,11 @@ class LocalLog:
         active = self.segments[-1]
         active.truncate_to(offset)
         active.make_active()
+        # Durable before anything is appended after the cut: a power loss must not bring the
+        # cut tail back (its renames or the file's old length) below a recovery point that
+        # was checkpointed before the truncation, where loading would trust it unchecked.
+        active.flush()
+        self.fs.fsync_dir(self.dir)
         next_offset = active.next_offset_after(active.offset_index.last_entry()[1]
                                                if active.offset_index.entries else 0)
         log_end_offset = max(next_offset, active.base_offset)
@@ -401,6 +407,7 @@ class LocalLog:
         logger.info("%s-%d: emptied the log to restart it at offset %d", self.topic,
                     self.partition, offset)
         segment = open_segment(self.fs, self.dir, self.config, offset, now_ms, active=True)
+        self.fs.fsync_dir(self.dir)  # the retirements are durable before the log restarts
         self.segments = [segment]
         self.recovery_point = offset
         self._next_batches = {}

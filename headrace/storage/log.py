@@ -256,6 +256,8 @@ class Log:
         self.leader_epoch_cache = self._load_leader_epoch_cache()
         # The epoch of the latest entry: an append of another epoch begins a new entry.
         self._append_epoch = self.leader_epoch_cache.latest_epoch()
+        # What appends without an explicit leader_epoch stamp (``set_leader_epoch``).
+        self._leader_epoch = 0
         # None: the high watermark is the log end offset (single node); else the explicit one
         # replication manages (``manage_high_watermark``). Changed under ``_hw_lock``.
         self._managed_high_watermark: int | None = None
@@ -361,14 +363,15 @@ class Log:
     # ---- appending -----------------------------------------------------------------------
 
     def append(self, records: bytes | bytearray | memoryview, now_ms: int,
-               from_client: bool = False, leader_epoch: int = 0) -> AppendResult:
+               from_client: bool = False, leader_epoch: int | None = None) -> AppendResult:
         """Validate, assign offsets to and write one or more whole v2 batches; a topic whose
         compression.type names a codec gets batches of other codecs recompressed first.
         ``records`` (any contiguous buffer) is only read: the single-batch path writes it with its
         new base offset in one writev, the general path works on a copy. ``from_client``:
         a producer's request (Produce), held to Kafka's client rules (no control batches).
-        ``leader_epoch`` (the partition state's; 0 on a single node) is stamped into every
-        batch as partitionLeaderEpoch; the first append of a new epoch records (epoch, log
+        ``leader_epoch`` (the partition state's; default: the log's ``leader_epoch``, set by
+        ``set_leader_epoch``, 0 on a single node) is stamped into every batch as
+        partitionLeaderEpoch; the first append of a new epoch records (epoch, log
         end) in ``leader_epoch_cache`` (and its checkpoint) before writing. An epoch below the
         cache's latest raises FencedLeaderEpoch (a deposed leader), nothing written.
 
@@ -382,6 +385,8 @@ class Log:
         try:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
+            if leader_epoch is None:
+                leader_epoch = self._leader_epoch
             if leader_epoch != self._append_epoch:
                 self._begin_epoch_locked(leader_epoch)
             window = self._single_batch_window
@@ -399,6 +404,22 @@ class Log:
                 listener(result.last_offset + 1)
         return result
 
+    @property
+    def leader_epoch(self) -> int:
+        """The epoch appends stamp when their caller names none (``set_leader_epoch``)."""
+        return self._leader_epoch
+
+    def set_leader_epoch(self, leader_epoch: int) -> None:
+        """This broker leads the partition in ``leader_epoch`` (the partition state's): every
+        later append without an explicit epoch -- produce, the group and transaction
+        coordinators' records, transaction markers -- stamps it. Raises ValueError for a
+        negative epoch or one older than the log's latest (a stale partition state)."""
+        latest = self.leader_epoch_cache.latest_epoch()
+        if leader_epoch < 0 or (latest is not None and leader_epoch < latest):
+            raise ValueError(f"{self.topic}-{self.partition}: leader epoch {leader_epoch} "
+                             f"below 0 or the log's latest epoch {latest}")
+        self._leader_epoch = leader_epoch
+
     def _begin_epoch_locked(self, leader_epoch: int) -> None:
         """The first append of ``leader_epoch``: its entry starts at the log end (Kafka's
         ``maybeAssignEpochStartOffset``), checkpointed before any batch of it is written."""
@@ -410,8 +431,8 @@ class Log:
         self._append_epoch = leader_epoch
 
     def append_transaction_marker(self, producer_id: int, producer_epoch: int, commit: bool,
-                                  coordinator_epoch: int, now_ms: int, leader_epoch: int = 0
-                                  ) -> AppendResult:
+                                  coordinator_epoch: int, now_ms: int,
+                                  leader_epoch: int | None = None) -> AppendResult:
         """Write the end-transaction marker the transaction coordinator sends for this
         partition (Kafka's append with ``AppendOrigin.COORDINATOR``): one control batch
         (``control_records``) ending the producer's ongoing transaction here, if it has one.
@@ -428,6 +449,8 @@ class Log:
             if self._closed:
                 raise KafkaStorageError(f"log {self.topic}-{self.partition} is closed")
             self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            if leader_epoch is None:
+                leader_epoch = self._leader_epoch
             if leader_epoch != self._append_epoch:
                 self._begin_epoch_locked(leader_epoch)
             result = self._append_general(batch, now_ms, False, leader_epoch)
@@ -793,16 +816,24 @@ class Log:
         return active
 
     def append_needs_no_io_wait(self, size_bytes: int, now_ms: int,
-                                records: bytes | bytearray | memoryview = b"") -> bool:
+                                records: bytes | bytearray | memoryview = b"",
+                                leader_epoch: int | None = None) -> bool:
         """Whether appending ``records`` (``size_bytes`` of them) now certainly neither fsyncs
         nor rolls (flush.messages not reached even if every byte were a record; no roll by
         size, index, offset range or age -- by the batch's max timestamp when the active
-        segment rolls by timestamps) and is not on a compacted log (whose lock the cleaner
-        takes for a swap). The broker runs such small appends inline on its event loop.
-        A hint read without the lock: a racing append can only make the answer stale
-        towards "a roll or flush happens", which the append then simply performs."""
+        segment rolls by timestamps; not the first append of a leader epoch, which writes the
+        leader-epoch checkpoint: the log's first append, or one in ``leader_epoch`` -- default
+        the log's ``leader_epoch`` -- newer than the latest) and is not on a compacted log
+        (whose lock the cleaner takes for a swap). The broker runs such small appends inline
+        on its event loop. A hint read without the lock: a racing append can only make the
+        answer stale towards "a roll or flush happens", which the append then simply
+        performs."""
         config = self.config
         if config.compact_enabled or self._closed:
+            return False
+        latest_epoch = self._append_epoch
+        epoch = self._leader_epoch if leader_epoch is None else leader_epoch
+        if latest_epoch is None or epoch > latest_epoch:
             return False
         local = self._local
         log_end_offset = local.view.log_end_offset
@@ -984,11 +1015,18 @@ class Log:
         return deletable
 
     def _deletable_prefix(self, now_ms: int) -> int:
+        """How many of the oldest sealed segments retention deletes: never one whose
+        records are not all below the high watermark (Kafka's ``deletableSegments``: a
+        leader keeps what its followers may still need to copy; on a single node the high
+        watermark is the log end, which every sealed segment lies below)."""
         segments, config = self._local.segments, self.config
         log_start = self._local.view.log_start_offset
+        high_watermark = self.high_watermark
         count = 0
         excess_bytes = self.size_bytes - config.retention_bytes
         for index, segment in enumerate(segments[:-1]):
+            if segments[index + 1].base_offset > high_watermark:
+                break
             below_start = segments[index + 1].base_offset <= log_start
             by_time = config.delete_enabled and config.retention_ms >= 0 and \
                 now_ms - segment.largest_timestamp_ms() > config.retention_ms

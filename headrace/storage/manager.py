@@ -16,8 +16,8 @@ On-disk layout of each data directory (Kafka's, plus one headrace file)::
     <log.dir>/recovery-point-offset-checkpoint  see ``checkpoint``
     <log.dir>/log-start-offset-checkpoint
     <log.dir>/replication-offset-checkpoint     the high watermarks of the logs whose high
-                                                watermark replication manages (written
-                                                only once there is one)
+                                                watermark replication manages (a cluster's
+                                                broker only, once there is one)
     <log.dir>/.headrace_cleanshutdown            written last by ``shutdown``; present at
                                                 start-up means no recovery scan is needed
     <first log.dir>/__topic_configs/<topic>     the topic's config overrides, key=value
@@ -253,6 +253,13 @@ class LogManager:
         return self.log_dirs[0] / TOPIC_CONFIGS_DIR
 
     @property
+    def _in_cluster(self) -> bool:
+        """A broker of a cluster (``zookeeper.connect`` set) replicates; a single node's
+        high watermarks always follow the log end: it neither applies nor writes
+        ``replication-offset-checkpoint`` (a file a cluster broker left stays as it is)."""
+        return bool(self.broker_properties.get("zookeeper.connect"))
+
+    @property
     def _delete_delay_ms(self) -> int:
         return LogConfig.from_properties({}, self.broker_properties).file_delete_delay_ms
 
@@ -365,6 +372,9 @@ class LogManager:
             except Exception as error:  # any damage takes this partition offline, not the broker
                 self._take_offline(topic, partition, path, error)
                 continue
+            checkpointed = self._checkpointed_high_watermarks.get((topic, partition))
+            if checkpointed is not None and self._in_cluster:  # replicated before: still is
+                logs[(topic, partition)].manage_high_watermark(checkpointed)
             self._log_dir_of[(topic, partition)] = path.parent
         self._logs = logs
         count = max(partitions) + 1
@@ -681,7 +691,8 @@ class LogManager:
     def initial_high_watermark(self, topic: str, partition: int) -> int:
         """Where a log's managed high watermark starts (``Log.manage_high_watermark``): the
         value in ``replication-offset-checkpoint`` at start-up, 0 when absent (Kafka's
-        default), clamped to the log's [log start, log end]."""
+        default), clamped to the log's [log start, log end]. In a cluster, a log with a
+        checkpointed value is loaded with its high watermark managed from it already."""
         log = self.get_log(topic, partition)
         checkpointed = self._checkpointed_high_watermarks.get((topic, partition), 0)
         return min(max(checkpointed, log.log_start_offset), log.log_end_offset)
@@ -713,9 +724,9 @@ class LogManager:
         for path, offsets in snapshots:
             if only_if_changed and self._last_checkpoints.get(path) == offsets:
                 continue
-            if path.name == REPLICATION_OFFSET_CHECKPOINT and not offsets and \
-                    not self.fs.exists(path):
-                continue  # no replicated log yet (a single node): no file
+            if path.name == REPLICATION_OFFSET_CHECKPOINT and (
+                    not self._in_cluster or (not offsets and not self.fs.exists(path))):
+                continue  # a single node, or no replicated log yet: no file
             write_checkpoint(self.fs, path, offsets)
             self._last_checkpoints[path] = offsets
 

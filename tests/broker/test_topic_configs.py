@@ -50,8 +50,7 @@ REFUSED = [
     ("remote.storage.enable", "true"),  # tiered storage is disabled in the broker
 ]
 NO_EFFECT = ("message.format.version", "preallocate",
-             "unclean.leader.election.enable", "follower.replication.throttled.replicas",
-             "compression.gzip.level", "local.retention.ms")
+             "unclean.leader.election.enable", "compression.gzip.level", "local.retention.ms")
 
 
 def _unique(prefix: str) -> str:
@@ -125,6 +124,7 @@ def test_describe_configs_documents_which_configs_have_no_effect(broker):
     assert all("No effect in headrace" in documentation[name] for name in NO_EFFECT)
     assert documentation["message.format.version"].startswith("[DEPRECATED]")
     assert "No effect" not in documentation["retention.ms"]
+    assert "No effect" not in documentation["follower.replication.throttled.replicas"]
     assert "No effect" not in documentation["message.timestamp.difference.max.ms"]
     assert "No effect" not in documentation["message.downconversion.enable"]
 

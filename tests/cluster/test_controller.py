@@ -322,7 +322,8 @@ def test_the_broker_side_maps_zookeeper_failures_to_kafka_errors(cluster):
     cluster.add_broker(1)
     wait_until(cluster.active, "a controller")
     membership = SimpleNamespace(session=SimpleNamespace(client=cluster.sessions[1]), broker_id=1)
-    service = ControllerService(membership, SimpleNamespace(get_bool=lambda _name: False))
+    service = ControllerService(membership, SimpleNamespace(get_bool=lambda _name: False,
+                                                            get_int=lambda _name: 300))
     service.controller = cluster.controllers[1]  # the running one, not a second candidate
 
     def failing(error):

@@ -65,8 +65,9 @@ def test_reassignment_from_broker_1_to_3_completes_when_3_joins_the_isr(cluster,
     wait_until(lambda: assignment_of(admin, "moved").partitions[0] == (3,), "RS = TRS")
     done = assignment_of(admin, "moved")
     assert (done.adding_replicas, done.removing_replicas) == ({}, {})
-    state = partition_state(admin, "moved", 0)
-    assert (state.leader, state.isr) == (3, (3,)) and state.leader_epoch > epoch + 1
+    state = wait_until(lambda: (s := partition_state(admin, "moved", 0)).isr == (3,) and s,
+                       "broker 1 out of the ISR")
+    assert state.leader == 3 and state.leader_epoch > epoch + 1
     assert listed(controller) == {}
 
 

@@ -1,5 +1,6 @@
 """Producer id blocks claimed in ZooKeeper (``headrace.cluster.producer_id_blocks``) on a real
-ensemble: allocators of different brokers never hand out the same id, the znode holds Kafka's
+ensemble (through the broker's ``ProducerIdAllocator``, which writes no file then): allocators
+of different brokers never hand out the same id, the znode holds Kafka's
 JSON, a claim racing another writer takes the block after the winner's, and two brokers of a
 cluster answer InitProducerId with different ids."""
 
@@ -10,10 +11,11 @@ import threading
 
 from kazoo.client import KazooClient
 
+from headrace.broker.state import ProducerIdAllocator
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster.producer_id_blocks import (
     PRODUCER_ID_BLOCK_SIZE,
-    ZooKeeperProducerIdAllocator,
+    block_claimer,
     encode_block,
 )
 from tests.broker.raw_client import RawClient
@@ -31,13 +33,13 @@ def chrooted_client(zk: KazooClient, chroot: str) -> KazooClient:
 
 
 def test_allocators_of_different_brokers_hand_out_disjoint_ids(zookeeper_client,
-                                                               zookeeper_chroot):
+                                                               zookeeper_chroot, tmp_path):
     zk = zookeeper_client
     zk.ensure_path(zookeeper_chroot)
     chrooted = chrooted_client(zk, zookeeper_chroot)
     try:
-        allocators = [ZooKeeperProducerIdAllocator(chrooted, broker_id, block_size_ids=7)
-                      for broker_id in (1, 2, 3)]
+        allocators = [ProducerIdAllocator(tmp_path, claim_block=block_claimer(
+                          chrooted, broker_id, block_size_ids=7)) for broker_id in (1, 2, 3)]
         handed_out: list[int] = []
         lock = threading.Lock()
 
@@ -65,17 +67,19 @@ def test_allocators_of_different_brokers_hand_out_disjoint_ids(zookeeper_client,
         chrooted.close()
 
 
-def test_a_claim_follows_the_block_another_writer_recorded(zookeeper_client, zookeeper_chroot):
+def test_a_claim_follows_the_block_another_writer_recorded(zookeeper_client, zookeeper_chroot,
+                                                          tmp_path):
     zk = zookeeper_client
     path = zookeeper_chroot + paths.LATEST_PRODUCER_ID_BLOCK
     zk.ensure_path(path)
     zk.set(path, encode_block(9, 5000, 5999))
     chrooted = chrooted_client(zk, zookeeper_chroot)
     try:
-        allocator = ZooKeeperProducerIdAllocator(chrooted, 1)
+        allocator = ProducerIdAllocator(tmp_path, claim_block=block_claimer(chrooted, 1))
         assert allocator.next_id_without_io() is None
         assert allocator.next_id() == 6000
         assert allocator.next_id_without_io() == 6001
+        assert not list(tmp_path.iterdir())
     finally:
         chrooted.stop()
         chrooted.close()

@@ -1,7 +1,8 @@
 """Followers copying their leaders (``headrace.broker.replica_fetcher``), with three real broker
 processes on a real ZooKeeper: a follower's log becomes the leader's byte for byte, idempotent
 and transactional batches and markers included; a follower whose log diverged while it led an
-older epoch truncates by leader epoch (KIP-101), not to its high watermark; OffsetForLeaderEpoch
+older epoch truncates by leader epoch (KIP-101), not to its high watermark; a follower left
+below the leader's log start restarts its log there; OffsetForLeaderEpoch
 answers on a cluster's leader and followers; a throttled follower catches up within its
 follower.replication.throttled.rate, by the quota's own accounting.
 
@@ -21,6 +22,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 from headrace.protocol import records as record_codec
 from tests.broker.raw_client import RawClient
@@ -33,7 +41,7 @@ wait_until = functools.partial(cluster_helpers.wait_until, timeout_s=WAIT_TIMEOU
 BROKER_IDS = (1, 2, 3)
 SESSION_TIMEOUT_MS = 4000
 PRODUCE, LIST_OFFSETS, METADATA, CREATE_TOPICS, INIT_PRODUCER_ID = 0, 2, 3, 19, 22
-OFFSET_FOR_LEADER_EPOCH, WRITE_TXN_MARKERS = 23, 27
+OFFSET_FOR_LEADER_EPOCH, WRITE_TXN_MARKERS, DELETE_RECORDS = 23, 27, 21
 NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH = 6, 74, 75
 THROTTLE_BYTES_PER_SECOND = 1_000_000
 THROTTLE_WINDOW_NUM = 3  # rate over at least 2 s: a burst is judged over that much
@@ -59,6 +67,10 @@ class Cluster:
                 "controlled.shutdown.max.retries": "1",
                 "controlled.shutdown.retry.backoff.ms": "100",
                 "transaction.partition.verification.enable": "false",
+                # the divergence test elects a replica the controller dropped from the ISR
+                "unclean.leader.election.enable": "true",
+                # replication quotas judged over at least 2 s (Kafka: 11 windows, 10 s)
+                "replication.quota.window.num": str(THROTTLE_WINDOW_NUM),
             })
 
     @property
@@ -109,7 +121,9 @@ class Cluster:
 
     def create_topic(self, replicas: list[int], **configs: str) -> str:
         name = f"repl-{uuid.uuid4().hex[:10]}"
-        answer = self.request(replicas[0], CREATE_TOPICS, 7, {
+        controller = wait_until(lambda: self.controller() in BROKER_IDS and self.controller(),
+                                "a controller")
+        answer = self.request(controller, CREATE_TOPICS, 7, {
             "timeout": 30000, "validate_only": False, "topics": [{
                 "name": name, "num_partitions": -1, "replication_factor": -1,
                 "assignments": [{"partition_index": 0, "broker_ids": replicas}],
@@ -147,11 +161,17 @@ class Cluster:
                     [(b"k", v, [], now_ms) for v in batch_values], producer_id=producer_id,
                     producer_epoch=0 if producer_id >= 0 else -1, base_sequence=base_sequence,
                     transactional=producer_id >= 0)
-                answer = client.request(PRODUCE, 9, {
+                request = {
                     "transactional_id": f"txn-{topic}" if producer_id >= 0 else None,
                     "acks": acks, "timeout": 30000, "topic_data": [
-                        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
-                assert answer.responses[0].partition_responses[0].error_code == 0
+                        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
+                assert _produce_error(client, request) == 0
+
+    def controller(self) -> int:
+        answer = self.request(BROKER_IDS[0], METADATA, 12, {
+            "topics": [], "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False})
+        return answer.controller_id
 
     def high_watermark(self, broker_id: int, topic: str) -> int:
         answer = self.request(broker_id, LIST_OFFSETS, 7, {
@@ -211,6 +231,29 @@ def consume(consumer: Consumer, count: int) -> list:
     return messages
 
 
+def _produce_error(client: RawClient, request: dict) -> int:
+    """The partition's error code; NOT_LEADER_OR_FOLLOWER, which a new leader answers until
+    it serves the partition, is retried as clients retry it (bounded)."""
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while True:
+        answer = client.request(PRODUCE, 9, request)
+        error = answer.responses[0].partition_responses[0].error_code
+        if error != NOT_LEADER_OR_FOLLOWER or time.monotonic() > deadline:
+            return error
+        time.sleep(cluster_helpers.POLL_INTERVAL_S)
+
+
+def new_producer_id(cluster: Cluster, broker_id: int, taken: set[int]) -> int:
+    """A producer id not in ``taken`` (ids are not allocated cluster-wide yet)."""
+    for _ in range(len(taken) + 1):
+        producer_id = cluster.request(broker_id, INIT_PRODUCER_ID, 4, {
+            "transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
+            "producer_epoch": -1}).producer_id
+        if producer_id not in taken:
+            return producer_id
+    raise AssertionError(f"broker {broker_id} allocated only producer ids in {taken}")
+
+
 def values_at(log: bytes) -> dict[int, bytes]:
     return {record.offset: record.value for record in iter_records(log)}
 
@@ -227,9 +270,8 @@ def test_followers_copy_the_leaders_log_byte_for_byte(cluster):
     assert idempotent.flush(WAIT_TIMEOUT_S) == 0
     # Transactions are not coordinated in a cluster yet: a transaction's batches and markers
     # are written to the leader as a producer and its coordinator would write them.
-    producer_id = cluster.request(1, INIT_PRODUCER_ID, 4, {
-        "transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
-        "producer_epoch": -1}).producer_id
+    producer_id = new_producer_id(
+        cluster, 1, {h.producer_id for _, h in iter_headers(cluster.log_bytes(1, topic))})
     for sequence, commit in ((0, True), (20, False)):
         values = [b"txn-%d-%d" % (commit, n) for n in range(20)]
         cluster.produce(1, topic, [values], acks=-1, producer_id=producer_id,
@@ -273,6 +315,7 @@ def test_a_diverged_follower_truncates_by_epoch_not_to_its_high_watermark(cluste
     cluster.produce(1, topic, [b"both-%d" % n for n in range(10)])
     cluster.wait_for_identical_logs(topic, (1, 2))
     cluster.brokers[2].kill()
+    wait_until(lambda: 2 not in cluster.live_brokers(3), "broker 2's session to expire")
     cluster.produce(1, topic, [b"old-epoch-%d" % n for n in range(10)])
     wait_until(lambda: cluster.high_watermark(1, topic) == 20, "broker 1's HW to reach 20")
     consumer, client_log = librdkafka_consumer(cluster, topic)
@@ -302,34 +345,97 @@ def test_a_diverged_follower_truncates_by_epoch_not_to_its_high_watermark(cluste
     assert cluster.offset_for_leader_epoch(2, topic, new_epoch, 0)[1:] == (0, 10)
 
 
+# --- out of range -----------------------------------------------------------------------------
+
+
+def test_a_follower_below_the_leaders_log_start_restarts_its_log_there(cluster):
+    """Kafka's fetchOffsetAndTruncate: broker 3 was down while the leader's log start moved
+    past its log end (DeleteRecords); its fetch from 0 is out of range, so it empties its log
+    and starts it at the leader's log start."""
+    topic = cluster.create_topic([1, 2, 3])
+    cluster.brokers[3].kill()
+    try:
+        wait_until(lambda: 3 not in cluster.live_brokers(1), "broker 3's session to expire")
+        cluster.produce(1, topic, [b"r%d" % n for n in range(10)])
+        wait_until(lambda: cluster.high_watermark(1, topic) == 10, "broker 1's HW at 10")
+        deleted = cluster.request(1, DELETE_RECORDS, 2, {"timeout": 30000, "topics": [
+            {"name": topic, "partitions": [{"partition_index": 0, "offset": 8}]}]})
+        assert deleted.topics[0].partitions[0].error_code == 0
+        assert deleted.topics[0].partitions[0].low_watermark == 8
+    finally:
+        cluster.brokers[3].start()
+        cluster.wait_for_brokers()
+    directory = cluster.brokers[3].data_dir / f"{topic}-0"
+    wait_until(lambda: values_at(cluster.log_bytes(3, topic)) == {8: b"r8", 9: b"r9"},
+               "broker 3 to hold offsets 8 and 9 only")
+    assert sorted(p.name for p in directory.glob("*.log")) == ["00000000000000000008.log"]
+
+
 # --- throttling ---------------------------------------------------------------------------------
 
 
 def test_a_throttled_follower_catches_up_within_its_rate(cluster):
     topic = cluster.create_topic([1, 2, 3],
                                  follower_replication_throttled_replicas="0:3")
+    line = throttled_catch_up(cluster, topic, {
+        "follower.replication.throttled.rate": str(THROTTLE_BYTES_PER_SECOND)},
+        cluster.brokers[3], "broker 3", "the follower")
+    assert_within_rate(line)
+
+
+def test_a_leader_throttles_a_follower_catching_up_within_its_rate(cluster):
+    topic = cluster.create_topic([1, 2, 3], leader_replication_throttled_replicas="0:1")
+    set_broker_config(cluster, 1, "leader.replication.throttled.rate",
+                      str(THROTTLE_BYTES_PER_SECOND))
+    try:
+        line = throttled_catch_up(cluster, topic, {}, cluster.brokers[1], "follower 3",
+                                  "the leader")
+    finally:
+        set_broker_config(cluster, 1, "leader.replication.throttled.rate", None)
+    assert_within_rate(line)
+
+
+def throttled_catch_up(cluster: Cluster, topic: str, follower_overrides: dict[str, str],
+                       accountant: BrokerProcess, who: str, quota: str) -> re.Match:
+    """Broker 3 stopped while CATCH_UP_BYTES go to leader 1, then started again with
+    ``follower_overrides`` (and small fetches) until its log is the leader's; the line in which
+    ``accountant`` reports ``quota``'s accounting when ``who`` caught up. Broker 3 is restarted
+    with its own settings afterwards."""
     follower = cluster.brokers[3]
     follower.stop()
     saved = dict(follower.overrides)
-    follower.overrides.update({
-        "follower.replication.throttled.rate": str(THROTTLE_BYTES_PER_SECOND),
-        "replication.quota.window.num": str(THROTTLE_WINDOW_NUM),
-        "replica.fetch.max.bytes": str(THROTTLED_FETCH_MAX_BYTES)})
+    follower.overrides.update(follower_overrides)
+    follower.overrides["replica.fetch.max.bytes"] = str(THROTTLED_FETCH_MAX_BYTES)
     try:
         value = b"x" * 10_000
         cluster.produce(1, topic, [value] * (CATCH_UP_BYTES // len(value)))
-        mark = follower.log_bytes()
+        mark = accountant.log_bytes()
         follower.start()
         cluster.wait_for_identical_logs(topic, (1, 3))
-        line = wait_until(lambda: re.search(
-            rf"caught up with {topic}-0 under the follower replication quota: window rate "
+        return wait_until(lambda: re.search(
+            rf"{who} caught up with {topic}-0 under {quota} replication quota: window rate "
             r"(\d+) bytes/s \(bound (\d+)\), (\d+) bytes recorded, throttled (\d+) ms",
-            follower.log_text(mark)), "the follower's quota accounting")
+            accountant.log_text(mark)), f"{quota}'s quota accounting")
     finally:
         follower.stop()
         follower.overrides = saved
         follower.start()
         cluster.wait_for_brokers()
+
+
+def set_broker_config(cluster: Cluster, broker_id: int, name: str, value: str | None) -> None:
+    """A dynamic config of one broker set (or deleted: None) with librdkafka's admin client."""
+    operation = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+    resource = ConfigResource(ResourceType.BROKER, str(broker_id), incremental_configs=[
+        ConfigEntry(name, value or "", incremental_operation=operation)])
+    admin = AdminClient({"bootstrap.servers": cluster.brokers[broker_id].bootstrap})
+    admin.incremental_alter_configs([resource])[resource].result(WAIT_TIMEOUT_S)
+
+
+def assert_within_rate(line: re.Match) -> None:
+    """The quota's own accounting when the throttled replica caught up: throttling engaged,
+    and the windowed rate near its bound (one fetch of THROTTLED_FETCH_MAX_BYTES over the
+    2 s minimum window is the most it may overshoot by)."""
     rate, bound, recorded, throttled_ms = (int(g) for g in line.groups())
     assert bound == THROTTLE_BYTES_PER_SECOND
     assert recorded >= CATCH_UP_BYTES

@@ -1,9 +1,15 @@
 """The leader side of replication, driven by raw followers: a real broker process leads
 partitions whose other replicas are ids of no running broker, and a raw wire client fetches
 for them with their replica id (Fetch v12's ``replica_id``), so each test decides when each
-follower has which records: the high watermark, what consumers see, when acks=all is
-answered, ISR expansion and shrink as the partition state znode shows them,
-NOT_ENOUGH_REPLICAS before and after the append, REQUEST_TIMED_OUT.
+follower has which records: the high watermark, what consumers see (a waiting consumer
+fetch wakes when the high watermark passes new records), when acks=all is answered, ISR
+expansion and shrink as the partition state znode shows them, NOT_ENOUGH_REPLICAS before and
+after the append, REQUEST_TIMED_OUT, the leader epoch stamped into batches, and the last
+replica standing (``cluster.partition_leader``): a leader alone in its ISR keeps every record
+it acknowledged through a power cut (broker 2 runs under the power-cut shim,
+``tests/power_cut.py``); an offset commit is answered once the offsets topic's followers have
+it (the brokers take one offsets partition, which a test creates on broker 1 and a raw
+follower), and so are transaction markers (WriteTxnMarkers).
 
 One ZooKeeper ensemble and two brokers under one chroot serve the module: broker 1 keeps
 Kafka's replica.lag.time.max.ms (30 s: no follower leaves its ISRs during a test), broker 2 a
@@ -14,6 +20,7 @@ topic admin places replicas on live brokers only). Waits are on observed states,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import select
 import time
@@ -23,6 +30,7 @@ import pytest
 
 from headrace.cluster import zookeeper_paths as paths
 from headrace.cluster import zookeeper_records as records
+from headrace.coordinator.records import OFFSETS_TOPIC_NAME
 from headrace.errors import (
     NotEnoughReplicas,
     NotEnoughReplicasAfterAppend,
@@ -32,12 +40,14 @@ from headrace.errors import (
 )
 from headrace.protocol import records as record_codec
 from headrace.protocol import wire
-from tests.broker.raw_client import RawClient
+from tests.broker.raw_client import SOCKET_TIMEOUT_S, RawClient
 from tests.cluster import cluster_helpers
 from tests.conftest import BrokerProcess
+from tests.power_cut import PowerCutBroker, build_shim
 from tests.record_reading import iter_records
 
-PRODUCE, FETCH, LIST_OFFSETS = 0, 1, 2
+PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 8, 9
+INIT_PRODUCER_ID, WRITE_TXN_MARKERS = 22, 27
 FETCH_VERSION = 12  # the last version with the replica_id body field
 PATIENT_BROKER, IMPATIENT_BROKER = 1, 2
 SHORT_LAG_TIME_MS = 1500
@@ -48,21 +58,29 @@ NO_EPOCH = -1
 
 
 class LeaderCluster:
-    def __init__(self, base_dir, ensemble) -> None:
+    def __init__(self, base_dir, ensemble, shim) -> None:
         chroot = f"/replication-leader-{uuid.uuid4().hex[:8]}"
         connect = ensemble.connect_string + chroot
         self.brokers = {}
         for broker_id, lag_ms in ((PATIENT_BROKER, 30_000), (IMPATIENT_BROKER, SHORT_LAG_TIME_MS)):
             data_dir = base_dir / f"broker-{broker_id}"
             data_dir.mkdir()
-            self.brokers[broker_id] = BrokerProcess(data_dir, {
+            overrides = {
                 "broker.id": str(broker_id), "zookeeper.connect": connect,
                 "zookeeper.session.timeout.ms": "4000",
                 "replica.lag.time.max.ms": str(lag_ms),
                 # the raw followers are no brokers: no leadership could move at shutdown
-                "controlled.shutdown.enable": "false"})
+                "controlled.shutdown.enable": "false",
+                "offsets.topic.num.partitions": "1",  # the offsets topic a test writes
+                # transactions are not coordinated in a cluster yet: a test writes a
+                # transaction's batches and markers as producer and coordinator would
+                "transaction.partition.verification.enable": "false"}
+            self.brokers[broker_id] = (
+                BrokerProcess(data_dir, overrides) if broker_id == PATIENT_BROKER
+                else PowerCutBroker(data_dir, shim, overrides))
         self.zk = None
         self.connect = connect
+        self.topic_ids: dict[str, uuid.UUID] = {}
 
     def start(self) -> None:
         for broker in self.brokers.values():
@@ -80,17 +98,19 @@ class LeaderCluster:
     def bootstrap(self, broker_id: int) -> str:
         return self.brokers[broker_id].bootstrap
 
-    def create_topic(self, replicas: tuple[int, ...], min_insync_replicas: int) -> str:
+    def create_topic(self, replicas: tuple[int, ...], min_insync_replicas: int,
+                     name: str | None = None, configs: dict[str, str] | None = None) -> str:
         """One partition on ``replicas`` (the first leads), as Kafka's AdminZkClient writes
         a topic: config then assignment; then until its leader serves it."""
-        name = f"replicated-{uuid.uuid4().hex[:10]}"
-        configs = {"min.insync.replicas": str(min_insync_replicas)}
+        name = name or f"replicated-{uuid.uuid4().hex[:10]}"
+        configs = {**(configs or {}), "min.insync.replicas": str(min_insync_replicas)}
         assignment = records.TopicAssignment(topic_id=records.new_topic_id(),
                                              partitions={0: replicas})
         transaction = self.zk.transaction()
         transaction.create(paths.topic_config_path(name), records.encode_entity_config(configs))
         transaction.create(paths.topic_path(name), records.encode_topic_assignment(assignment))
         assert not any(isinstance(result, Exception) for result in transaction.commit())
+        self.topic_ids[name] = uuid.UUID(bytes=assignment.topic_id)
         wait_until(lambda: self.state(name) is not None, f"{name}'s state")
         wait_until(lambda: list_offset(self.bootstrap(replicas[0]), name) == (0, 0),
                    f"broker {replicas[0]} to serve {name}")
@@ -107,7 +127,8 @@ class LeaderCluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, zookeeper_ensemble):
-    cluster = LeaderCluster(tmp_path_factory.mktemp("leader"), zookeeper_ensemble)
+    shim = build_shim(tmp_path_factory.mktemp("power-cut-shim"))
+    cluster = LeaderCluster(tmp_path_factory.mktemp("leader"), zookeeper_ensemble, shim)
     try:
         cluster.start()
         yield cluster
@@ -118,18 +139,23 @@ def cluster(tmp_path_factory, zookeeper_ensemble):
 # --- raw requests ------------------------------------------------------------------------------
 
 
-def fetch(bootstrap: str, topic: str, offset: int, replica_id: int,
-          leader_epoch: int = NO_EPOCH, isolation_level: int = 0):
-    """One partition's Fetch v12 answer, for a follower (``replica_id`` >= 0) or a consumer."""
-    with RawClient(bootstrap) as client:
-        answer = client.request(FETCH, FETCH_VERSION, {
-            "replica_id": replica_id, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
-            "isolation_level": isolation_level, "session_id": 0, "session_epoch": -1,
+def fetch_request(topic: str, offset: int, replica_id: int, leader_epoch: int = NO_EPOCH,
+                  max_wait_ms: int = 0) -> dict:
+    return {"replica_id": replica_id, "max_wait": max_wait_ms, "min_bytes": 1,
+            "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
             "rack_id": "", "forgotten_topics_data": [],
             "topics": [{"topic": topic, "partitions": [{
                 "partition": 0, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
                 "current_leader_epoch": leader_epoch, "last_fetched_epoch": -1,
-                "log_start_offset": -1}]}]})
+                "log_start_offset": -1}]}]}
+
+
+def fetch(bootstrap: str, topic: str, offset: int, replica_id: int,
+          leader_epoch: int = NO_EPOCH):
+    """One partition's Fetch v12 answer, for a follower (``replica_id`` >= 0) or a consumer."""
+    with RawClient(bootstrap) as client:
+        answer = client.request(FETCH, FETCH_VERSION,
+                                fetch_request(topic, offset, replica_id, leader_epoch))
     return answer.responses[0].partitions[0]
 
 
@@ -148,11 +174,16 @@ def list_offset(bootstrap: str, topic: str) -> tuple[int, int]:
     return partition.error_code, partition.offset
 
 
-def produce_request(topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000):
-    batch = record_codec.build_batch([(b"k", value, [], int(time.time() * 1000))
-                                      for value in values])
-    return {"acks": acks, "timeout": timeout_ms, "transactional_id": None, "topic_data": [
-        {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
+def produce_request(topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000,
+                    producer_id: int = -1):
+    """One batch of ``values``; with a ``producer_id``, a transactional one (epoch 0)."""
+    batch = record_codec.build_batch(
+        [(b"k", value, [], int(time.time() * 1000)) for value in values],
+        producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+        base_sequence=0 if producer_id >= 0 else -1, transactional=producer_id >= 0)
+    return {"acks": acks, "timeout": timeout_ms,
+            "transactional_id": f"txn-{topic}" if producer_id >= 0 else None, "topic_data": [
+                {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes], acks: int, timeout_ms: int = 30_000):
@@ -222,12 +253,53 @@ def test_acks_all_times_out_while_a_follower_lags_and_acks_one_does_not_wait(clu
     assert list_offset(bootstrap, topic) == (0, 0)  # neither is committed yet
 
 
+def test_a_waiting_consumer_fetch_returns_once_the_high_watermark_passes_new_records(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 17), min_insync_replicas=1)
+    join_isr(cluster, topic, leader, (17,))
+    bootstrap = cluster.bootstrap(leader)
+    with RawClient(bootstrap) as consumer:
+        # a long poll far beyond the socket timeout: only a wake-up answers it in time
+        correlation_id = consumer.send(FETCH, FETCH_VERSION, fetch_request(
+            topic, 0, CONSUMER, max_wait_ms=10 * int(SOCKET_TIMEOUT_S * 1000)))
+        assert produce(bootstrap, topic, [b"p"], acks=1).error_code == 0
+        assert not answered(consumer)  # appended, but above the high watermark
+        assert fetch(bootstrap, topic, 1, 17).high_watermark == 1
+        received_id, answer = wire.decode_response(FETCH, FETCH_VERSION,
+                                                   consumer.receive_frame())
+    assert received_id == correlation_id
+    assert fetched_values(answer.responses[0].partitions[0]) == [b"p"]
+
+
+def test_a_follower_fetching_with_replica_state_of_fetch_v15_joins_the_isr(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 18), min_insync_replicas=1)
+    with RawClient(cluster.bootstrap(leader)) as follower:
+        answer = follower.request(FETCH, 15, {
+            "replica_state": {"replica_id": 18, "replica_epoch": -1}, "max_wait": 0,
+            "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+            "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+            "topics": [{"topic_id": cluster.topic_ids[topic], "partitions": [{
+                "partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20,
+                "current_leader_epoch": -1, "last_fetched_epoch": -1,
+                "log_start_offset": -1}]}]})
+    assert answer.responses[0].partitions[0].error_code == 0
+    cluster.wait_for_isr(topic, {leader, 18})
+
+
 def test_the_leader_stamps_its_leader_epoch_into_appended_batches(cluster):
     leader = PATIENT_BROKER
     topic = cluster.create_topic((leader, 15), min_insync_replicas=1)
-    epoch = cluster.state(topic).leader_epoch
-    assert produce(cluster.bootstrap(leader), topic, [b"e"], acks=1).error_code == 0
-    copied = fetch(cluster.bootstrap(leader), topic, 0, 15, leader_epoch=epoch)
+    # a later epoch, as a controller's re-election would write it (same leader)
+    state = cluster.state(topic)
+    epoch = state.leader_epoch + 3
+    cluster.zk.set(paths.partition_state_path(topic, 0), records.encode_partition_state(
+        dataclasses.replace(state, leader_epoch=epoch)))
+    bootstrap = cluster.bootstrap(leader)
+    wait_until(lambda: fetch(bootstrap, topic, 0, 15, leader_epoch=epoch).error_code == 0,
+               f"the leader to be in epoch {epoch}")
+    assert produce(bootstrap, topic, [b"e"], acks=1).error_code == 0
+    copied = fetch(bootstrap, topic, 0, 15, leader_epoch=epoch)
     assert copied.error_code == 0
     partition_leader_epoch = int.from_bytes(copied.records[12:16], "big", signed=True)
     assert partition_leader_epoch == epoch
@@ -271,3 +343,85 @@ def test_acks_all_waiting_when_the_isr_shrinks_below_min_insync_is_not_enough_af
         response = receive_produce(producer, correlation_id)  # 23 never fetches it
     assert (response.error_code, response.base_offset) == (NotEnoughReplicasAfterAppend.code, 0)
     assert set(cluster.state(topic).isr) == {leader}
+
+
+def test_the_last_replica_standing_keeps_what_it_acknowledged_through_a_power_cut(cluster):
+    leader = IMPATIENT_BROKER
+    topic = cluster.create_topic((leader, 25), min_insync_replicas=1)
+    join_isr(cluster, topic, leader, (25,))
+    bootstrap = cluster.bootstrap(leader)
+    assert produce(bootstrap, topic, [b"before"], acks=1).error_code == 0
+    cluster.wait_for_isr(topic, {leader})  # 25 never fetches it: the leader stands alone
+    values = [b"acked-%d" % index for index in range(20)]
+    for value in values:
+        assert produce(bootstrap, topic, [value], acks=-1).error_code == 0
+    epoch = cluster.state(topic).leader_epoch
+    cluster.brokers[leader].power_cut()  # only what it fsynced survives
+    wait_until(lambda: str(leader) not in cluster.zk.get_children(paths.BROKER_IDS),
+               f"broker {leader}'s session to expire")
+    cluster.brokers[leader].start()
+    wait_until(lambda: (state := cluster.state(topic)).leader == leader
+               and state.leader_epoch > epoch, f"broker {leader} to lead {topic} again")
+    read = wait_until(lambda: fetched_values(fetch(bootstrap, topic, 0, CONSUMER)) or None,
+                      "the records after the cut")
+    assert read == [b"before", *values]
+
+
+def test_an_offset_commit_is_answered_once_the_offsets_topic_followers_have_it(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 31), min_insync_replicas=1, name=OFFSETS_TOPIC_NAME,
+                                 configs={"cleanup.policy": "compact"})
+    join_isr(cluster, topic, leader, (31,))
+    committed_topic = cluster.create_topic((leader,), min_insync_replicas=1)
+    bootstrap, group = cluster.bootstrap(leader), f"group-{uuid.uuid4().hex[:8]}"
+    with RawClient(bootstrap) as committer:
+        wait_until(lambda: committer.request(OFFSET_FETCH, 3, {
+            "group_id": group, "topics": None}).error_code == 0,
+            "the coordinator to load its offsets partition")
+        correlation_id = committer.send(OFFSET_COMMIT, 2, {
+            "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+            "retention_time": -1, "topics": [{"name": committed_topic, "partitions": [{
+                "partition_index": 0, "committed_offset": 42, "committed_metadata": ""}]}]})
+        wait_until(lambda: fetch(bootstrap, topic, 0, 31).records, "the commit's append")
+        assert fetch(bootstrap, topic, 0, 31).high_watermark == 0
+        assert not answered(committer)
+        assert fetch(bootstrap, topic, 0, CONSUMER).high_watermark == 0
+        log_end = _log_end_offset(bootstrap, topic)
+        assert fetch(bootstrap, topic, log_end, 31).high_watermark == log_end
+        received_id, answer = wire.decode_response(OFFSET_COMMIT, 2, committer.receive_frame())
+    assert received_id == correlation_id
+    assert answer.topics[0].partitions[0].error_code == 0
+
+
+def _log_end_offset(bootstrap: str, topic: str) -> int:
+    """The leader's log end offset, as a replica is told it (ListOffsets with a replica id)."""
+    with RawClient(bootstrap) as client:
+        answer = client.request(LIST_OFFSETS, 7, {
+            "replica_id": 31, "isolation_level": 0, "topics": [{
+                "name": topic, "partitions": [{"partition_index": 0, "timestamp": -1,
+                                               "current_leader_epoch": -1}]}]})
+    return answer.topics[0].partitions[0].offset
+
+
+def test_transaction_markers_are_answered_once_the_followers_have_them(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 34), min_insync_replicas=1)
+    join_isr(cluster, topic, leader, (34,))
+    bootstrap = cluster.bootstrap(leader)
+    with RawClient(bootstrap) as client:
+        producer_id = client.request(INIT_PRODUCER_ID, 4, {
+            "transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
+            "producer_epoch": -1}).producer_id
+        produced = client.request(PRODUCE, 9, produce_request(topic, [b"t"], 1,
+                                                              producer_id=producer_id))
+        assert produced.responses[0].partition_responses[0].error_code == 0
+        assert fetch(bootstrap, topic, 1, 34).high_watermark == 1
+        correlation_id = client.send(WRITE_TXN_MARKERS, 1, {"markers": [{
+            "producer_id": producer_id, "producer_epoch": 0, "transaction_result": True,
+            "coordinator_epoch": 0, "topics": [{"name": topic, "partition_indexes": [0]}]}]})
+        wait_until(lambda: fetch(bootstrap, topic, 1, 34).records, "the marker's append")
+        assert not answered(client)
+        assert fetch(bootstrap, topic, 2, 34).high_watermark == 2
+        received_id, answer = wire.decode_response(WRITE_TXN_MARKERS, 1, client.receive_frame())
+    assert received_id == correlation_id
+    assert answer.markers[0].topics[0].partitions[0].error_code == 0

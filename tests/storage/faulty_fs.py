@@ -59,3 +59,48 @@ class CrashingFileSystem(RealFileSystem):
         self.synced_size.clear()
         self.path_of_fd.clear()
         return torn
+
+
+class MetadataForgettingFileSystem(RealFileSystem):
+    """A power loss that forgets the metadata changes not yet made durable: a truncation
+    until an fsync of the file, a rename until an fsync of its directory. ``crash()`` puts
+    back the truncated bytes and undoes the renames (data writes are kept: only metadata is
+    modelled here)."""
+
+    def __init__(self) -> None:
+        self.path_of_fd: dict[int, Path] = {}
+        self.content_before_truncation: dict[Path, bytes] = {}
+        self.unsynced_renames: list[tuple[Path, Path]] = []
+
+    def open(self, path: Path, flags: int) -> int:
+        fd = super().open(path, flags)
+        self.path_of_fd[fd] = Path(path)
+        return fd
+
+    def truncate(self, fd: int, size_bytes: int) -> None:
+        path = self.path_of_fd[fd]
+        if path not in self.content_before_truncation:
+            self.content_before_truncation[path] = os.pread(fd, os.fstat(fd).st_size, 0)
+        super().truncate(fd, size_bytes)
+
+    def fsync(self, fd: int) -> None:
+        super().fsync(fd)
+        self.content_before_truncation.pop(self.path_of_fd.get(fd), None)
+
+    def rename(self, source: Path, target: Path) -> None:
+        super().rename(source, target)
+        self.unsynced_renames.append((Path(source), Path(target)))
+
+    def fsync_dir(self, path: Path) -> None:
+        super().fsync_dir(path)
+        self.unsynced_renames = [(source, target) for source, target in self.unsynced_renames
+                                 if Path(target).parent != Path(path)]
+
+    def crash(self) -> None:
+        for source, target in reversed(self.unsynced_renames):
+            if target.exists():
+                os.rename(target, source)
+        for path, content in self.content_before_truncation.items():
+            if path.exists():
+                path.write_bytes(content)
+        self.unsynced_renames, self.content_before_truncation = [], {}

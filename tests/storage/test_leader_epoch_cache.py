@@ -283,3 +283,37 @@ def test_retention_moves_the_first_entry_to_the_new_log_start(scratch):
     assert log.delete_old_segments(NOW_MS) > 0 and log.log_start_offset > 3
     assert log.leader_epoch_cache.entries()[0] == (2, log.log_start_offset)
     log.close()
+
+
+def test_appends_without_an_epoch_stamp_the_one_the_log_was_given(scratch):
+    """Produce, the coordinators' records and transaction markers name no epoch: they take
+    the one ``set_leader_epoch`` gave the log (0 until then)."""
+    log = open_log(scratch)
+    log.append(build_batch([b"a"]), NOW_MS)
+    log.set_leader_epoch(6)
+    log.append(build_batch([b"b"]), NOW_MS)
+    log.append(build_batch([b"c"]) + build_batch([b"d"]), NOW_MS)
+    log.append_transaction_marker(9, 0, False, 0, NOW_MS)
+    assert [epoch for _, epoch in _stored_epochs(log)] == [0, 6, 6, 6, 6]
+    assert log.leader_epoch_cache.entries() == ((0, 0), (6, 1))
+    for stale in (5, -1):
+        with pytest.raises(ValueError):
+            log.set_leader_epoch(stale)
+    assert log.leader_epoch == 6
+    log.close()
+
+
+def test_the_first_append_of_an_epoch_is_not_hinted_free_of_io(scratch):
+    """It writes and fsyncs the checkpoint, so the broker must not run it on its event loop."""
+    log = open_log(scratch)
+    request = build_batch([b"a"])
+    assert not log.append_needs_no_io_wait(len(request), NOW_MS, request)  # the first append
+    log.append(request, NOW_MS)
+    assert log.append_needs_no_io_wait(len(request), NOW_MS, request)
+    assert not log.append_needs_no_io_wait(len(request), NOW_MS, request, leader_epoch=3)
+    log.set_leader_epoch(2)
+    assert not log.append_needs_no_io_wait(len(request), NOW_MS, request)
+    log.append(request, NOW_MS)
+    assert log.append_needs_no_io_wait(len(request), NOW_MS, request)
+    assert log.append_needs_no_io_wait(len(request), NOW_MS, request, leader_epoch=2)
+    log.close()

@@ -13,6 +13,7 @@ from headrace.storage.config import LogConfig
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.log import Log, UnexpectedAppendOffset
 from tests.record_reading import iter_headers
+from tests.storage.faulty_fs import MetadataForgettingFileSystem
 from tests.storage.helpers import NOW_MS, assert_indexes_match_scan, open_log, read_all, reopen
 
 PRODUCER_ID = 4_000
@@ -289,4 +290,148 @@ def test_flush_up_to_syncs_only_what_is_not_yet_durable(scratch):
     assert fs.fsyncs > before
     synced = fs.fsyncs
     assert log.flush_up_to(5) == 5 and fs.fsyncs == synced  # already durable: no fsync
+    log.close()
+
+
+def test_retention_keeps_what_lies_above_the_high_watermark(scratch):
+    """A leader's followers may still need the records above the high watermark: retention
+    deletes only segments wholly below it (Kafka's deletableSegments)."""
+    log = open_log(scratch, segment_bytes=100, retention_bytes=0)
+    for _ in range(6):
+        log.append(_plain(2), NOW_MS)
+    bases = [segment.base_offset for segment in log.segments]
+    assert len(bases) >= 4
+    log.manage_high_watermark(bases[2])
+    assert log.delete_old_segments(NOW_MS) == 2
+    assert log.log_start_offset == bases[2] and log.segments[0].base_offset == bases[2]
+    log.update_high_watermark(log.log_end_offset)
+    assert log.delete_old_segments(NOW_MS) == len(bases) - 3  # all sealed ones now
+    log.close()
+
+
+# ---- divergence after leader changes (KIP-101, KIP-279), on the storage API ---------------
+
+def _truncate_by_epoch(follower, leader) -> int:
+    """A follower's truncation as KIP-101/KIP-279 specify it, over the two logs' caches: ask
+    the leader where the follower's latest epoch ends; when the leader answers an older
+    epoch, the follower's own end of that epoch bounds the cut too; UNDEFINED falls back to
+    the high watermark."""
+    requested = follower.leader_epoch_cache.latest_epoch()
+    if requested is None:
+        offset = follower.high_watermark
+    else:
+        epoch, leader_end = leader.leader_epoch_cache.end_offset_for(requested)
+        if epoch < 0:
+            offset = follower.high_watermark
+        else:
+            _, own_end = follower.leader_epoch_cache.end_offset_for(epoch)
+            offset = min(leader_end, own_end)
+    follower.truncate_to(offset, NOW_MS)
+    return offset
+
+
+def _records(log) -> list[tuple[int, int, bytes]]:
+    """(offset, epoch, batch bytes) of every batch."""
+    return [(offset, int.from_bytes(batch[12:16], "big", signed=True), batch)
+            for offset, batch in read_all(log)]
+
+
+def test_kip_101_a_follower_truncates_by_epoch_not_by_high_watermark(scratch):
+    """A (leader, epoch 1) writes m1 m2; B copies both, but A's high watermark reached only
+    m1 when it failed over to B (epoch 2), which writes m3. A returning must keep m2 (a
+    truncation to its high watermark would drop it, then re-copy it) and then copy m3."""
+    a, b = open_log(scratch / "a"), open_log(scratch / "b")
+    for log in (a, b):
+        log.manage_high_watermark(0)
+    a.append(_plain(1, b"m1"), NOW_MS, leader_epoch=1)
+    a.append(_plain(1, b"m2"), NOW_MS, leader_epoch=1)
+    _copy(a, b)
+    a.update_high_watermark(1)
+    b.append(_plain(1, b"m3"), NOW_MS, leader_epoch=2)
+    assert _truncate_by_epoch(a, b) == 2  # B's epoch 1 ends at 2: nothing to cut
+    _copy(b, a)
+    assert _records(a) == _records(b)
+    assert a.leader_epoch_cache.entries() == ((1, 0), (2, 2))
+    a.close()
+    b.close()
+
+
+def test_kip_101_diverged_logs_converge_on_the_new_leader(scratch):
+    """A and B both hold m1 (epoch 1); A alone also m2. Both fail; B returns first, leads in
+    epoch 2 and writes m3 at offset 1. A returning must drop m2 and copy m3: a high-watermark
+    truncation (HW 2 on A) would keep m2 where B has m3."""
+    a, b = open_log(scratch / "a"), open_log(scratch / "b")
+    a.manage_high_watermark(0)
+    a.append(_plain(1, b"m1"), NOW_MS, leader_epoch=1)
+    _copy(a, b)
+    a.append(_plain(1, b"m2"), NOW_MS, leader_epoch=1)
+    a.update_high_watermark(2)
+    b.append(_plain(1, b"m3"), NOW_MS, leader_epoch=2)
+    assert _truncate_by_epoch(a, b) == 1
+    _copy(b, a)
+    assert _records(a) == _records(b)
+    assert a.leader_epoch_cache.entries() == ((1, 0), (2, 1)) and a.log_end_offset == 2
+    a.close()
+    b.close()
+
+
+def test_kip_279_a_double_leader_change_converges(scratch):
+    """A leads epoch 1 (m1 m2), B copies m1 only. B leads epoch 2 and writes m3 at 1, then
+    fails before anyone copies it; A leads epoch 3 and writes m4 at 2. B returning asks for
+    epoch 2, which A never had: A answers epoch 1 ending at 2, B's own epoch 1 ends at 1, so
+    B cuts at 1 (dropping m3) and copies m2 m4 -- where a cut at A's answer alone would keep
+    B's m3 at offset 1 against A's m2."""
+    a, b = open_log(scratch / "a"), open_log(scratch / "b")
+    a.append(_plain(1, b"m1"), NOW_MS, leader_epoch=1)
+    _copy(a, b)
+    a.append(_plain(1, b"m2"), NOW_MS, leader_epoch=1)
+    b.append(_plain(1, b"m3"), NOW_MS, leader_epoch=2)
+    a.append(_plain(1, b"m4"), NOW_MS, leader_epoch=3)
+    assert a.leader_epoch_cache.end_offset_for(2) == (1, 2)
+    assert _truncate_by_epoch(b, a) == 1
+    _copy(a, b)
+    assert _records(b) == _records(a)
+    assert b.leader_epoch_cache.entries() == ((1, 0), (3, 2))
+    a.close()
+    b.close()
+
+
+def test_a_truncation_survives_a_power_loss_right_after_it(scratch):
+    """The cut file and the retired segments are durable when truncate_to returns: a power
+    loss right after it, with a recovery point checkpointed before the cut (the worst case:
+    loading trusts everything below it), does not bring the dropped tail back."""
+    fs = MetadataForgettingFileSystem()
+    config = LogConfig(segment_bytes=200, index_interval_bytes=1)
+    log = Log("t", 0, scratch / "t-0", config, fs, NOW_MS, clean_shutdown=True)
+    for _ in range(8):  # one epoch: the cut rewrites no epoch checkpoint (no directory sync)
+        log.append(_plain(2), NOW_MS, leader_epoch=1)
+    log.flush()
+    checkpointed_recovery_point = log.recovery_point
+    assert len(log.segments) >= 3 and checkpointed_recovery_point == 16
+    log.truncate_to(6, NOW_MS)
+    kept = read_all(log)
+    log.close_without_flush()
+    fs.crash()
+    log = Log("t", 0, scratch / "t-0", config, RealFileSystem(), NOW_MS,
+              recovery_point=checkpointed_recovery_point, clean_shutdown=False)
+    assert log.log_end_offset == 6 and read_all(log) == kept
+    assert log.leader_epoch_cache.entries() == ((1, 0),)
+    log.close()
+
+
+def test_a_restart_at_a_new_offset_survives_a_power_loss_right_after_it(scratch):
+    fs = MetadataForgettingFileSystem()
+    config = LogConfig(segment_bytes=200)
+    log = Log("t", 0, scratch / "t-0", config, fs, NOW_MS, clean_shutdown=True)
+    for offset in range(0, 12, 2):  # copied batches from before leader epochs (-1)
+        log.append_as_follower(build_batch([(None, b"v", (), NOW_MS)] * 2, base_offset=offset,
+                                           partition_leader_epoch=-1), NOW_MS)
+    log.flush()
+    assert log.leader_epoch_cache.entries() == ()  # so no checkpoint write syncs the directory
+    log.truncate_fully_and_start_at(100, NOW_MS)
+    log.close_without_flush()
+    fs.crash()
+    log = Log("t", 0, scratch / "t-0", config, RealFileSystem(), NOW_MS, recovery_point=12,
+              clean_shutdown=False)
+    assert (log.log_start_offset, log.log_end_offset, read_all(log)) == (100, 100, [])
     log.close()

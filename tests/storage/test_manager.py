@@ -398,7 +398,8 @@ def test_a_cluster_broker_holds_only_its_partitions_under_the_clusters_topic_id(
 
 
 def test_managed_high_watermarks_are_checkpointed_and_read_back_at_start_up(scratch, clock):
-    manager = start([scratch], clock)
+    cluster = {"zookeeper_connect": "127.0.0.1:1"}  # a cluster's broker (never connected here)
+    manager = start([scratch], clock, **cluster)
     manager.create_topic("t", 2, {})
     replicated, single = manager.get_log("t", 0), manager.get_log("t", 1)
     for log in (replicated, single):
@@ -406,7 +407,7 @@ def test_managed_high_watermarks_are_checkpointed_and_read_back_at_start_up(scra
             log.append(build_batch([b"v"]), clock.now_ms())
     manager.write_checkpoints(high_watermarks=True)
     path = scratch / "replication-offset-checkpoint"
-    assert not path.exists()  # a single node's logs: no replicated high watermark, no file
+    assert not path.exists()  # no replicated high watermark yet: no file
     replicated.manage_high_watermark(manager.initial_high_watermark("t", 0))
     assert replicated.high_watermark == 0  # nothing checkpointed: Kafka's 0
     replicated.update_high_watermark(3)
@@ -415,13 +416,21 @@ def test_managed_high_watermarks_are_checkpointed_and_read_back_at_start_up(scra
     replicated.update_high_watermark(4)
     manager.shutdown()  # writes the latest on close
     assert read_checkpoint(manager.fs, path) == {("t", 0): 4}
-    manager = start([scratch], clock)
+    manager = start([scratch], clock)  # a single node: the checkpoint neither used nor written
+    assert not manager.get_log("t", 0).high_watermark_managed
+    manager.shutdown()
+    assert read_checkpoint(manager.fs, path) == {("t", 0): 4}
+    manager = start([scratch], clock, **cluster)
     assert manager.initial_high_watermark("t", 0) == 4
     assert manager.initial_high_watermark("t", 1) == 0
-    manager.get_log("t", 0).truncate_to(2)
+    reloaded = manager.get_log("t", 0)  # loaded managed, from the checkpoint
+    assert reloaded.high_watermark_managed and reloaded.high_watermark == 4
+    assert not manager.get_log("t", 1).high_watermark_managed
+    reloaded.truncate_to(2)
     assert manager.initial_high_watermark("t", 0) == 2  # clamped to the log end
     manager.shutdown()
     path.write_text("0\n5\nt 0 4\n")  # torn
-    manager = start([scratch], clock)
+    manager = start([scratch], clock, **cluster)
     assert manager.initial_high_watermark("t", 0) == 0
+    assert not manager.get_log("t", 0).high_watermark_managed
     manager.shutdown()

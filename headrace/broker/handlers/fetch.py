@@ -32,6 +32,11 @@ never registers anything): the request registers an ``asyncio.Event`` with the b
 AppendHub for its partitions (appends wake it through ``loop.call_soon_threadsafe``),
 re-reads, and waits until enough data or ``max_wait_ms``.
 
+A follower's fetch of a partition under leader-side replication throttling
+(``replication_quota.LeaderReplicationThrottle``: leader.replication.throttled.replicas and
+.rate, the follower not in the ISR) gets no records while the leader's quota is exceeded; the
+bytes sent for throttled partitions are recorded in it.
+
 Fetch sessions (KIP-227) are not kept: every response has session_id 0, which tells clients
 to send full fetch requests; a request naming a session id gets FETCH_SESSION_ID_NOT_FOUND.
 Responses are ``RawResponse``s from fetch_response.py: record bytes go out by sendfile --
@@ -133,7 +138,7 @@ class _FetchPlan:
     """The partitions of one request, resolved to logs, and how to read them."""
 
     __slots__ = ("max_bytes", "min_one_batch", "read_committed", "from_follower", "topics",
-                 "logs")
+                 "logs", "held_back", "throttled")
 
     def __init__(self, ctx, request) -> None:
         manager = ctx.broker.log_manager
@@ -148,6 +153,10 @@ class _FetchPlan:
         self.from_follower = cluster is not None and replica_id >= 0
         self.topics: list[tuple[str | None, uuid.UUID, list]] = []
         self.logs: list = []
+        # leader-side replication throttling (broker.replication_quota): partitions answered
+        # without records, and all throttled ones, whose bytes the quota records
+        self.held_back: set[tuple[str, int]] = set()
+        self.throttled: set[tuple[str, int]] = set()
         for topic in request.topics:
             if topic_ids is None:
                 topic_id, name = ZERO_TOPIC_ID, topic.topic
@@ -170,6 +179,8 @@ class _FetchPlan:
                             if self.from_follower:
                                 _record_follower_fetch(cluster, log, name, partition,
                                                        replica_id, current_leader_epoch)
+                                self._throttle(cluster.leader_throttle, log, partition,
+                                               replica_id, ctx.broker.clock.now_ms())
                     except KafkaError as caught:
                         log = None
                         error = caught
@@ -177,6 +188,19 @@ class _FetchPlan:
                     self.logs.append(log)
                 entries.append((partition, log, error))
             self.topics.append((name, topic_id, entries))
+
+    def _throttle(self, throttle, log, partition, replica_id: int, now_ms: int) -> None:
+        name, index = log.topic, partition.partition
+        if throttle.is_throttled(name, index):
+            self.throttled.add((name, index))
+            throttle.note_follower_position(name, index, replica_id, partition.fetch_offset,
+                                            log.log_end_offset, now_ms)
+            if throttle.holds_back(name, index, replica_id, now_ms):
+                self.held_back.add((name, index))
+
+    def throttled_bytes(self, topics: list[TopicData]) -> int:
+        return sum(data.size_bytes for topic in topics for data in topic.partitions
+                   if (topic.name, data.partition_index) in self.throttled)
 
     def read(self) -> tuple[list[TopicData], int, bool]:
         """(topics, record bytes found, whether any partition has an error)."""
@@ -187,8 +211,10 @@ class _FetchPlan:
         for name, topic_id, entries in self.topics:
             answer = TopicData(name, topic_id)
             for partition, log, error in entries:
-                data = _read_partition(partition, log, error, remaining_bytes,
-                                       self.min_one_batch and total_bytes == 0,
+                held_back = (name, partition.partition) in self.held_back
+                data = _read_partition(partition, log, error,
+                                       0 if held_back else remaining_bytes,
+                                       self.min_one_batch and total_bytes == 0 and not held_back,
                                        self.read_committed, self.from_follower)
                 any_error = any_error or data.error_code != 0
                 total_bytes += data.size_bytes
@@ -339,6 +365,9 @@ async def handle(ctx, request):
     min_bytes, max_wait_ms = request.min_bytes, wire.milliseconds(request.max_wait)
     if total_bytes < min_bytes and not any_error and max_wait_ms > 0 and plan.logs:
         topics = await _long_poll(ctx, plan, min_bytes, max_wait_ms)
+    if plan.throttled:
+        ctx.broker.cluster.leader_throttle.quota.record(plan.throttled_bytes(topics),
+                                                        ctx.broker.clock.now_ms())
     if version <= LAST_MAGIC_V1_VERSION and _has_records(topics):
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, _for_old_clients, version, plan, topics)

@@ -23,28 +23,16 @@ Event loop thread; the epoch cache is read under its own lock, safe against appe
 
 from __future__ import annotations
 
-from headrace.errors import FencedLeaderEpoch, KafkaError, NotLeaderOrFollower, UnknownLeaderEpoch
+from headrace.broker.cluster_service import check_current_leader_epoch
+from headrace.errors import KafkaError, NotLeaderOrFollower
 
 API_KEY = 23
 MIN_VERSION = 2
 MAX_VERSION = 4
 
-NO_LEADER_EPOCH = -1  # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH: no check asked
 UNDEFINED_EPOCH = -1
 UNDEFINED_EPOCH_OFFSET = -1
 SINGLE_NODE_LEADER_EPOCH = 0
-
-
-def check_single_node_epoch(topic: str, partition: int, current_leader_epoch: int) -> None:
-    """Kafka's ``checkCurrentLeaderEpoch`` for a node leading everything at epoch 0."""
-    if current_leader_epoch == NO_LEADER_EPOCH:
-        return
-    if current_leader_epoch < SINGLE_NODE_LEADER_EPOCH:
-        raise FencedLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is older "
-                                f"than the leader's {SINGLE_NODE_LEADER_EPOCH}")
-    if current_leader_epoch > SINGLE_NODE_LEADER_EPOCH:
-        raise UnknownLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} is newer "
-                                 f"than the leader's {SINGLE_NODE_LEADER_EPOCH}")
 
 
 def _leader_log(broker, topic: str, partition):
@@ -53,7 +41,7 @@ def _leader_log(broker, topic: str, partition):
     cluster = broker.cluster
     if cluster is None:
         log = broker.log_manager.get_log(topic, index)
-        check_single_node_epoch(topic, index, current)
+        check_current_leader_epoch(topic, index, current, SINGLE_NODE_LEADER_EPOCH)
         return log
     try:
         log = broker.log_manager.get_log(topic, index)
