@@ -183,6 +183,12 @@ class FaultCluster:
         wait_until(lambda: broker_id in self.registered(), f"broker {broker_id} to register")
 
     def restart_zookeeper(self, node_id: int) -> None:
+        """Start a killed ZooKeeper node; it serves once it reaches a quorum, which other
+        faults may prevent for now (``wait_until_whole`` waits for it after healing)."""
         self.zookeepers[node_id].start()
-        wait_until(lambda: self.zookeeper_mode(node_id) in SERVING_MODES,
-                   f"ZooKeeper node {node_id} to serve again")
+
+    def wait_until_whole(self) -> None:
+        """Every ZooKeeper node serves and every broker is registered (after healing)."""
+        wait_until(lambda: all(self.zookeeper_mode(n) in SERVING_MODES for n in self.zookeepers),
+                   "every ZooKeeper node to serve")
+        wait_until(lambda: self.registered() == set(self.brokers), "every broker to register")

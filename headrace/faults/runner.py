@@ -32,7 +32,8 @@ Result: ``RunResult.summary()``, the JSON line ``bench/faults.py`` prints: seed,
 workload, nemeses, flush, ``faults`` (kind -> count injected), acked, lost, duplicated,
 inconsistent, nonmonotonic, skipped, divergent, g1a, g1c, truncated,
 duplicated_non_idempotent, unavailable_s (the sum of gaps longer than ``UNAVAILABLE_GAP_S``
-between successive acknowledgements while the clients wrote), recovery_s, valid, and, when
+between successive acknowledgements while the clients wrote), recovery_s, judged (false when
+the run ended before its final reads: then no anomaly is counted), valid, and, when
 invalid, the directory the history and node logs were saved to and the command that replays
 the seed. The schedule replays exactly; the interleaving of clients and faults does not
 (threads and real processes).
@@ -183,6 +184,7 @@ class RunResult:
     duplicated_non_idempotent: int = 0
     unavailable_s: float = 0.0
     recovery_s: float | None = None
+    judged: bool = True  # False: the run ended before its final reads; no anomaly counted
     errors: list[str] = field(default_factory=list)
     examples: dict[str, list] = field(default_factory=dict)
     saved_to: Path | None = None
@@ -204,7 +206,7 @@ class RunResult:
                 "duplicated_non_idempotent": self.duplicated_non_idempotent,
                 "unavailable_s": round(self.unavailable_s, 3),
                 "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 3),
-                "valid": self.valid}
+                "judged": self.judged, "valid": self.valid}
         if self.errors:
             line["errors"] = self.errors
         if self.examples:
@@ -388,6 +390,7 @@ def run(config: RunConfig, work_dir: Path, failures_dir: Path | None = None) -> 
     faults: dict[str, int] = {}
     workload: Workload | None = None
     recovered_s: float | None = None
+    final_reads_done = False
     try:
         current.open()
         workload = _workload(config, current)
@@ -404,19 +407,23 @@ def run(config: RunConfig, work_dir: Path, failures_dir: Path | None = None) -> 
                 healed = current.history.record(INFO, NEMESIS, "healed")
                 recovered_s = recovery_s(current.history, _write_f(config),
                                          _write_keys(config, workload), healed.time_ns)
+                if current.cluster is not None:
+                    current.cluster.wait_until_whole()
             finally:
                 workload.stop()
         if recovered_s is None:
             errors.append(f"not back to full availability within {RECOVERY_LIMIT_S:g} s of "
                           "healing: a partition acknowledged no write")
         workload.final_reads()
+        final_reads_done = True
         errors += workload.thread_errors
     except Exception as error:  # noqa: BLE001 -- a run that cannot finish is a finding
         errors.append(f"{type(error).__name__}: {error}")
     finally:
         current.close()
     ops = current.history.ops()
-    result = _judge(config, workload, ops, faults, errors)
+    # Without the final reads, every acknowledged write would count as lost: not judged.
+    result = _judge(config, workload if final_reads_done else None, ops, faults, errors)
     result.recovery_s = recovered_s
     if not result.valid:
         result.saved_to = current.save((failures_dir or work_dir / "failed")
@@ -436,7 +443,7 @@ def _write_keys(config: RunConfig, workload: Workload) -> int:
 def _judge(config: RunConfig, workload: Workload | None, ops, faults, errors) -> RunResult:
     write = _write_f(config)
     if workload is None:
-        return RunResult(config, faults, {}, 0, errors=errors)
+        return RunResult(config, faults, {}, 0, errors=errors, judged=False)
     checked = workload.check(ops)
     return RunResult(config, faults, checked.counts(), checked.acked,
                      truncated=checked.truncated,
