@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from headrace.faults.history import INFO, INVOKE, OK, History
+from headrace.faults.history import FAIL, INFO, INVOKE, OK, History
 from headrace.faults.namespace import Namespace
 
 TOPIC_CREATE_TIMEOUT_S = 30.0
@@ -123,9 +123,15 @@ class Workload:
             value = f"{settings.prefix}{sequence}"
             partition = sequence % settings.partitions
             self.history.record(INVOKE, process, f, value, partition=partition)
+            try:
+                producer.produce(settings.topic, value.encode(), partition=partition,
+                                 on_delivery=report(value, partition))
+            except KafkaException as refused:  # a fatal error already: never enqueued
+                self.history.record(FAIL, process, f, value, partition=partition,
+                                    error=str(refused.args[0].name()))
+                fatal[0] = True
+                break
             outstanding[0] += 1
-            producer.produce(settings.topic, value.encode(), partition=partition,
-                             on_delivery=report(value, partition))
             producer.poll(0)
         _finish(producer, settings.message_timeout_ms / 1000, fatal[0])
 
