@@ -11,8 +11,8 @@ Brokers run with ``BROKER_OVERRIDES`` (RF=3 and min.insync.replicas=2 defaults, 
 timeout of ``SESSION_TIMEOUT_MS``) plus the run's own. The harness watches ZooKeeper with its
 own kazoo client (created inside the namespace): broker registrations (a killed broker is
 started again only once ZooKeeper dropped its old registration, as a broker refuses to
-register over a live one, and started again while it exits at start-up for want of a
-ZooKeeper quorum) and partition states (which broker leads a partition).
+register over a live one; a restart that cannot happen yet, or exits for want of a ZooKeeper
+quorum, is retried at the run's later actions and after healing) and partition states (which broker leads a partition).
 
 Every wait is bounded (``WAIT_TIMEOUT_S``) and polls an observed state. ``close`` kills every
 node by pid and stops the kazoo client; the namespace is the runner's to remove.
@@ -49,6 +49,7 @@ BROKER_PORT = 9092
 SESSION_TIMEOUT_MS = 6_000
 WAIT_TIMEOUT_S = 60.0
 RESTART_TIMEOUT_S = 120.0
+REGISTRATION_EXPIRY_WAIT_S = 2.5 * SESSION_TIMEOUT_MS / 1000
 POLL_INTERVAL_S = 0.1
 KAZOO_TIMEOUT_S = 10.0
 SOURCE_ADDRESS_SHIM = Path(__file__).with_name("source_address_shim.c")
@@ -103,6 +104,7 @@ class FaultCluster:
                 source_address_shim=shim)
             for broker_id, host in BROKER_HOSTS.items()}
         self.zk: KazooClient | None = None
+        self.pending_restarts: set[int] = set()
 
     @property
     def bootstrap(self) -> str:
@@ -164,23 +166,28 @@ class FaultCluster:
         state = records.decode_partition_state(data)
         return state.leader if state.has_leader else None
 
-    def restart_broker(self, broker_id: int) -> None:
-        """Start a killed broker once its old registration expired, again while it exits at
-        start-up (no ZooKeeper quorum within zookeeper.connection.timeout.ms while other
-        faults last), as a supervisor would; wait until it registers."""
-        wait_until(lambda: broker_id not in self.registered(),
-                   f"broker {broker_id}'s old registration to expire")
+    def restart_broker(self, broker_id: int, expiry_wait_s: float = 0.0) -> bool:
+        """Start a killed broker if its old registration expired and it starts (it exits at
+        start-up without a ZooKeeper quorum within zookeeper.connection.timeout.ms, which
+        other faults may prevent for now); otherwise it is left to ``restart_pending``, as a
+        supervisor would retry. Waits up to ``expiry_wait_s`` for the registration to expire.
+        True when it started."""
         broker = self.brokers[broker_id]
+        self.pending_restarts.add(broker_id)
+        try:
+            wait_until(lambda: broker_id not in self.registered(),
+                       f"broker {broker_id}'s old registration to expire", expiry_wait_s)
+            broker.start()
+        except (TimeoutError, RuntimeError):  # RuntimeError: exited at start-up (see its log)
+            return False
+        self.pending_restarts.discard(broker_id)
+        return True
 
-        def started() -> bool:
-            try:
-                broker.start()
-            except RuntimeError:  # exited at start-up: its log says why
-                return False
-            return True
-
-        wait_until(started, f"broker {broker_id} to start", RESTART_TIMEOUT_S)
-        wait_until(lambda: broker_id in self.registered(), f"broker {broker_id} to register")
+    def restart_pending(self, timeout_s: float = RESTART_TIMEOUT_S) -> None:
+        """Start again, bounded, every broker whose restart was put off."""
+        for broker_id in sorted(self.pending_restarts):
+            wait_until(lambda b=broker_id: self.restart_broker(b), f"broker {broker_id} to start",
+                       timeout_s)
 
     def restart_zookeeper(self, node_id: int) -> None:
         """Start a killed ZooKeeper node; it serves once it reaches a quorum, which other
@@ -188,7 +195,8 @@ class FaultCluster:
         self.zookeepers[node_id].start()
 
     def wait_until_whole(self) -> None:
-        """Every ZooKeeper node serves and every broker is registered (after healing)."""
+        """Every ZooKeeper node serves, every broker runs and is registered (after healing)."""
+        self.restart_pending()
         wait_until(lambda: all(self.zookeeper_mode(n) in SERVING_MODES for n in self.zookeepers),
                    "every ZooKeeper node to serve")
         wait_until(lambda: self.registered() == set(self.brokers), "every broker to register")

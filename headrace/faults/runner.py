@@ -55,7 +55,7 @@ from pathlib import Path
 from headrace.faults.cluster import BROKER_HOSTS, ZOOKEEPER_HOSTS, FaultCluster
 from headrace.faults.history import INFO, INVOKE, NEMESIS, OK, History, dump
 from headrace.faults.namespace import Namespace
-from headrace.faults.nemesis import Nemesis
+from headrace.faults.nemesis import Action, Nemesis
 from headrace.faults.nemesis.clock import ClockNemesis
 from headrace.faults.nemesis.cluster import CLUSTER_NEMESIS_KINDS, cluster_nemeses
 from headrace.faults.nemesis.network import PartitionNemesis
@@ -300,12 +300,26 @@ class _Run:
                 counts[fault.kind] = counts.get(fault.kind, 0) + 1
             else:
                 self.record(nemesis.heal())
+            self.retry_put_off_restarts()
         idle.wait(max(0.0, origin + self.config.duration_s - time.monotonic()))
         return counts
+
+    def retry_put_off_restarts(self) -> None:
+        """One more try at each broker restart put off (cluster target)."""
+        if self.cluster is None:
+            return
+        for broker_id in sorted(self.cluster.pending_restarts):
+            if self.cluster.restart_broker(broker_id):
+                broker = self.cluster.brokers[broker_id]
+                self.record(Action("restart", {"node": broker.name, "pid": broker.pid}))
 
     def heal_all(self) -> None:
         for nemesis in self.nemeses.values():
             self.record(nemesis.heal())
+        if self.cluster is not None and self.cluster.pending_restarts:
+            put_off = sorted(self.cluster.pending_restarts)
+            self.cluster.restart_pending()
+            self.record(Action("restart", {"brokers put off": put_off}))
 
     def close(self) -> None:
         try:

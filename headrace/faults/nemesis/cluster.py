@@ -3,7 +3,8 @@ brokers and ZooKeeper nodes, and iptables cuts between chosen node pairs.
 
 Kinds (the names in ``--nemesis`` and in a run's ``faults`` counts):
 
-- ``kill``: SIGKILL a broker; heal starts it again once its registration expired.
+- ``kill``: SIGKILL a broker; heal starts it again once its registration expired (put off,
+  and retried at later actions, while other faults keep it from ZooKeeper).
 - ``pause``: SIGSTOP the leader of a seeded partition for longer than the session timeout
   (ZooKeeper expires it, the controller elects another leader); heal is SIGCONT.
 - ``power``: power loss of a broker (only what it fsynced stays); heal restarts it.
@@ -24,7 +25,13 @@ from __future__ import annotations
 import random
 from dataclasses import asdict
 
-from headrace.faults.cluster import BROKER_HOSTS, SESSION_TIMEOUT_MS, ZOOKEEPER_HOSTS, FaultCluster
+from headrace.faults.cluster import (
+    BROKER_HOSTS,
+    REGISTRATION_EXPIRY_WAIT_S,
+    SESSION_TIMEOUT_MS,
+    ZOOKEEPER_HOSTS,
+    FaultCluster,
+)
 from headrace.faults.history import POWER_CUT
 from headrace.faults.namespace import Cut
 from headrace.faults.nemesis import Action, Nemesis
@@ -92,9 +99,10 @@ class BrokerProcessNemesis(Nemesis):
         raise NotImplementedError
 
     def recover(self, broker_id: int) -> Action:
-        self.cluster.restart_broker(broker_id)
         broker = self.cluster.brokers[broker_id]
-        return Action("restart", {"node": broker.name, "pid": broker.pid})
+        if self.cluster.restart_broker(broker_id, REGISTRATION_EXPIRY_WAIT_S):
+            return Action("restart", {"node": broker.name, "pid": broker.pid})
+        return Action("restart-put-off", {"node": broker.name})
 
 
 class BrokerKillNemesis(BrokerProcessNemesis):
