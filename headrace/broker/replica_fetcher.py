@@ -103,27 +103,36 @@ class ReplicaFetcherConfig:
 
 
 def truncation_offset(log_end_offset: int, high_watermark: int, leader_epoch: int,
-                      leader_end_offset: int, own_end_for_epoch) -> tuple[int, bool]:
-    """Kafka's ``getOffsetTruncationState``: (offset to truncate to, truncation complete)
-    from the leader's answer (``leader_epoch``, ``leader_end_offset``) for this log's latest
-    epoch; ``own_end_for_epoch(epoch)`` is the log's ``end_offset_for``."""
+                      leader_end_offset: int, own_end_for_epoch) -> tuple[int, int | None]:
+    """Kafka's ``getOffsetTruncationState``: (offset to truncate to, the epoch to ask the
+    leader about next -- None once truncation is complete) from the leader's answer
+    (``leader_epoch``, ``leader_end_offset``) for the epoch this log asked about;
+    ``own_end_for_epoch(epoch)`` is the log's ``end_offset_for``. The next epoch is the one
+    this log has below the leader's answer (Kafka asks its latest epoch after truncating,
+    the same one, unless the log ends with an epoch entry that holds no records)."""
     if leader_end_offset == UNDEFINED_EPOCH_OFFSET:  # the leader knows no such epoch range
-        return min(high_watermark, log_end_offset), True
+        return min(high_watermark, log_end_offset), None
     if leader_epoch == UNDEFINED_EPOCH:
-        return min(leader_end_offset, log_end_offset), True
+        return min(leader_end_offset, log_end_offset), None
     own_epoch, own_end_offset = own_end_for_epoch(leader_epoch)
     if own_end_offset == UNDEFINED_EPOCH_OFFSET:
-        return min(leader_end_offset, log_end_offset), True
+        return min(leader_end_offset, log_end_offset), None
     if own_epoch != leader_epoch:  # KIP-279: step down to the epoch below and ask again
-        return min(own_end_offset, log_end_offset), False
-    return min(own_end_offset, leader_end_offset, log_end_offset), True
+        return min(own_end_offset, log_end_offset), own_epoch
+    return min(own_end_offset, leader_end_offset, log_end_offset), None
+
+
+def epoch_to_ask(next_epoch: int | None, epoch_cache) -> int | None:
+    """The epoch a truncating follower asks the leader about: the one the last step named,
+    else its log's latest (None: the log has no epoch; it truncates to its high watermark)."""
+    return epoch_cache.latest_epoch() if next_epoch is None else next_epoch
 
 
 class _PartitionFetch:
     """One followed partition's fetch state (Kafka's ``PartitionFetchState``)."""
 
     __slots__ = ("topic", "partition", "log", "leader_epoch", "truncating", "fetch_offset",
-                 "delayed_until_ms", "lag")
+                 "delayed_until_ms", "lag", "next_epoch")
 
     def __init__(self, topic: str, partition: int, log, leader_epoch: int) -> None:
         self.topic, self.partition, self.log = topic, partition, log
@@ -132,6 +141,7 @@ class _PartitionFetch:
         self.fetch_offset = log.log_end_offset
         self.delayed_until_ms = 0
         self.lag: int | None = None  # the leader's HW - fetch offset, at the last fetch
+        self.next_epoch: int | None = None  # while truncating in steps: the epoch to ask
 
     @property
     def in_sync(self) -> bool:
@@ -255,7 +265,7 @@ class ReplicaFetcher:
     async def _truncate(self, states: list[_PartitionFetch]) -> None:
         asked: list[tuple[_PartitionFetch, int]] = []
         for state in states:
-            epoch = state.log.leader_epoch_cache.latest_epoch()
+            epoch = epoch_to_ask(state.next_epoch, state.log.leader_epoch_cache)
             if epoch is None:  # no epoch to ask about: Kafka truncates to the HW
                 async with self._lock:
                     if self._current(state):
@@ -285,10 +295,10 @@ class ReplicaFetcher:
                                           answer.error_code if answer else -1)
                     continue
                 log_ = state.log
-                offset, complete = truncation_offset(
+                offset, state.next_epoch = truncation_offset(
                     log_.log_end_offset, log_.high_watermark, answer.leader_epoch,
                     answer.end_offset, log_.leader_epoch_cache.end_offset_for)
-                await self._truncate_to(state, offset, complete)
+                await self._truncate_to(state, offset, state.next_epoch is None)
 
     async def _truncate_to(self, state: _PartitionFetch, offset: int, complete: bool) -> None:
         log_ = state.log

@@ -22,6 +22,10 @@ moving partitions' replicas in the topics' ``*.replication.throttled.replicas``)
 them to their original replicas, verify reports each one completed, in progress, or neither
 (and removes the throttles once none is in progress); one row per partition.
 
+``reassign --generate --topics-to-move-json-file F --broker-list 1,2``: Kafka's proposal of the
+topics' partitions placed again over the listed brokers (current and proposed reassignment
+JSON with ``--output json``; the proposed one is a valid ``--reassignment-json-file``).
+
 ``decommission --broker-id B [--dry-run]``: every replica on broker B reassigned to the other
 brokers (``reassignments.plan_decommission``); the plan is printed (as Kafka's reassignment JSON
 with ``--output json``) and executed unless ``--dry-run``; the broker may be stopped once
@@ -272,6 +276,11 @@ def reassign(
     cancel: Annotated[bool, typer.Option("--cancel", help="revert them to the original replicas")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="report whether they completed")] = False,
     list_: Annotated[bool, typer.Option("--list", help="the ongoing reassignments")] = False,
+    generate: Annotated[bool, typer.Option(
+        "--generate", help="propose a plan moving --topics-to-move-json-file's topics onto "
+        "--broker-list (nothing is executed)")] = False,
+    topics_to_move_json_file: Annotated[Path | None, typer.Option("--topics-to-move-json-file")] = None,
+    broker_list: Annotated[str | None, typer.Option("--broker-list", help="e.g. 1,2,3")] = None,
     reassignment_json_file: Annotated[Path | None, typer.Option(
         "--reassignment-json-file", help="Kafka's reassignment JSON")] = None,
     topic: Annotated[str | None, typer.Option("--topic", help="one partition's topic (or --list's)")] = None,
@@ -287,9 +296,12 @@ def reassign(
     from headrace.cli import reassignments
 
     with user_errors():
-        if sum((execute, cancel, verify, list_)) != 1:
-            raise UserError("give exactly one of --execute, --cancel, --verify, --list")
+        if sum((execute, cancel, verify, list_, generate)) != 1:
+            raise UserError("give exactly one of --execute, --cancel, --verify, --list, --generate")
         admin, metadata = connection.admin()
+        if generate:
+            _emit_generated(output, metadata, topics_to_move_json_file, broker_list)
+            return
         if list_:
             ongoing = reassignments.list_ongoing(metadata, connection.request_timeout_ms,
                                                  None if topic is None else [topic])
@@ -316,6 +328,25 @@ def reassign(
         rows = sorted((t, p, result) for (t, p), result in results.items())
         emit(output, [{"topic": t, "partition": p, "result": r} for t, p, r in rows],
              make_table(None, ["topic", "partition", "result"], rows))
+
+
+def _emit_generated(output: OutputFormat, metadata, topics_file: Path | None,
+                    broker_list: str | None) -> None:
+    """kafka-reassign-partitions --generate: the current assignment and a proposed one."""
+    from headrace.cli import reassignments
+
+    if topics_file is None or not broker_list:
+        raise UserError("--generate needs --topics-to-move-json-file and --broker-list")
+    try:
+        brokers = [int(b) for b in broker_list.split(",")]
+    except ValueError:
+        raise UserError(f"--broker-list {broker_list!r} is not a comma-separated list of broker ids") from None
+    current, proposed = reassignments.plan_generate(
+        metadata, reassignments.read_topics_to_move_file(topics_file), brokers)
+    rows = [(t, p, list(current[(t, p)]), list(r)) for (t, p), r in sorted(proposed.items())]
+    emit(output, {"current": reassignments.reassignment_document(current),
+                  "proposed": reassignments.reassignment_document(proposed)},
+         make_table(None, ["topic", "partition", "current replicas", "proposed replicas"], rows))
 
 
 def _requested_reassignments(path: Path | None, topic: str | None, partition: int | None,

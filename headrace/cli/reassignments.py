@@ -81,6 +81,43 @@ def plan_decommission(metadata: Any, broker_id: int) -> Targets:
     return plan
 
 
+def read_topics_to_move_file(path: Path) -> list[str]:
+    """The topics of Kafka's --topics-to-move-json-file: {"version":1,"topics":[{"topic":"t"}]}."""
+    try:
+        return [str(entry["topic"]) for entry in json.loads(path.read_text())["topics"]]
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror}") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{path} is not a topics-to-move JSON file ({error!r}); expected "
+                        '{"version":1,"topics":[{"topic":...}]}') from None
+
+
+def plan_generate(metadata: Any, topics: list[str], broker_list: list[int]) -> tuple[Targets, Targets]:
+    """(current, proposed) assignments of ``topics`` over ``broker_list``, as
+    kafka-reassign-partitions --generate: each topic's partitions placed again by Kafka's
+    rack-unaware assignment, keeping its replication factor."""
+    from headrace.cluster.zookeeper_records import assign_replicas_to_brokers
+    from headrace.errors import KafkaError
+
+    current = current_replicas(metadata)
+    missing = [t for t in topics if t not in metadata.topics]
+    if missing:
+        raise UserError(f"topic(s) {', '.join(missing)} do not exist")
+    moved: Targets = {}
+    proposed: Targets = {}
+    for topic in topics:
+        partitions = sorted(metadata.topics[topic].partitions)
+        replication_factor = len(current[(topic, partitions[0])]) if partitions else 0
+        try:
+            placed = assign_replicas_to_brokers(broker_list, len(partitions), replication_factor)
+        except KafkaError as error:
+            raise UserError(f"{topic}: {error.message}") from None
+        for index, partition in enumerate(partitions):
+            moved[(topic, partition)] = current[(topic, partition)]
+            proposed[(topic, partition)] = placed[index]
+    return moved, proposed
+
+
 def controller_connection(metadata: Any, timeout_ms: int) -> BrokerConnection:
     controller = getattr(metadata, "controller_id", -1)
     broker = metadata.brokers.get(controller)

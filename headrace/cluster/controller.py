@@ -158,6 +158,7 @@ class Controller:
         self._lock = threading.Lock()
         self._context: ControllerContext | None = None
         self._session_lost = False
+        self._won_epoch_zk_version = -1  # /controller_epoch's zkVersion after this broker's last win
         self._stopping = False
         self.controller_id: int | None = None  # as last seen on /controller; -1 unknown
         self._thread = threading.Thread(target=self._run, name="hr-controller", daemon=True)
@@ -314,6 +315,7 @@ class Controller:
         for result in (created, epoch_set):
             if isinstance(result, Exception):
                 raise result
+        self._won_epoch_zk_version = epoch_set.version
         self._become_active(epoch, epoch_set.version)
 
     def _owns_controller_znode(self) -> bool:
@@ -322,10 +324,15 @@ class Controller:
 
     def _resume_if_ours(self) -> None:
         """``/controller`` is this session's own (won, but reading the cluster failed): take up
-        the epoch it set. No other controller can have been elected while it exists."""
+        the epoch it set, if ``/controller_epoch`` is still at the zkVersion its election
+        wrote. Moved on since (this controller was fenced, and its ``move`` event has not run
+        yet): never adopt an epoch it did not win, delete ``/controller`` instead."""
         if not self._owns_controller_znode():
             return
         data, stat = self._zk.get(paths.CONTROLLER_EPOCH)
+        if stat.version != self._won_epoch_zk_version:
+            self._move_controller()
+            return
         self._become_active(records.decode_controller_epoch(data), stat.version)
 
     def _move_controller(self) -> None:

@@ -132,6 +132,7 @@ class LeaderReplicas:
         leaders = dict(self.leaders)
         for key in set(leaders) - set(led):
             leaders.pop(key).resign()
+        live_brokers = frozenset(snapshot.brokers)
         for key, log_ in led.items():
             state = snapshot.states[key]
             version = snapshot.state_versions.get(key, UNKNOWN_ZK_VERSION)
@@ -141,7 +142,9 @@ class LeaderReplicas:
                     or current.log is not log_:
                 leaders[key] = self._become_leader(log_, state, version, replicas, current,
                                                    now_ms)
+                leaders[key].live_brokers = live_brokers
                 continue
+            current.live_brokers = live_brokers
             if tuple(replicas) != current.replicas:
                 current.update_replicas(tuple(replicas), now_ms)
                 _apply_high_watermark_rule(current, self._initial_high_watermark)
@@ -223,6 +226,20 @@ class LeaderReplicas:
         leader.maybe_advance_high_watermark(self._clock.now_ms())
         try:
             return await asyncio.wait_for(leader.wait_for(required_offset), timeout_ms / 1000)
+        except TimeoutError:
+            return RequestTimedOut.code
+
+    async def wait_for_low_watermark(self, topic: str, partition: int, offset: int,
+                                     timeout_ms: int) -> int:
+        """After DeleteRecords moved this leader's log start to ``offset``: the error code once
+        every live replica's did (0), REQUEST_TIMED_OUT past ``timeout_ms``,
+        NOT_LEADER_OR_FOLLOWER when not leading."""
+        leader = self.leaders.get((topic, partition))
+        if leader is None:
+            return NotLeaderOrFollower.code
+        try:
+            return await asyncio.wait_for(leader.wait_for_low_watermark(offset),
+                                          timeout_ms / 1000)
         except TimeoutError:
             return RequestTimedOut.code
 

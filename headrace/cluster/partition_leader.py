@@ -29,7 +29,8 @@ Rules, as Kafka's ZooKeeper-mode ``Partition`` and ``Replica``:
   min.insync.replicas; after it the request waits here (a future per partition and required
   offset, completed by the high watermark passing it: no polling) and is answered
   NOT_ENOUGH_REPLICAS_AFTER_APPEND when the maximal ISR is then below min.insync.replicas
-  (``checkEnoughReplicasReachOffset``); leadership lost: NOT_LEADER_OR_FOLLOWER.
+  (``checkEnoughReplicasReachOffset``); leadership lost: NOT_LEADER_OR_FOLLOWER. Waits that
+  ended otherwise (the request timed out) are purged every ``PURGE_INTERVAL_REQUESTS``.
 
 The last replica standing (KIP-966's case), decided: a replicated partition whose maximal ISR
 is the leader alone counts the leader's log end offset as its recovery point (what is fsynced)
@@ -65,6 +66,9 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_OFFSET = -1
 NO_LEADER_EPOCH = -1
+# Kafka's producer.purgatory.purge.interval.requests default: waits that ended otherwise
+# (timed out, cancelled) are dropped from the purgatory every this many new waits
+PURGE_INTERVAL_REQUESTS = 1000
 
 
 @dataclass(slots=True)
@@ -114,7 +118,9 @@ class PartitionLeader:
         self.epoch_start_offset = log_.log_end_offset
         self.flush_after_append = False
         self.high_watermark_listeners: list = []  # called with no argument on each advance
+        self.live_brokers: frozenset[int] = frozenset()  # registered now (low watermark)
         self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._deletion_waiters: list[tuple[int, int, asyncio.Future]] = []
         self._waiter_numbers = itertools.count()
         self.update_replicas(replicas, now_ms)
 
@@ -192,6 +198,8 @@ class PartitionLeader:
                         f"{self.partition} in leader epoch {self.leader_epoch} (replicas "
                         f"{list(self.replicas)})")
         follower.record_fetch(fetch_offset, log_start_offset, now_ms, self.log.log_end_offset)
+        if self._deletion_waiters:
+            self.complete_deletion_waiters()
         return follower
 
     def follower_to_add(self, replica_id: int) -> bool:
@@ -250,9 +258,18 @@ class PartitionLeader:
         """A future completed with an error code (0: every maximal ISR member has the
         records below ``required_offset``) once the high watermark reaches it."""
         future = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (required_offset, next(self._waiter_numbers), future))
+        number = next(self._waiter_numbers)
+        if number % PURGE_INTERVAL_REQUESTS == PURGE_INTERVAL_REQUESTS - 1:
+            self._waiters = [entry for entry in self._waiters if not entry[2].done()]
+            heapq.heapify(self._waiters)
+        heapq.heappush(self._waiters, (required_offset, number, future))
         self.complete_waiters()
         return future
+
+    @property
+    def waiter_count(self) -> int:
+        """Entries in the purgatory, ended ones not yet purged (a read for tests, metrics)."""
+        return len(self._waiters)
 
     def complete_waiters(self) -> None:
         high_watermark = self.log.high_watermark
@@ -274,9 +291,37 @@ class PartitionLeader:
         self.complete_waiters()
 
     def resign(self) -> None:
-        """Leadership lost (or the log gone): every waiting acks=all answers
-        NOT_LEADER_OR_FOLLOWER."""
-        waiters, self._waiters = self._waiters, []
+        """Leadership lost (or the log gone): every waiting acks=all and DeleteRecords
+        answers NOT_LEADER_OR_FOLLOWER."""
+        waiters, self._waiters = self._waiters + self._deletion_waiters, []
+        self._deletion_waiters = []
         for _, _, future in waiters:
             if not future.done():
                 future.set_result(NotLeaderOrFollower.code)
+
+    # --- DeleteRecords --------------------------------------------------------------------
+
+    @property
+    def low_watermark(self) -> int:
+        """Kafka's ``lowWatermarkIfLeader``: the least log start offset of the leader and its
+        followers on live brokers."""
+        low = self.log.log_start_offset
+        for replica, follower in self.followers.items():
+            if replica in self.live_brokers:
+                low = min(low, follower.log_start_offset)
+        return low
+
+    def wait_for_low_watermark(self, offset: int) -> asyncio.Future:
+        """A future completed with 0 once every live replica's log starts at ``offset`` or
+        later (Kafka's ``DelayedDeleteRecords``)."""
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._deletion_waiters, (offset, next(self._waiter_numbers), future))
+        self.complete_deletion_waiters()
+        return future
+
+    def complete_deletion_waiters(self) -> None:
+        low_watermark = self.low_watermark
+        while self._deletion_waiters and self._deletion_waiters[0][0] <= low_watermark:
+            _, _, future = heapq.heappop(self._deletion_waiters)
+            if not future.done():
+                future.set_result(0)

@@ -7,7 +7,7 @@ UNDEFINED. The fetcher against real brokers is in tests/cluster/test_replica_fet
 
 from __future__ import annotations
 
-from headrace.broker.replica_fetcher import truncation_offset
+from headrace.broker.replica_fetcher import epoch_to_ask, truncation_offset
 from headrace.storage.fs import RealFileSystem
 from headrace.storage.leader_epoch_cache import LeaderEpochCache
 
@@ -35,14 +35,15 @@ class Replica:
 
 def truncate_by_epoch(follower: Replica, leader: Replica) -> tuple[int, int]:
     """The follower's truncation loop: (final log end offset, OffsetForLeaderEpoch rounds)."""
+    next_epoch = None
     for rounds in range(1, MAX_ROUNDS + 1):
-        epoch = follower.cache.latest_epoch()
+        epoch = epoch_to_ask(next_epoch, follower.cache)
         leader_epoch, leader_end = leader.cache.end_offset_for(epoch)
-        offset, complete = truncation_offset(
+        offset, next_epoch = truncation_offset(
             follower.log_end_offset, follower.high_watermark, leader_epoch, leader_end,
             follower.cache.end_offset_for)
         follower.truncate_to(offset)
-        if complete:
+        if next_epoch is None:
             return follower.log_end_offset, rounds
     raise AssertionError(f"truncation not complete after {MAX_ROUNDS} rounds")
 
@@ -90,4 +91,13 @@ def test_an_empty_follower_cache_takes_the_leaders_end(tmp_path):
     # No epoch to ask about: the fetcher truncates to the HW itself; asked about epoch 0
     # anyway (the leader answering epoch 0 ending at 6), the empty cache has no end for it,
     # so the leader's end counts.
-    assert truncation_offset(8, 2, 0, 6, follower.cache.end_offset_for) == (6, True)
+    assert truncation_offset(8, 2, 0, 6, follower.cache.end_offset_for) == (6, None)
+
+
+def test_an_epoch_entry_without_records_at_the_log_end_does_not_stall_the_steps(tmp_path):
+    # The follower's epoch 3 begins at its log end (assigned, its batch never written):
+    # truncating to the end of epoch 1 removes nothing, so the next question is about epoch
+    # 1 itself, not 3 again; offset 5 is epoch 1 here and epoch 0 on the leader.
+    leader = Replica(tmp_path / "leader", [(0, 0), (2, 6), (4, 9)], 12)
+    follower = Replica(tmp_path / "follower", [(0, 0), (1, 5), (3, 8)], 8, high_watermark=8)
+    assert truncate_by_epoch(follower, leader) == (5, 2)

@@ -241,6 +241,7 @@ def test_controlled_shutdown_moves_leadership_to_another_isr_member(cluster, adm
     assert partition_state(admin, "r", 0).leader == 2
     path = topic_admin.request_controlled_shutdown(
         cluster.sessions[2], 2, cluster.sessions[2].exists(paths.broker_id_path(2)).czxid)
+    admin.sync(path)  # the request was written through another ensemble node
     answer = wait_until(lambda: topic_admin.decode_controlled_shutdown(admin.get(path)[0])[1] is not None
                         and admin.get(path)[0], "the controller's answer")
     assert topic_admin.decode_controlled_shutdown(answer)[1] == []
@@ -306,6 +307,25 @@ def test_a_controller_fenced_while_it_still_holds_controller_makes_way_for_an_el
     assert controller_epoch(admin) == epoch + 6 and controller_id(admin) == 1
     state = wait_until(lambda: partition_state(admin, "after", 0), "the topic's state")
     assert state.controller_epoch == epoch + 6
+
+
+def test_a_fenced_controller_never_adopts_the_epoch_that_fenced_it(cluster, admin):
+    cluster.add_broker(1)
+    controller = wait_until(cluster.active, "a controller")
+    epoch = controller.epoch
+    admin.set(paths.CONTROLLER_EPOCH, records.encode_controller_epoch(epoch + 5))
+    controller._zk.sync(paths.CONTROLLER_EPOCH)
+
+    def fenced_then_stale_controller_event():
+        with pytest.raises(ControllerFenced):
+            controller.create_topic("late", 1, 1, {})
+        # a /controller event queued before the fencing runs before the "move" event
+        controller._on_controller_changed()
+        return controller.is_active, controller.epoch
+
+    active, adopted = controller.submit(fenced_then_stale_controller_event).result(WAIT_TIMEOUT_S)
+    assert (active, adopted) == (False, None)
+    wait_until(lambda: controller.epoch == epoch + 6, "a new election after the fencing")
 
 
 def test_partitions_added_to_an_assignment_by_another_writer_get_states(cluster, admin):

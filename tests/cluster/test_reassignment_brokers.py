@@ -157,6 +157,23 @@ def test_reassign_command_from_a_json_file_and_its_user_errors(three, tmp_path):
     assert row["status"] == "not reassigning; replicas are [2]"
     assert_user_error(run("cluster", "reassign", "--bootstrap-server", controller.bootstrap),
                       "exactly one of")
+
+    topics_file = tmp_path / "topics.json"
+    topics_file.write_text(json.dumps({"version": 1, "topics": [{"topic": "filed"}]}))
+    generated = run_json("cluster", "reassign", "--generate", "--topics-to-move-json-file",
+                         str(topics_file), "--broker-list", "1,3",
+                         "--bootstrap-server", controller.bootstrap)
+    assert generated["current"]["partitions"] == [{"topic": "filed", "partition": 0, "replicas": [2]}]
+    [proposed] = generated["proposed"]["partitions"]
+    assert proposed["replicas"] in ([1], [3])
+    plan.write_text(json.dumps(generated["proposed"]))
+    [row] = run_json("cluster", "reassign", "--execute", "--reassignment-json-file", str(plan),
+                     "--bootstrap-server", controller.bootstrap)
+    assert row["result"] == "ok"
+    wait_until(lambda: list(three.assignment("filed").partitions[0]) == proposed["replicas"],
+               "the generated plan carried out")
+    assert_user_error(run("cluster", "reassign", "--generate", "--broker-list", "1",
+                          "--bootstrap-server", controller.bootstrap), "needs --topics-to-move")
     plan.write_text("{}")
     assert_user_error(run("cluster", "reassign", "--execute", "--reassignment-json-file", str(plan),
                           "--bootstrap-server", controller.bootstrap), "not a reassignment JSON")

@@ -9,7 +9,9 @@ replica standing (``cluster.partition_leader``): a leader alone in its ISR keeps
 it acknowledged through a power cut (broker 2 runs under the power-cut shim,
 ``tests/power_cut.py``); an offset commit is answered once the offsets topic's followers have
 it (the brokers take one offsets partition, which a test creates on broker 1 and a raw
-follower), and so are transaction markers (WriteTxnMarkers).
+follower), and so are transaction markers (WriteTxnMarkers); DeleteRecords is answered once
+the followers on live brokers report log starts past the offset (a raw follower registered as
+a broker).
 
 One ZooKeeper ensemble and two brokers under one chroot serve the module: broker 1 keeps
 Kafka's replica.lag.time.max.ms (30 s: no follower leaves its ISRs during a test), broker 2 a
@@ -47,7 +49,7 @@ from tests.power_cut import PowerCutBroker, build_shim
 from tests.record_reading import iter_records
 
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 8, 9
-INIT_PRODUCER_ID, WRITE_TXN_MARKERS = 22, 27
+INIT_PRODUCER_ID, WRITE_TXN_MARKERS, DELETE_RECORDS, METADATA = 22, 27, 21, 3
 FETCH_VERSION = 12  # the last version with the replica_id body field
 PATIENT_BROKER, IMPATIENT_BROKER = 1, 2
 SHORT_LAG_TIME_MS = 1500
@@ -140,22 +142,22 @@ def cluster(tmp_path_factory, zookeeper_ensemble):
 
 
 def fetch_request(topic: str, offset: int, replica_id: int, leader_epoch: int = NO_EPOCH,
-                  max_wait_ms: int = 0) -> dict:
+                  max_wait_ms: int = 0, log_start_offset: int = -1) -> dict:
     return {"replica_id": replica_id, "max_wait": max_wait_ms, "min_bytes": 1,
             "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
             "rack_id": "", "forgotten_topics_data": [],
             "topics": [{"topic": topic, "partitions": [{
                 "partition": 0, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
                 "current_leader_epoch": leader_epoch, "last_fetched_epoch": -1,
-                "log_start_offset": -1}]}]}
+                "log_start_offset": log_start_offset}]}]}
 
 
 def fetch(bootstrap: str, topic: str, offset: int, replica_id: int,
-          leader_epoch: int = NO_EPOCH):
+          leader_epoch: int = NO_EPOCH, log_start_offset: int = -1):
     """One partition's Fetch v12 answer, for a follower (``replica_id`` >= 0) or a consumer."""
     with RawClient(bootstrap) as client:
-        answer = client.request(FETCH, FETCH_VERSION,
-                                fetch_request(topic, offset, replica_id, leader_epoch))
+        answer = client.request(FETCH, FETCH_VERSION, fetch_request(
+            topic, offset, replica_id, leader_epoch, log_start_offset=log_start_offset))
     return answer.responses[0].partitions[0]
 
 
@@ -425,3 +427,53 @@ def test_transaction_markers_are_answered_once_the_followers_have_them(cluster):
         received_id, answer = wire.decode_response(WRITE_TXN_MARKERS, 1, client.receive_frame())
     assert received_id == correlation_id
     assert answer.markers[0].topics[0].partitions[0].error_code == 0
+
+
+def test_delete_records_is_answered_once_live_followers_start_their_logs_past_the_offset(cluster):
+    leader = PATIENT_BROKER
+    topic = cluster.create_topic((leader, 36), min_insync_replicas=1)
+    join_isr(cluster, topic, leader, (36,))
+    bootstrap = cluster.bootstrap(leader)
+    end = 0
+    for value in (b"a", b"b", b"c"):
+        end = produce(bootstrap, topic, [value], acks=1).base_offset + 1
+    assert fetch(bootstrap, topic, end, 36, log_start_offset=0).high_watermark == end
+    with RawClient(bootstrap) as client:  # 36 is no live broker: its log start does not count
+        unregistered = client.request(DELETE_RECORDS, 2, {"timeout": 30_000, "topics": [
+            {"name": topic, "partitions": [{"partition_index": 0, "offset": 1}]}]})
+    assert unregistered.topics[0].partitions[0].low_watermark == 1
+    registration = cluster_helpers.register_broker(cluster.connect, 36)  # 36 is alive now
+    try:
+        wait_until(lambda: 36 in live_brokers(bootstrap), f"broker {leader} to see 36 alive")
+        with RawClient(bootstrap) as client:
+            correlation_id = client.send(DELETE_RECORDS, 2, {"timeout": 30_000, "topics": [
+                {"name": topic, "partitions": [{"partition_index": 0, "offset": 2}]}]})
+            wait_until(lambda: list_offset_earliest(bootstrap, topic) == 2,
+                       "the leader's log start to move")
+            fetch(bootstrap, topic, end, 36, log_start_offset=0)
+            assert not answered(client)  # 36's log still starts at 0
+            fetch(bootstrap, topic, end, 36, log_start_offset=2)
+            received_id, answer = wire.decode_response(DELETE_RECORDS, 2, client.receive_frame())
+    finally:
+        cluster_helpers.close(registration)
+    assert received_id == correlation_id
+    partition = answer.topics[0].partitions[0]
+    assert (partition.error_code, partition.low_watermark) == (0, 2)
+
+
+def list_offset_earliest(bootstrap: str, topic: str) -> int:
+    with RawClient(bootstrap) as client:
+        answer = client.request(LIST_OFFSETS, 7, {
+            "replica_id": CONSUMER, "isolation_level": 0, "topics": [{
+                "name": topic, "partitions": [{"partition_index": 0, "timestamp": -2,
+                                               "current_leader_epoch": -1}]}]})
+    return answer.topics[0].partitions[0].offset
+
+
+def live_brokers(bootstrap: str) -> set[int]:
+    """The brokers alive in the view of the broker at ``bootstrap`` (its Metadata)."""
+    with RawClient(bootstrap) as client:
+        answer = client.request(METADATA, 12, {
+            "topics": [], "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False})
+    return {broker.node_id for broker in answer.brokers}

@@ -4,16 +4,21 @@ Per partition, as Kafka's ReplicaManager/Partition.deleteRecordsOnLeader: offset
 high watermark; a negative offset or one beyond the high watermark is OFFSET_OUT_OF_RANGE; a
 topic whose cleanup.policy lacks "delete" is POLICY_VIOLATION; an unknown topic or partition
 is UNKNOWN_TOPIC_OR_PARTITION. The answer's low watermark is the log start offset afterwards
-(-1 on error). On a single node there are no replicas to wait for, so the timeout is unused.
+(-1 on error). On a single node there are no replicas to wait for, so the timeout is unused;
+in a cluster the leader answers once every replica on a live broker reports a log start at
+or past the offset (Kafka's DelayedDeleteRecords: the low watermark, followers report theirs
+in their fetches), REQUEST_TIMED_OUT after the request's timeout.
 Runs on the event loop thread; ``Log.delete_records_before`` runs on the broker's append
 thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from headrace.errors import KafkaError, OffsetOutOfRange, PolicyViolation
+from headrace.errors import KafkaError, OffsetOutOfRange, PolicyViolation, error_for_code
+from headrace.protocol import wire
 
 API_KEY = 21
 MIN_VERSION = 0
@@ -41,20 +46,36 @@ async def _delete_before(broker: Any, log: Any, requested_offset: int) -> int:
     return await broker.run_append(log.delete_records_before, offset)
 
 
-async def _partition_result(broker: Any, topic: str, partition: Any) -> dict[str, Any]:
+async def _partition_result(broker: Any, topic: str, partition: Any,
+                            timeout_ms: int) -> dict[str, Any]:
     result = {"partition_index": partition.partition_index, "error_code": 0}
     try:
         log = broker.log_manager.get_log(topic, partition.partition_index)
-        result["low_watermark"] = await _delete_before(broker, log, partition.offset)
+        low_watermark = await _delete_before(broker, log, partition.offset)
+        if broker.cluster is not None:
+            await _replicated(broker.cluster.leader_replicas, log, low_watermark, timeout_ms)
+        result["low_watermark"] = low_watermark
     except KafkaError as error:
         result.update(low_watermark=UNKNOWN_LOW_WATERMARK, error_code=error.code)
     return result
 
 
+async def _replicated(replication, log: Any, offset: int, timeout_ms: int) -> None:
+    leader = replication.leaders.get((log.topic, log.partition))
+    if leader is None or not leader.replicated:
+        return
+    code = await replication.wait_for_low_watermark(log.topic, log.partition, offset,
+                                                    timeout_ms)
+    if code:
+        raise error_for_code(code, f"the replicas of {log.topic}-{log.partition} did not "
+                                   f"delete the records below {offset}")
+
+
 async def handle(ctx, request):
-    topics = []
-    for topic in request.topics:
-        partitions = [await _partition_result(ctx.broker, topic.name, partition)
-                      for partition in topic.partitions]
-        topics.append({"name": topic.name, "partitions": partitions})
+    timeout_ms = wire.milliseconds(request.timeout)
+    results = iter(await asyncio.gather(*(  # every partition waits for its replicas at once
+        _partition_result(ctx.broker, topic.name, partition, timeout_ms)
+        for topic in request.topics for partition in topic.partitions)))
+    topics = [{"name": topic.name, "partitions": [next(results) for _ in topic.partitions]}
+              for topic in request.topics]
     return ctx.respond({"throttle_time": 0, "topics": topics})

@@ -351,11 +351,13 @@ def consumer_of(bootstrap: str, topic: str, partition: int = 0,
 
 
 def consume_at_least(consumer: Consumer, count: int, what: str,
-                     timeout_s: float = WAIT_TIMEOUT_S) -> list[bytes]:
-    """Values consumed until ``count`` were (bounded). Errors the client retries are kept for
-    the failure message; a fatal one fails the test."""
+                     timeout_s: float = WAIT_TIMEOUT_S,
+                     error_codes: list[int] | None = None) -> list[bytes]:
+    """Values consumed until ``count`` were (bounded). The codes of the errors the client
+    reports go to ``error_codes`` (and the failure message); a fatal one fails the test."""
     values: list[bytes] = []
     errors: list[str] = []
+    codes = error_codes if error_codes is not None else []
 
     def enough() -> bool:
         for message in consumer.consume(500, timeout=0.2):
@@ -365,6 +367,7 @@ def consume_at_least(consumer: Consumer, count: int, what: str,
             elif error.code() != KafkaError._PARTITION_EOF:
                 assert not error.fatal(), f"consumer error: {error}"
                 errors.append(str(error))
+                codes.append(error.code())
         return len(values) >= count
 
     try:

@@ -1,10 +1,11 @@
-"""Replica logs converge after double failovers (KIP-101, KIP-279): a returning replica holding
-records of an old leader epoch that the current leader never had truncates by leader epoch
-(OffsetForLeaderEpoch), not to its high watermark, and follows the KIP-279 rule when the
-leader answers with an older epoch than it asked for (truncate to the smaller of the leader's
-end offset and its own end offset for that epoch).
+"""Replica logs converge after double failovers (KIP-101, KIP-279), and consumers detect the
+truncation an unclean election makes (KIP-320). A returning replica holding records of an old
+leader epoch that the current leader never had truncates by leader epoch (OffsetForLeaderEpoch),
+not to its high watermark, and follows the KIP-279 rule when the leader answers with an older
+epoch than it asked for (truncate to the smaller of the leader's end offset and its own end
+offset for that epoch). A librdkafka consumer positioned past the divergence goes back to it.
 
-Both scenarios need a replica outside the ISR to be elected, so the module's cluster runs with
+Every scenario needs a replica outside the ISR to be elected, so the module's cluster runs with
 ``unclean.leader.election.enable=true`` (Kafka's behaviour when turned on: a live replica is
 elected when no ISR member is, and the records only the old leader had are lost; nothing else
 may be, and the replicas must end with identical logs). Topics have two replicas on brokers
@@ -17,10 +18,12 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from tests.cluster.replication.replicated_cluster import (
     AckedProducer,
     checkpointed_high_watermark,
+    consume_at_least,
     numbered,
     read_all,
     wait_until,
@@ -128,3 +131,37 @@ def test_a_follower_asking_for_an_epoch_the_leader_never_had_truncates_to_its_ow
     assert second_epoch.leader_epoch not in {b.leader_epoch for b in batches}
     expected = shared + epoch_one + epoch_three
     assert read_all(cluster.bootstrap, topic, len(expected)) == expected
+
+
+def test_a_consumer_past_the_new_leaders_end_detects_the_truncation(cluster):
+    """KIP-320 with librdkafka: a consumer positioned after records only broker 1 had
+    (acknowledged while it was alone in the ISR; position 150 in broker 1's leader epoch)
+    meets broker 2, elected uncleanly without them and since then written at the same
+    offsets. Validating its position with OffsetForLeaderEpoch, it learns the log diverged at
+    100 and reads every record broker 2 wrote from there; without KIP-320 it would fetch from
+    150 and skip the first 50 of them silently."""
+    topic, first_epoch = new_topic(cluster, "kip320")
+    shared = numbered(b"shared", 0, 100)
+    produce(cluster, topic, shared)
+    cluster.kill(SECOND)
+    cluster.wait_for_isr(topic, [FIRST])
+    only_first = numbered(b"first", 0, 50)
+    produce(cluster, topic, only_first)
+    position_epoch = cluster.state(topic).leader_epoch
+
+    cluster.kill(FIRST)
+    cluster.wait_for_unregistered(FIRST)
+    cluster.restart_after_expiry(SECOND)
+    cluster.wait_for_leader(topic, [SECOND], newer_than_epoch=first_epoch)
+    only_second = numbered(b"second", 0, 80)
+    produce(cluster, topic, only_second)
+
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": topic,
+                         "enable.auto.commit": False, "auto.offset.reset": "latest"})
+    consumer.assign([TopicPartition(topic, 0, len(shared) + len(only_first),
+                                    leader_epoch=position_epoch)])
+    try:
+        values = consume_at_least(consumer, len(only_second), "the new leader's records")
+    finally:
+        consumer.close()
+    assert values == only_second
