@@ -133,7 +133,8 @@ def c_dependencies(path: Path, package_root: Path) -> list[tuple[str, str | None
 
 # C sources that are not Python extensions, with the module that builds each: the power-cut
 # LD_PRELOAD shim is compiled by the fault harness at run time (its includes are still checked).
-NOT_EXTENSIONS = {"headrace/faults/power_cut_shim.c": "headrace/faults/power_cut.py"}
+NOT_EXTENSIONS = {"headrace/faults/power_cut_shim.c": "headrace/faults/power_cut.py",
+                  "headrace/faults/source_address_shim.c": "headrace/faults/cluster.py"}
 
 
 def extension_modules(package_root: Path) -> dict[str, str]:

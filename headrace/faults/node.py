@@ -2,7 +2,10 @@
 
 ``Node`` is the process mechanics (a command, an environment, a log file, a listening address
 it is ready at); ``BrokerNode`` is a headrace broker on its own address and data directory.
-A ZooKeeper node of the cluster will be another ``Node`` subclass with its own command.
+``ZooKeeperNode`` is one JVM of a ZooKeeper ensemble on its own address (ports the same on
+every address: ``ZOOKEEPER_CLIENT_PORT``, ``ZOOKEEPER_PEER_PORT``, ``ZOOKEEPER_ELECTION_PORT``).
+With ``source_address_shim`` (``source_address_shim.c``) a node's outgoing connections leave
+from its own address, so an iptables rule can cut chosen node pairs.
 
 A node may run inside a ``Namespace`` (``ip netns exec``, which keeps the pid), under the
 power-cut shim (``power_cut.py``: ``power_cut`` then leaves only what was fsynced), and with a
@@ -34,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from headrace.cluster.zookeeper_ensemble import QUORUM_PEER_MAIN, zookeeper_classpath
 from headrace.faults.namespace import Namespace
 from headrace.faults.power_cut import (
     CutOutcome,
@@ -47,6 +51,7 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 READY_PROBE_TIMEOUT_S = 1.0
 READY_PROBE_INTERVAL_S = 0.05
+SOURCE_ADDRESS_VARIABLE = "HEADRACE_SOURCE_ADDRESS"  # read by source_address_shim.c
 LIBFAKETIME_GLOB = "/usr/lib/*/faketime/libfaketimeMT.so.1"
 
 
@@ -61,8 +66,8 @@ class Node:
 
     def __init__(self, name: str, host: str, port: int, log_path: Path,
                  namespace: Namespace | None = None, start_timeout_s: float = START_TIMEOUT_S,
-                 preload: list[Path] | None = None, clock_control_file: Path | None = None
-                 ) -> None:
+                 preload: list[Path] | None = None, clock_control_file: Path | None = None,
+                 source_address_shim: Path | None = None) -> None:
         self.name = name
         self.host = host
         self.port = port
@@ -71,6 +76,9 @@ class Node:
         self.start_timeout_s = start_timeout_s
         self.preload = list(preload or [])
         self.clock_control_file = clock_control_file
+        self.binds_source_address = source_address_shim is not None
+        if source_address_shim is not None:
+            self.preload.append(source_address_shim)
         self.process: subprocess.Popen | None = None
         if clock_control_file is not None:
             self.preload.append(_required_libfaketime())
@@ -98,6 +106,8 @@ class Node:
         if self.clock_control_file is not None:
             env.update(FAKETIME_TIMESTAMP_FILE=str(self.clock_control_file),
                        FAKETIME_CACHE_DURATION="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
+        if self.binds_source_address:
+            env[SOURCE_ADDRESS_VARIABLE] = self.host
         return env
 
     def start(self) -> None:
@@ -174,7 +184,7 @@ class BrokerNode(Node):
     def __init__(self, name: str, host: str, port: int, data_dir: Path,
                  overrides: dict[str, str] | None = None, namespace: Namespace | None = None,
                  power_shim: Path | None = None, clock_control_file: Path | None = None,
-                 drop_fsync_suffix: str = "") -> None:
+                 drop_fsync_suffix: str = "", source_address_shim: Path | None = None) -> None:
         self.data_dir = data_dir.resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.overrides = dict(overrides or {})
@@ -183,7 +193,8 @@ class BrokerNode(Node):
         self.shadow_dir = shadow_dir_of(self.data_dir)
         super().__init__(name, host, port, self.data_dir.with_name(f"{name}.log"), namespace,
                          preload=[power_shim] if power_shim else [],
-                         clock_control_file=clock_control_file)
+                         clock_control_file=clock_control_file,
+                         source_address_shim=source_address_shim)
 
     @property
     def bootstrap(self) -> str:
@@ -233,3 +244,38 @@ def _required_libfaketime() -> Path:
     if library is None:
         raise RuntimeError(f"libfaketime not found ({LIBFAKETIME_GLOB}): install faketime")
     return library
+
+
+ZOOKEEPER_CLIENT_PORT = 2181
+ZOOKEEPER_PEER_PORT = 2888
+ZOOKEEPER_ELECTION_PORT = 3888
+ZOOKEEPER_TICK_TIME_MS = 500
+ZOOKEEPER_HEAP_MB = 64
+
+
+class ZooKeeperNode(Node):
+    """ZooKeeper server ``node_id`` of the ensemble ``peers`` (id -> host), on its host."""
+
+    def __init__(self, node_id: int, peers: dict[int, str], base_dir: Path,
+                 namespace: Namespace | None = None,
+                 source_address_shim: Path | None = None) -> None:
+        self.node_id = node_id
+        self.node_dir = (base_dir / f"zookeeper-{node_id}").resolve()
+        (self.node_dir / "data").mkdir(parents=True, exist_ok=True)
+        (self.node_dir / "data" / "myid").write_text(f"{node_id}\n")
+        lines = [f"tickTime={ZOOKEEPER_TICK_TIME_MS}", "initLimit=10", "syncLimit=5",
+                 f"dataDir={self.node_dir / 'data'}", f"clientPortAddress={peers[node_id]}",
+                 f"clientPort={ZOOKEEPER_CLIENT_PORT}", "maxClientCnxns=0",
+                 "4lw.commands.whitelist=srvr,ruok", "admin.enableServer=false",
+                 *(f"server.{peer}={host}:{ZOOKEEPER_PEER_PORT}:{ZOOKEEPER_ELECTION_PORT}"
+                   for peer, host in sorted(peers.items()))]
+        (self.node_dir / "zoo.cfg").write_text("\n".join(lines) + "\n")
+        super().__init__(f"zookeeper-{node_id}", peers[node_id], ZOOKEEPER_CLIENT_PORT,
+                         self.node_dir / "zookeeper.log", namespace,
+                         source_address_shim=source_address_shim)
+
+    def command(self) -> list[str]:
+        # IPv4 sockets only: the source-address shim binds IPv4 sockets.
+        return ["java", f"-Xmx{ZOOKEEPER_HEAP_MB}m", "-XX:+UseSerialGC",
+                "-Djava.net.preferIPv4Stack=true", "-Dzookeeper.jmx.log4j.disable=true",
+                "-cp", zookeeper_classpath(), QUORUM_PEER_MAIN, str(self.node_dir / "zoo.cfg")]

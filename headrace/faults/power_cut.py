@@ -54,12 +54,18 @@ def shadow_dir_of(data_dir: Path) -> Path:
 
 def build_shim(build_dir: Path) -> Path:
     """Compile the shim (once per source version) into ``build_dir``; returns the .so path."""
+    return compile_preload_library(SHIM_SOURCE, build_dir)
+
+
+def compile_preload_library(source: Path, build_dir: Path) -> Path:
+    """Compile the LD_PRELOAD library ``source`` (once per source version) into
+    ``build_dir``; returns the .so path."""
     build_dir.mkdir(parents=True, exist_ok=True)
-    library = build_dir / f"power_cut_shim-{SHIM_SOURCE.stat().st_mtime_ns}.so"
+    library = build_dir / f"{source.stem}-{source.stat().st_mtime_ns}.so"
     if not library.exists():
         partial = library.with_suffix(f".{os.getpid()}.tmp")
         subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror",
-                        "-pthread", "-o", str(partial), str(SHIM_SOURCE), "-ldl"], check=True)
+                        "-pthread", "-o", str(partial), str(source), "-ldl"], check=True)
         partial.rename(library)
     return library
 

@@ -67,3 +67,13 @@ def test_power_cuts_find_lost_writes_when_segment_fsyncs_are_dropped(tmp_path):
                            drop_segment_fsyncs=True), tmp_path / "run")
     assert result.counts["lost"] > 0, json.dumps(result.summary())
     assert (tmp_path / "run" / "failed" / "seed-15" / "history.jsonl").exists()
+
+
+def test_a_seeded_transactional_run_with_kills_finds_no_aborted_read_or_cycle(tmp_path):
+    """One node (the transaction coordinator is single-node): transactions committed and
+    aborted around kills; read_committed consumers never see an aborted value (G1a), the
+    transactions' reads and writes form no cycle (G1c), the drain holds every commit."""
+    summary = run_and_check(tmp_path, RunConfig(seed=16, nemeses=("kill",),
+                                                workload="transactional",
+                                                duration_s=SMOKE_DURATION_S * 2))
+    assert (summary["g1a"], summary["g1c"]) == (0, 0), summary

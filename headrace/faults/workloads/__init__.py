@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from headrace.faults.history import INFO, INVOKE, OK, History
+from headrace.faults.history import FAIL, INFO, INVOKE, OK, History
 from headrace.faults.namespace import Namespace
 
 TOPIC_CREATE_TIMEOUT_S = 30.0
+DEFAULT_REPLICATION_FACTOR = -1  # CreateTopics: the broker's default.replication.factor
 THREAD_JOIN_TIMEOUT_S = 60.0
 PRODUCER_POLL_S = 0.01
 CLIENT_SETTINGS = {"log_level": 0, "reconnect.backoff.max.ms": 500,
@@ -122,9 +123,15 @@ class Workload:
             value = f"{settings.prefix}{sequence}"
             partition = sequence % settings.partitions
             self.history.record(INVOKE, process, f, value, partition=partition)
+            try:
+                producer.produce(settings.topic, value.encode(), partition=partition,
+                                 on_delivery=report(value, partition))
+            except KafkaException as refused:  # a fatal error already: never enqueued
+                self.history.record(FAIL, process, f, value, partition=partition,
+                                    error=str(refused.args[0].name()))
+                fatal[0] = True
+                break
             outstanding[0] += 1
-            producer.produce(settings.topic, value.encode(), partition=partition,
-                             on_delivery=report(value, partition))
             producer.poll(0)
         _finish(producer, settings.message_timeout_ms / 1000, fatal[0])
 
@@ -146,8 +153,10 @@ class Workload:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """``topic`` with the broker's default.replication.factor (1 for one node, the cluster
+    target's 3) and its min.insync.replicas."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **CLIENT_SETTINGS})
-    futures = admin.create_topics([NewTopic(topic, partitions, 1)],
+    futures = admin.create_topics([NewTopic(topic, partitions, DEFAULT_REPLICATION_FACTOR)],
                                   request_timeout=TOPIC_CREATE_TIMEOUT_S)
     futures[topic].result(TOPIC_CREATE_TIMEOUT_S)
 
