@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -113,9 +113,18 @@ class BrokerProcess:
         raise RuntimeError(f"broker did not start in {STARTUP_TIMEOUT_S}s")
 
     def stop(self) -> int | None:
-        if self.process is None or self.process.poll() is not None:
-            return self.process.returncode if self.process else None
-        self.process.send_signal(signal.SIGTERM)
+        self.request_stop()
+        return self.wait_stopped()
+
+    def request_stop(self) -> None:
+        """SIGTERM, without waiting: a broker in a cluster first hands its leaderships over."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self) -> int | None:
+        """The exit code once the process ended; SIGKILL after STOP_TIMEOUT_S."""
+        if self.process is None:
+            return None
         try:
             return self.process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -141,6 +150,17 @@ class BrokerProcess:
         with self.log_path.open("rb") as log_file:
             log_file.seek(since_byte)
             return log_file.read().decode(errors="replace")
+
+
+def stop_brokers(brokers: Iterable[BrokerProcess]) -> None:
+    """Stop every broker at once: SIGTERM to all, then wait for each. One at a time, the last
+    ones of a cluster would each wait out controlled shutdown's retries (its leaderships have
+    nowhere to go while the others are already stopping)."""
+    brokers = list(brokers)
+    for broker in brokers:
+        broker.request_stop()
+    for broker in brokers:
+        broker.wait_stopped()
 
 
 def _start(tmp_dir: Path, overrides: dict[str, str] | None = None) -> BrokerProcess:

@@ -29,7 +29,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from headrace.cluster.zookeeper_ensemble import ZooKeeperEnsemble
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, stop_brokers
 
 ZOOKEEPER_CONNECT_TIMEOUT_S = 30.0
 ZNODE_TIMEOUT_S = 30.0
@@ -120,8 +120,7 @@ class ClusterBrokers:
         return broker, path
 
     def stop_all(self) -> None:
-        for broker in self.started:
-            broker.stop()
+        stop_brokers(self.started)
 
 
 @pytest.fixture

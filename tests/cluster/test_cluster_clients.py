@@ -30,7 +30,7 @@ from headrace.errors import (
 )
 from tests.broker.raw_client import RawClient
 from tests.cluster import cluster_helpers
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, stop_brokers
 from tests.spark.conftest import spark  # noqa: F401 -- the SparkSession fixture
 
 # Three brokers, ZooKeeper and a client on a shared 2-core machine: waits get twice the helpers'
@@ -76,8 +76,7 @@ class Cluster:
                                for b in BROKER_IDS), "every broker to see the three")
 
     def stop(self) -> None:
-        for broker in self.brokers.values():
-            broker.stop()
+        stop_brokers(self.brokers.values())
 
     def metadata(self, broker_id: int, topics: list[str] | None = None, version: int = 12):
         values = {"topics": None if topics is None else [{"name": t} for t in topics],

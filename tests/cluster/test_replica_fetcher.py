@@ -33,7 +33,7 @@ from confluent_kafka.admin import (
 from headrace.protocol import records as record_codec
 from tests.broker.raw_client import RawClient
 from tests.cluster import cluster_helpers
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, stop_brokers
 from tests.record_reading import iter_headers, iter_records
 
 WAIT_TIMEOUT_S = 2 * cluster_helpers.WAIT_TIMEOUT_S
@@ -87,8 +87,7 @@ class Cluster:
                    "every broker to see the three")
 
     def stop(self) -> None:
-        for broker in self.brokers.values():
-            broker.stop()
+        stop_brokers(self.brokers.values())
 
     def request(self, broker_id: int, api_key: int, version: int, values: dict):
         with RawClient(self.brokers[broker_id].bootstrap) as client:

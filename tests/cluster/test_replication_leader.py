@@ -44,7 +44,7 @@ from headrace.protocol import records as record_codec
 from headrace.protocol import wire
 from tests.broker.raw_client import SOCKET_TIMEOUT_S, RawClient
 from tests.cluster import cluster_helpers
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, stop_brokers
 from tests.power_cut import PowerCutBroker, build_shim
 from tests.record_reading import iter_records
 
@@ -94,8 +94,7 @@ class LeaderCluster:
     def stop(self) -> None:
         if self.zk is not None:
             cluster_helpers.close(self.zk)
-        for broker in self.brokers.values():
-            broker.stop()
+        stop_brokers(self.brokers.values())
 
     def bootstrap(self, broker_id: int) -> str:
         return self.brokers[broker_id].bootstrap
