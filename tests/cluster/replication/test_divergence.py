@@ -25,7 +25,6 @@ from headrace.storage.leader_epoch_cache import (
     EpochEntry,
     decode_entries,
 )
-
 from tests.cluster.replication.replicated_cluster import (
     AckedProducer,
     checkpointed_high_watermark,
