@@ -3,7 +3,9 @@
 Owns the socket of a replica fetcher (``headrace.broker.replica_fetcher``): requests are
 kio entities built from plain values and framed by ``headrace.protocol.wire`` (request header
 v1, or v2 for flexible versions), one request in flight at a time, each round trip bounded by
-``replica.socket.timeout.ms`` (``TimeoutError``); a response announcing more than
+``replica.socket.timeout.ms`` (``TimeoutError``; bounded with ``asyncio.timeout``, never
+``asyncio.wait_for``, which on Python 3.11 swallows a cancellation that arrives as the
+response does: the fetcher being stopped would carry on for ever); a response announcing more than
 ``max_response_bytes`` or a negative size, or carrying another correlation id, closes the
 connection (``ReplicaConnectionError``): its byte stream can no longer be trusted. The broker
 layer may not import ``headrace.client``, so this is the loop-side twin of its blocking
@@ -109,9 +111,9 @@ class ReplicaConnection:
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
-        self._transport, self._protocol = await asyncio.wait_for(loop.create_connection(
-            lambda: _ResponseProtocol(self._max_response_bytes), self.host, self.port),
-            self._timeout_s)
+        async with asyncio.timeout(self._timeout_s):
+            self._transport, self._protocol = await loop.create_connection(
+                lambda: _ResponseProtocol(self._max_response_bytes), self.host, self.port)
 
     def close(self) -> None:
         if self._transport is not None:
@@ -134,8 +136,8 @@ class ReplicaConnection:
         """Send one request and return its response frame (correlation id checked, still
         at its start), undecoded; errors as ``request``."""
         try:
-            return await asyncio.wait_for(self._round_trip(api_key, api_version, values),
-                                          self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                return await self._round_trip(api_key, api_version, values)
         except BaseException:
             self.close()
             raise

@@ -168,6 +168,7 @@ class ReplicaFetcher:
         self._lock = asyncio.Lock()
         self._connection: ReplicaConnection | None = None
         self._task: asyncio.Task | None = None
+        self._stopped = False
 
     @property
     def partitions(self) -> dict[tuple[str, int], _PartitionFetch]:
@@ -177,6 +178,13 @@ class ReplicaFetcher:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        """Cancel the fetch loop and wait for it to end. The loop also ends by itself once
+        stopped: ``follow`` (and with it the replica manager's apply loop) waits here, so a
+        cancellation lost on the way (Python 3.11's ``asyncio.wait_for`` returns the result
+        of an awaitable that completed as the cancellation arrived) must not leave it waiting
+        for ever on a loop with nothing to fetch."""
+        self._stopped = True
+        self._wakeup.set()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -204,7 +212,7 @@ class ReplicaFetcher:
     # --- the fetch loop -------------------------------------------------------------------
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopped:
             now_ms = self._manager.now_ms()
             ready = [s for s in self._partitions.values() if s.delayed_until_ms <= now_ms]
             if not ready:
@@ -238,9 +246,11 @@ class ReplicaFetcher:
 
     async def _wait(self, timeout_ms: int | None) -> None:
         self._wakeup.clear()
-        try:
-            await asyncio.wait_for(self._wakeup.wait(),
-                                   None if timeout_ms is None else timeout_ms / 1000)
+        if self._stopped:
+            return
+        try:  # asyncio.timeout, not wait_for: see ``stop``
+            async with asyncio.timeout(None if timeout_ms is None else timeout_ms / 1000):
+                await self._wakeup.wait()
         except TimeoutError:
             pass
 

@@ -13,7 +13,12 @@ Rules, as Kafka's ZooKeeper-mode ``Partition`` and ``Replica``:
   log end offset, else the previous fetch's time when ``o`` reaches the leader's log end offset
   of that previous fetch (``Replica.updateFetchStateOrThrow``). A fetch from a broker outside
   the assignment is UNKNOWN_LEADER_EPOCH when it named a leader epoch, else
-  NOT_LEADER_OR_FOLLOWER (``followerReplicaOrThrow``).
+  NOT_LEADER_OR_FOLLOWER (``followerReplicaOrThrow``). A fetch naming another leader epoch
+  than this leader's (``current_leader_epoch``, -1: none named) is FENCED_LEADER_EPOCH when
+  older, UNKNOWN_LEADER_EPOCH when newer (``checkCurrentLeaderEpoch`` on the partition's own
+  epoch), and records nothing: a follower of a newer epoch never moves a deposed leader's
+  high watermark, even while this broker's metadata already has that epoch and its replica
+  manager has not applied it yet.
 * Caught up: the follower's log end offset equals the leader's, or it was caught up within
   ``replica.lag.time.max.ms``.
 * High watermark: the least log end offset over the leader and every follower that is in the
@@ -56,6 +61,7 @@ from dataclasses import dataclass, replace
 
 from headrace.cluster.zookeeper_records import PartitionState
 from headrace.errors import (
+    FencedLeaderEpoch,
     NotEnoughReplicas,
     NotEnoughReplicasAfterAppend,
     NotLeaderOrFollower,
@@ -190,6 +196,11 @@ class PartitionLeader:
 
     def record_follower_fetch(self, replica_id: int, fetch_offset: int, log_start_offset: int,
                               current_leader_epoch: int, now_ms: int) -> FollowerState:
+        if current_leader_epoch != NO_LEADER_EPOCH and current_leader_epoch != self.leader_epoch:
+            error = (FencedLeaderEpoch if current_leader_epoch < self.leader_epoch
+                     else UnknownLeaderEpoch)
+            raise error(f"{self.topic}-{self.partition}: fetch in leader epoch "
+                        f"{current_leader_epoch}, this leader's is {self.leader_epoch}")
         follower = self.followers.get(replica_id)
         if follower is None:
             error = (UnknownLeaderEpoch if current_leader_epoch != NO_LEADER_EPOCH

@@ -94,3 +94,38 @@ def test_a_peer_hanging_up_mid_response_is_a_connection_error():
     error, still_open = asyncio.run(_against_peer(struct.pack(">ii", 100, 1), hang_up=True))
     assert isinstance(error, EOFError)  # asyncio's IncompleteReadError
     assert not still_open
+
+
+def test_a_request_cancelled_as_its_response_arrives_ends_cancelled(broker):
+    """A fetcher is stopped by cancelling its task (``ReplicaFetcher.stop``, which the
+    replica manager's apply loop waits for). The cancellation lands here in the one moment
+    that lost it before (Python 3.11's ``asyncio.wait_for``): the response has been read,
+    the request has not returned yet. A cancellation the task accepted must end it."""
+    async def run():
+        connection = ReplicaConnection("127.0.0.1", broker.port, "replica-test",
+                                       SOCKET_TIMEOUT_MS, MAX_RESPONSE_BYTES)
+        await connection.open()
+        loop = asyncio.get_running_loop()
+        accepted: list[bool] = []
+        protocol = connection._protocol
+        received = protocol.buffer_updated
+
+        def cancel_as_the_response_arrives(nbytes: int) -> None:
+            received(nbytes)
+            if protocol.receiver.partial_frame_bytes == 0:  # the whole response is in
+                loop.call_soon(lambda: accepted.append(request.cancel()))
+
+        protocol.buffer_updated = cancel_as_the_response_arrives
+        request = asyncio.ensure_future(_metadata(connection))
+        try:
+            await request
+            outcome = "returned"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+        finally:
+            connection.close()
+        return accepted, outcome
+
+    accepted, outcome = asyncio.run(run())
+    assert accepted, "the response never arrived"
+    assert outcome == ("cancelled" if accepted[0] else "returned")

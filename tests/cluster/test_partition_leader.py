@@ -10,7 +10,7 @@ import asyncio
 from headrace.broker.handlers.produce import _append_as_leader
 from headrace.cluster.partition_leader import PURGE_INTERVAL_REQUESTS, PartitionLeader
 from headrace.cluster.zookeeper_records import PartitionState
-from headrace.errors import NotEnoughReplicasAfterAppend
+from headrace.errors import FencedLeaderEpoch, NotEnoughReplicasAfterAppend, UnknownLeaderEpoch
 from headrace.protocol.records import build_batch
 from tests.record_reading import iter_headers
 from tests.storage.helpers import NOW_MS, open_log
@@ -117,3 +117,25 @@ def test_a_produce_routed_before_a_new_epoch_stamps_the_epoch_current_at_its_app
 
 def segment_bytes(directory) -> bytes:
     return b"".join(path.read_bytes() for path in sorted(directory.glob("*.log")))
+
+
+def test_a_fetch_in_another_leader_epoch_is_refused_and_records_nothing(tmp_path):
+    # Kafka's checkCurrentLeaderEpoch on the leader's own epoch (2 here): a follower of a newer
+    # epoch never moves a deposed leader's high watermark; -1 names no epoch.
+    log = open_log(tmp_path)
+    log.manage_high_watermark(0)
+    leader = PartitionLeader(LEADER, log, PartitionState(LEADER, 2, (LEADER, FOLLOWER), 1), 0,
+                             (LEADER, FOLLOWER, OTHER), NOW_MS, LAG_TIME_MAX_MS)
+    end = _append(leader, 3)
+    refused = []
+    for epoch, error in ((3, UnknownLeaderEpoch), (1, FencedLeaderEpoch)):
+        try:
+            leader.record_follower_fetch(FOLLOWER, end, 0, epoch, NOW_MS)
+        except error:
+            refused.append(epoch)
+    leader.maybe_advance_high_watermark(NOW_MS)
+    assert (refused, leader.followers[FOLLOWER].log_end_offset, leader.log.high_watermark) \
+        == ([3, 1], -1, 0)
+    leader.record_follower_fetch(FOLLOWER, end, 0, 2, NOW_MS)  # its own epoch: recorded
+    leader.maybe_advance_high_watermark(NOW_MS)
+    assert leader.log.high_watermark == end

@@ -8,7 +8,8 @@ into the batches; acks=-1 answers NOT_ENOUGH_REPLICAS before the append when its
 below min.insync.replicas, then waits (Kafka's DelayedProduce: a future completed when the
 high watermark passes the records, no polling) up to the request's ``timeout``:
 REQUEST_TIMED_OUT past it, NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR fell below
-min.insync.replicas meanwhile, NOT_LEADER_OR_FOLLOWER when leadership moved; the base offset
+min.insync.replicas meanwhile, NOT_LEADER_OR_FOLLOWER when leadership moved (also while the
+records were being appended: no longer led here when the wait would begin); the base offset
 is answered with those errors, as Kafka's. A partition whose ISR is its leader alone is
 flushed after the append (the last replica standing: see ``cluster.partition_leader``).
 Versions 0-2 (clients that skip ApiVersions) carry magic 0/1 message sets: each is
@@ -173,18 +174,30 @@ def _prepare(records: memoryview | bytes | None, version: int) -> memoryview | b
 
 
 def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int,
-                version: int, leaders) -> dict:
+                version: int, replication, appended_by: dict) -> dict:
+    """One partition's append; in a cluster by the partition's leader as it is when the
+    append runs (``replication.leaders``: replaced, never mutated, so read from any thread),
+    recorded in ``appended_by``. A leader epoch the log has moved past meanwhile (a newer
+    state applied since) is NOT_LEADER_OR_FOLLOWER, as a partition not led here: nothing is
+    written and the client retries after refreshing its metadata, where Kafka's brokers
+    never answer FENCED_LEADER_EPOCH to a producer."""
     try:
         log_ = manager.get_log(topic, index)
+        leaders = replication.leaders if replication is not None else None
         leader = leaders.get((topic, index)) if leaders is not None else None
         if leader is not None:
             result = _append_as_leader(leader, log_, _prepare(records, version), acks, now_ms)
+            appended_by[(topic, index)] = leader
+        elif leaders is not None:  # a cluster's partition served here but not led (yet)
+            raise NotLeaderOrFollower(f"broker does not lead {topic}-{index}")
         else:
             if acks == -1 and log_.config.min_insync_replicas > 1:
                 raise NotEnoughReplicas(
                     f"min.insync.replicas={log_.config.min_insync_replicas} but 1 replica"
                 )
             result = log_.append(_prepare(records, version), now_ms, True)
+    except FencedLeaderEpoch as error:
+        return _partition_error(index, NotLeaderOrFollower(str(error)))
     except KafkaError as error:
         return _partition_error(index, error)
     except OSError as error:
@@ -224,7 +237,7 @@ def _append_as_leader(leader, log_, records, acks: int, now_ms: int):
 
 def _append_all(manager, topic_data, acks: int, now_ms: int, version: int,
                 refused: dict[tuple[str, int], KafkaError] | None = None,
-                leaders=None) -> list[dict]:
+                replication=None, appended_by: dict | None = None) -> list[dict]:
     """Append every partition but those ``refused`` (answered with their error)."""
     refused = refused or {}
     return [
@@ -233,7 +246,7 @@ def _append_all(manager, topic_data, acks: int, now_ms: int, version: int,
              _partition_error(partition.index, refused[(topic.name, partition.index)])
              if (topic.name, partition.index) in refused else
              _append_one(manager, topic.name, partition.index, partition.records, acks, now_ms,
-                         version, leaders)
+                         version, replication, {} if appended_by is None else appended_by)
              for partition in topic.partition_data]}
         for topic in topic_data
     ]
@@ -297,16 +310,17 @@ async def handle(ctx, request):
             _unverified_partitions(ctx, request))
         replication = broker.cluster.leader_replicas if broker.cluster is not None else None
         leaders = replication.leaders if replication is not None else None
+        appended_by: dict = {}
         if broker.append_thread_idle and _appends_cannot_sync(manager, request.topic_data,
                                                               ctx.now_ms, leaders):
             responses = _append_all(manager, request.topic_data, acks, ctx.now_ms,
-                                    ctx.api_version, refused, leaders)
+                                    ctx.api_version, refused, replication, appended_by)
         else:
             responses = await broker.run_append(
                 _append_all, manager, request.topic_data, acks, ctx.now_ms, ctx.api_version,
-                refused, leaders)
+                refused, replication, appended_by)
         if replication is not None:
-            await _replicated(replication, responses, acks, request.timeout_ms)
+            await _replicated(replication, appended_by, responses, acks, request.timeout_ms)
     if acks == 0:
         return None
     if ctx.api_version < FIRST_STORAGE_ERROR_VERSION:
@@ -315,21 +329,32 @@ async def handle(ctx, request):
     return RawResponse((body,), len(body))
 
 
-async def _replicated(replication, responses: list[dict], acks: int, timeout_ms: int) -> None:
-    """After the local appends: the high watermark may move (a leader alone in its ISR);
-    acks=all waits, for at most the request's ``timeout_ms``, until each appended
-    partition's high watermark passes its records (``PartitionLeader.wait_for``), whose
-    answer replaces the partition's error code; REQUEST_TIMED_OUT for those still waiting,
-    as Kafka's ``DelayedProduce`` expires."""
+async def _replicated(replication, appended_by, responses: list[dict], acks: int,
+                      timeout_ms: int) -> None:
+    """After the local appends (made by the partition leaders of ``appended_by``): the
+    high watermark may move (a leader alone in its ISR); acks=all waits, for at most the
+    request's ``timeout_ms``, until each appended partition's high watermark passes its
+    records (``PartitionLeader.wait_for``), whose answer replaces the partition's error code;
+    REQUEST_TIMED_OUT for those still waiting, as Kafka's ``DelayedProduce`` expires. A
+    partition this broker stopped leading while its records were being appended (on the
+    append thread, while the replica manager applied a newer state) answers
+    NOT_LEADER_OR_FOLLOWER, as ``DelayedProduce`` does for a partition no longer led here:
+    its records are not replicated, and the new leader's followers will truncate them."""
     waits: list[tuple[dict, asyncio.Future]] = []
     for topic in responses:
         for partition in topic["partition_responses"]:
             if partition["error_code"] != 0:
                 continue
-            replication.appended(topic["name"], partition["index"])
-            leader = replication.leaders.get((topic["name"], partition["index"]))
-            if acks == -1 and leader is not None:
-                waits.append((partition, leader.wait_for(partition["required_offset"])))
+            key = (topic["name"], partition["index"])
+            replication.appended(*key)
+            if acks != -1:
+                continue
+            leader = replication.leaders.get(key)
+            appender = appended_by.get(key)
+            if leader is None or appender is None or leader.log is not appender.log:
+                partition["error_code"] = NotLeaderOrFollower.code
+                continue
+            waits.append((partition, leader.wait_for(partition["required_offset"])))
     pending = [future for _, future in waits if not future.done()]
     if pending:
         await asyncio.wait(pending, timeout=max(timeout_ms, 0) / 1000)
