@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
-from headrace.broker.handlers.produce import _append_as_leader
 from headrace.cluster.partition_leader import PURGE_INTERVAL_REQUESTS, PartitionLeader
 from headrace.cluster.zookeeper_records import PartitionState
 from headrace.errors import FencedLeaderEpoch, NotEnoughReplicasAfterAppend, UnknownLeaderEpoch
 from headrace.protocol.records import build_batch
-from tests.record_reading import iter_headers
 from tests.storage.helpers import NOW_MS, open_log
 
 LAG_TIME_MAX_MS = 10_000
@@ -100,23 +98,6 @@ def test_waits_that_timed_out_are_purged_from_the_purgatory(tmp_path):
         return leader.waiter_count
 
     assert asyncio.run(scenario()) <= PURGE_INTERVAL_REQUESTS
-
-
-def test_a_produce_routed_before_a_new_epoch_stamps_the_epoch_current_at_its_append(tmp_path):
-    """The controller bumps the epoch (a follower left the ISR) between the routing of a
-    produce request to the epoch-0 leader and its append: the append stamps the log's current
-    epoch, as Kafka reads it under its leader-and-ISR lock, instead of failing as fenced."""
-    routed = _leader(tmp_path)
-    routed.log.begin_leader_epoch(1)  # the election of epoch 1 that the request did not see
-    result = _append_as_leader(routed, routed.log, build_batch([(b"k", b"v", [], NOW_MS)]),
-                               -1, NOW_MS)
-    assert result.base_offset == 0
-    assert routed.log.leader_epoch_cache.epoch_for_offset(0) == 1
-    assert [h.partition_leader_epoch for _, h in iter_headers(segment_bytes(routed.log.dir))] == [1]
-
-
-def segment_bytes(directory) -> bytes:
-    return b"".join(path.read_bytes() for path in sorted(directory.glob("*.log")))
 
 
 def test_a_fetch_in_another_leader_epoch_is_refused_and_records_nothing(tmp_path):

@@ -216,20 +216,10 @@ def _append_one(manager, topic: str, index: int, records, acks: int, now_ms: int
 def _append_as_leader(leader, log_, records, acks: int, now_ms: int):
     """Kafka's ``appendRecordsToLeader``: NOT_ENOUGH_REPLICAS for acks=all below
     min.insync.replicas, the leader epoch stamped; a partition whose ISR is its leader alone
-    is flushed (``partition_leader``: the last replica standing).
-
-    The epoch stamped is the log's at the moment of the append (``Log.set_leader_epoch``, set
-    at each election), not the one ``leader`` had when the request was routed: the controller
-    may have moved the partition to a new epoch meanwhile (a follower leaving the ISR bumps
-    it), as Kafka reads the epoch under its leader-and-ISR lock. A log that has since copied
-    a newer leader's batches refuses (FENCED_LEADER_EPOCH from storage), which a producer
-    hears as NOT_LEADER_OR_FOLLOWER, as from any broker that no longer leads."""
+    is flushed (``partition_leader``: the last replica standing)."""
     if acks == -1:
         leader.check_enough_replicas()
-    try:
-        result = log_.append(records, now_ms, True)
-    except FencedLeaderEpoch as fenced:
-        raise NotLeaderOrFollower(str(fenced)) from None
+    result = log_.append(records, now_ms, True, leader.leader_epoch)
     if leader.flush_after_append:
         log_.flush()
     return result
